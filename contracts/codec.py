@@ -1,0 +1,130 @@
+"""Avro single-object encoding: ``C3 01`` + 8-byte little-endian CRC-64-AVRO fingerprint + body.
+
+The fingerprint names the writer schema in :class:`~contracts.catalog.SchemaCatalog`; decoding
+resolves it to the reader's schema (by default the newest version of the same record), so every
+record ever written stays readable by today's code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+import fastavro
+from fastavro.validation import ValidationError, validate
+
+from contracts.catalog import SchemaCatalog, SchemaVersion, default_catalog
+from contracts.errors import DeserializationError, EventValidationError
+
+__all__ = ["MAGIC", "DecodedEvent", "EventCodec"]
+
+MAGIC = b"\xc3\x01"
+_HEADER_LEN = len(MAGIC) + 8
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedEvent:
+    """A decoded record: its event type, the writer schema it came with, and its fields."""
+
+    event_type: str
+    writer: SchemaVersion
+    data: dict[str, Any]
+
+
+class EventCodec:
+    """Validate, encode and decode events of the catalog's record types.
+
+    Picklable (holds only the catalog) and safe to share between threads.
+
+    Args:
+        catalog: The schema registry; default the shipped schemas.
+        readers: Reader schema per event type, when not the newest version (a processor pins
+            the versions its code understands).
+    """
+
+    def __init__(
+        self,
+        catalog: SchemaCatalog | None = None,
+        readers: dict[str, SchemaVersion] | None = None,
+    ) -> None:
+        self.catalog = catalog or default_catalog()
+        self._readers = dict(readers or {})
+
+    def reader_for(self, event_type: str) -> SchemaVersion:
+        """The schema version decoded records of ``event_type`` are resolved to."""
+        reader = self._readers.get(event_type)
+        if reader is None:
+            reader = self._readers[event_type] = self.catalog.latest(event_type)
+        return reader
+
+    def validate(self, event_type: str, data: dict[str, Any]) -> SchemaVersion:
+        """Check ``data`` against the newest ``event_type`` schema.
+
+        Returns:
+            The schema version the event will be written with.
+
+        Raises:
+            UnknownEventTypeError: No such event type.
+            EventValidationError: A field is missing, unknown, or of the wrong type; the message
+                names each wrong field.
+        """
+        schema = self.catalog.latest(event_type)
+        declared = {f["name"] for f in schema.raw["fields"]}
+        problems = [f"{event_type}.{name} is not a field of {event_type}" for name in data
+                    if name not in declared]
+        try:
+            validate(data, schema.parsed, raise_errors=True)
+        except ValidationError as exc:
+            problems.extend(str(p) for p in exc.errors)
+        if problems:
+            raise EventValidationError(event_type, problems)
+        return schema
+
+    def encode(self, event_type: str, data: dict[str, Any], *, validated: bool = False) -> bytes:
+        """Encode one event with the newest schema of its type.
+
+        Args:
+            event_type: Record name, e.g. ``OrderPlaced``.
+            data: The event's fields.
+            validated: Skip validation (the caller just ran :meth:`validate`).
+
+        Raises:
+            EventValidationError: See :meth:`validate`.
+        """
+        schema = self.catalog.latest(event_type) if validated else self.validate(event_type, data)
+        out = BytesIO()
+        out.write(MAGIC)
+        out.write(schema.fingerprint)
+        fastavro.schemaless_writer(out, schema.parsed, data)
+        return out.getvalue()
+
+    def decode(self, payload: bytes | None) -> DecodedEvent:
+        """Decode one record and resolve it to the reader schema of its type.
+
+        Raises:
+            DeserializationError: Not single-object encoded, unknown fingerprint, or a body that
+                does not match its writer schema. ``raw`` holds the payload.
+        """
+        if payload is None or len(payload) < _HEADER_LEN or payload[:2] != MAGIC:
+            head = b"" if payload is None else payload[:10]
+            reason = "bad-magic"
+            detail = f"not Avro single-object encoded (starts with {head.hex() or 'nothing'})"
+            raise DeserializationError(reason, detail, payload)
+        try:
+            writer = self.catalog.by_fingerprint(payload[2:_HEADER_LEN])
+        except DeserializationError as exc:
+            exc.raw = payload
+            raise
+        reader = self.reader_for(writer.name)
+        try:
+            data = fastavro.schemaless_reader(
+                BytesIO(payload[_HEADER_LEN:]),
+                writer.parsed,
+                None if reader is writer else reader.parsed,
+            )
+        except Exception as exc:  # fastavro raises many kinds on corrupt bytes
+            reason = "bad-body"
+            detail = f"{writer.name} v{writer.version} body does not decode: {exc!r}"
+            raise DeserializationError(reason, detail, payload) from exc
+        return DecodedEvent(writer.name, writer, data)

@@ -1,0 +1,116 @@
+"""The Redis state layout: generations, the live alias, applied positions, tables.
+
+Every key of one generation shares a Redis Cluster hash tag (``{processor.gN}``), so the
+sink's single MULTI/EXEC that writes state and positions together also works on a cluster.
+
+=========================================  ======  =============================================
+key                                         type    content
+=========================================  ======  =============================================
+``<p>:<proc>:live``                         string  live generation number (the alias)
+``<p>:<proc>:generations``                  hash    generation -> status (building/live/retired)
+``<p>:{<proc>.g<N>}:meta``                  hash    created_at, starting_offsets, fingerprints
+``<p>:{<proc>.g<N>}:positions``             hash    ``<topic>/<partition>`` -> next offset to
+                                                    apply; ``batch_id`` -> last Spark batch
+``<p>:{<proc>.g<N>}:t:<table>:<key>``       string  one entity's state, JSON
+``<p>:{<proc>.g<N>}:a:<aggregate>``         hash    aggregate counters (integers)
+=========================================  ======  =============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "BATCH_ID_FIELD",
+    "DEFAULT_KEY_PREFIX",
+    "GenerationKeys",
+    "GenerationStatus",
+    "StateLayout",
+    "parse_position_field",
+    "position_field",
+]
+
+DEFAULT_KEY_PREFIX = "refold"
+BATCH_ID_FIELD = "batch_id"
+GenerationStatus = Literal["building", "live", "retired"]
+
+
+def position_field(topic: str, partition: int) -> str:
+    """The positions-hash field of one topic partition."""
+    return f"{topic}/{partition}"
+
+
+def parse_position_field(field: str) -> tuple[str, int] | None:
+    """Inverse of :func:`position_field`; ``None`` for the non-position fields."""
+    topic, sep, partition = field.rpartition("/")
+    if not sep or not partition.isdigit():
+        return None
+    return topic, int(partition)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationKeys:
+    """The keys of one generation of one processor."""
+
+    prefix: str
+    processor: str
+    generation: int
+
+    @property
+    def base(self) -> str:
+        """Common prefix, with the cluster hash tag."""
+        return f"{self.prefix}:{{{self.processor}.g{self.generation}}}"
+
+    @property
+    def meta(self) -> str:
+        """Hash of generation metadata."""
+        return f"{self.base}:meta"
+
+    @property
+    def positions(self) -> str:
+        """Hash of applied source positions (next offset per partition) and the batch id."""
+        return f"{self.base}:positions"
+
+    def table(self, table: str, key: str) -> str:
+        """One entity's state in ``table``."""
+        return f"{self.base}:t:{table}:{key}"
+
+    def table_pattern(self, table: str) -> str:
+        """SCAN pattern matching every entity of ``table``."""
+        return f"{self.base}:t:{table}:*"
+
+    def aggregate(self, name: str) -> str:
+        """Hash of one aggregate's counters."""
+        return f"{self.base}:a:{name}"
+
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of this generation."""
+        return f"{self.base}:*"
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayout:
+    """The keys of one processor across its generations.
+
+    Args:
+        processor: Processor name, e.g. ``order_state``.
+        prefix: Key prefix shared by all of refold (tests use a unique one each).
+    """
+
+    processor: str
+    prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def alias(self) -> str:
+        """The live-generation alias: readers resolve the generation through it."""
+        return f"{self.prefix}:{self.processor}:live"
+
+    @property
+    def generations(self) -> str:
+        """Hash generation -> status."""
+        return f"{self.prefix}:{self.processor}:generations"
+
+    def generation(self, generation: int) -> GenerationKeys:
+        """The keys of generation ``generation``."""
+        return GenerationKeys(self.prefix, self.processor, generation)

