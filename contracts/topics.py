@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ORDERS", "TOPICS", "TopicSpec", "dead_letter_topic"]
+__all__ = ["ORDERS", "TOPICS", "TopicSpec", "dead_letter_spec", "dead_letter_topic"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,14 @@ ORDERS = TopicSpec(
     name="commerce.orders",
     partitions=8,
     key_field="order_id",
-    event_types=("OrderPlaced", "OrderPaid", "OrderShipped", "OrderCancelled"),
+    event_types=(
+        "OrderPlaced",
+        "OrderLineAdded",
+        "OrderLineRemoved",
+        "OrderPaid",
+        "OrderShipped",
+        "OrderCancelled",
+    ),
 )
 
 TOPICS: dict[str, TopicSpec] = {spec.name: spec for spec in (ORDERS,)}
@@ -49,3 +56,11 @@ TOPICS: dict[str, TopicSpec] = {spec.name: spec for spec in (ORDERS,)}
 def dead_letter_topic(processor: str) -> str:
     """The dead-letter topic of a processor: ``<processor>.dlq``."""
     return f"{processor}.dlq"
+
+
+def dead_letter_spec(processor: str) -> TopicSpec:
+    """The dead-letter topic of a processor as a spec: one partition, any record, original key.
+
+    One partition keeps dead letters in the order they were found; the volume is small.
+    """
+    return TopicSpec(dead_letter_topic(processor), 1, "(original key)", ("(any)",))

@@ -1,0 +1,57 @@
+"""Create topics from their specs (explicitly: brokers may auto-create with other settings)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from contracts.errors import RefoldError
+from contracts.topics import TopicSpec
+
+__all__ = ["delete_topics", "ensure_topics"]
+
+
+def ensure_topics(kafka: dict[str, str], specs: Iterable[TopicSpec], timeout: float = 30) -> None:
+    """Create every topic that does not exist yet; check the partition count of those that do.
+
+    Raises:
+        RefoldError: A topic exists with another partition count (keys would map elsewhere),
+            or the broker refused to create one.
+    """
+    admin = AdminClient(kafka)
+    wanted = {spec.name: spec for spec in specs}
+    existing = admin.list_topics(timeout=timeout).topics
+    for name, spec in wanted.items():
+        if name in existing and len(existing[name].partitions) != spec.partitions:
+            msg = (
+                f"topic {name} has {len(existing[name].partitions)} partitions, the spec says "
+                f"{spec.partitions}. Operator action: fix the spec or recreate the topic."
+            )
+            raise RefoldError(msg)
+    missing = [
+        NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor)
+        for name, s in wanted.items()
+        if name not in existing
+    ]
+    if not missing:
+        return
+    for name, future in admin.create_topics(missing, operation_timeout=timeout).items():
+        try:
+            future.result(timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                msg = f"could not create topic {name}: {exc}"
+                raise RefoldError(msg) from exc
+
+
+def delete_topics(kafka: dict[str, str], names: Iterable[str], timeout: float = 30) -> None:
+    """Delete topics; missing ones are ignored."""
+    admin = AdminClient(kafka)
+    existing = admin.list_topics(timeout=timeout).topics
+    names = [n for n in names if n in existing]
+    if not names:
+        return
+    for future in admin.delete_topics(names, operation_timeout=timeout).values():
+        future.result(timeout=timeout)

@@ -1,0 +1,243 @@
+"""Run one processor generation as a Spark Structured Streaming query (driver side).
+
+Shared by every processor's ``__main__``: resolves the generation, its checkpoint and starting
+offsets, creates the dead-letter topic, starts the query and stops it cleanly on SIGTERM/SIGINT.
+
+Starting offsets, in order of precedence:
+1. the generation's Spark checkpoint, when it has one (Spark resumes from it);
+2. the positions the generation has applied in Redis (a lost checkpoint is not a lost state);
+3. ``--starting-offsets`` (``earliest``, ``latest`` or Spark's JSON form), default earliest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Literal
+
+import redis
+
+from contracts.catalog import default_catalog
+from contracts.fingerprints import code_fingerprint, schema_fingerprints
+from contracts.generations import GenerationRegistry
+from contracts.settings import KafkaSettings, RedisSettings
+from contracts.state import StateLayout
+from contracts.topic_admin import ensure_topics
+from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic
+from processors.common.fold_writer import FoldTarget
+from processors.common.projection import Projection
+from processors.common.redis_sink import RedisFoldSink
+from processors.errors import ProcessorConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = ["ProcessorRun", "RunOptions", "consumer_group", "run_processor"]
+
+logger = logging.getLogger(__name__)
+
+GenerationChoice = Literal["live", "new"] | int
+
+
+def consumer_group(processor: str, generation: int) -> str:
+    """The Kafka consumer group that mirrors a generation's progress (for lag tooling)."""
+    return f"refold.{processor}.g{generation}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How to run a processor.
+
+    Attributes:
+        generation: ``live`` (the alias; the first run creates generation 1 and makes it live),
+            ``new`` (a new building generation) or a generation number.
+        checkpoint_root: Spark checkpoints live in ``<root>/<processor>/g<N>``.
+        starting_offsets: Used only when neither a checkpoint nor Redis positions exist.
+        available_now: Process what is in the log now, then stop (replay catch-up, batch runs).
+        trigger_interval: Processing-time trigger; keeps the idle ``latestOffset`` calls cheap.
+        max_offsets_per_trigger: Cap on records per micro-batch (None: no cap).
+        max_tasks: Spark tasks per micro-batch; on 2 cores fewer, larger tasks are faster.
+        source_format: ``refold_kafka`` (the Python source) or ``kafka`` (Spark's JVM source,
+            where its jar is available).
+    """
+
+    generation: GenerationChoice = "live"
+    checkpoint_root: Path = Path(".state/checkpoints")
+    starting_offsets: str = "earliest"
+    available_now: bool = False
+    trigger_interval: str = "250 milliseconds"
+    max_offsets_per_trigger: int | None = 200_000
+    max_tasks: int | None = 2
+    source_format: str = "refold_kafka"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorRun:
+    """A resolved run: which generation, where its checkpoint is, where it starts."""
+
+    generation: int
+    checkpoint: Path
+    starting_offsets: str
+    target: FoldTarget
+
+
+def _has_checkpoint(path: Path) -> bool:
+    offsets = path / "offsets"
+    return offsets.is_dir() and any(offsets.iterdir())
+
+
+def _offsets_json(positions: dict[tuple[str, int], int]) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(positions.items()):
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return json.dumps(nested, sort_keys=True)
+
+
+def resolve_run(
+    projection: Projection,
+    topics: list[TopicSpec],
+    kafka: KafkaSettings,
+    redis_settings: RedisSettings,
+    options: RunOptions,
+    client: redis.Redis,
+) -> ProcessorRun:
+    """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
+    registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
+    meta = {
+        "topics": [t.name for t in topics],
+        "starting_offsets": options.starting_offsets,
+        "code_fingerprint": code_fingerprint(type(projection)),
+        "schema_fingerprints": schema_fingerprints(default_catalog(), projection.event_types),
+    }
+    created = False
+    if options.generation == "live":
+        live = registry.live()
+        if live is None:
+            generation, created = registry.create(meta, live=True), True
+        else:
+            generation = live
+    elif options.generation == "new":
+        generation, created = registry.create(meta), True
+    else:
+        generation = options.generation
+        if registry.status(generation) is None:
+            msg = f"{projection.name} has no generation {generation}; see `replay status`"
+            raise ProcessorConfigError(msg)
+    checkpoint = options.checkpoint_root / projection.name / f"g{generation}"
+    if created and checkpoint.exists():
+        # A new generation starts from scratch; a checkpoint left by an earlier stack (e.g. a
+        # wiped Redis) would make Spark skip events this generation never folded.
+        logger.warning("removing stale checkpoint %s of a new generation", checkpoint)
+        shutil.rmtree(checkpoint)
+    starting = options.starting_offsets
+    if not _has_checkpoint(checkpoint):
+        positions, _ = registry.positions(generation)
+        if positions:
+            starting = _offsets_json(positions)
+            logger.info("no checkpoint: resuming g%d from its Redis positions", generation)
+    target = FoldTarget(
+        processor=projection.name,
+        generation=generation,
+        redis_url=redis_settings.url,
+        key_prefix=redis_settings.key_prefix,
+        kafka=tuple(sorted(kafka.as_librdkafka().items())),
+        dlq_topic=dead_letter_topic(projection.name),
+    )
+    return ProcessorRun(generation, checkpoint, starting, target)
+
+
+def build_query(
+    spark: SparkSession,
+    topics: list[TopicSpec],
+    kafka: KafkaSettings,
+    run: ProcessorRun,
+    sink: RedisFoldSink,
+    options: RunOptions,
+) -> StreamingQuery:
+    """Wire source -> foreachBatch sink (no logic here)."""
+    reader = (
+        spark.readStream.format(options.source_format)
+        .option("subscribe", ",".join(t.name for t in topics))
+        .option("startingOffsets", run.starting_offsets)
+        .option("failOnDataLoss", "true")
+    )
+    for key, value in kafka.as_librdkafka().items():
+        reader = reader.option(f"kafka.{key}", value)
+    if options.source_format == "refold_kafka":
+        reader = reader.option("commitGroupId", consumer_group(sink.target.processor,
+                                                              run.generation))
+        if options.max_tasks:
+            reader = reader.option("maxTasks", str(options.max_tasks))
+    if options.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
+    writer = (
+        reader.load()
+        .writeStream.foreachBatch(sink)
+        .queryName(f"{sink.target.processor}_g{run.generation}")
+        .option("checkpointLocation", str(run.checkpoint))
+    )
+    if options.available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=options.trigger_interval)
+    return writer.start()
+
+
+def run_processor(
+    projection: Projection,
+    topics: list[TopicSpec],
+    kafka: KafkaSettings,
+    redis_settings: RedisSettings,
+    options: RunOptions,
+    spark: SparkSession | None = None,
+) -> int:
+    """Run until stopped (SIGTERM/SIGINT) or, with ``available_now``, until caught up.
+
+    Returns:
+        The generation that ran.
+    """
+    client = redis.Redis.from_url(redis_settings.url)
+    run = resolve_run(projection, topics, kafka, redis_settings, options, client)
+    ensure_topics(kafka.as_librdkafka(), [*topics, dead_letter_spec(projection.name)])
+    logger.info(
+        "starting %s generation %d (checkpoint %s, starting offsets %s)",
+        projection.name, run.generation, run.checkpoint, run.starting_offsets,
+        extra={"processor": projection.name, "generation": run.generation},
+    )
+    if spark is None:
+        from processors.common.spark import build_spark_session
+
+        spark = build_spark_session(f"refold-{projection.name}-g{run.generation}")
+    sink = RedisFoldSink(run.target, projection)
+    query = build_query(spark, topics, kafka, run, sink, options)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        logger.info("signal %d: stopping the query after the current batch", signum)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+    try:
+        while query.isActive and not stop.is_set():
+            query.awaitTermination(0.5)
+    finally:
+        if query.isActive:
+            query.stop()
+    exc = query.exception()
+    if exc is not None:
+        raise exc
+    logger.info(
+        "%s generation %d stopped: %d records, %d applied, %d rejected, %d undecodable",
+        projection.name, run.generation, sink.total.records, sink.total.applied,
+        sink.total.rejected, sink.total.undecodable,
+    )
+    return run.generation

@@ -1,0 +1,142 @@
+"""The order-state fold: one state per order, and counters by status and revenue by currency.
+
+Pure functions only (see :mod:`processors.common.projection`). Money is integer minor units.
+
+Lifecycle: ``placed`` -> (lines added/removed) -> ``paid`` -> ``shipped``; ``placed`` or
+``paid`` -> ``cancelled``. Anything else is rejected and dead-lettered with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from processors.common.projection import EventRejectedError, State
+
+__all__ = ["OrderStateProjection"]
+
+_OPEN = "placed"
+_REVENUE_STATUSES = frozenset({"paid", "shipped"})
+
+
+def _reject(reason: str) -> EventRejectedError:
+    return EventRejectedError(reason)
+
+
+def _total(lines: Mapping[str, Mapping[str, int]]) -> int:
+    return sum(line["qty"] * line["unit_price_minor"] for line in lines.values())
+
+
+def _with_lines(state: State, lines: dict[str, dict[str, int]], at: int) -> State:
+    return {
+        **state,
+        "lines": lines,
+        "items": sum(line["qty"] for line in lines.values()),
+        "total_minor": _total(lines),
+        "updated_at": at,
+        "events": state["events"] + 1,
+    }
+
+
+class OrderStateProjection:
+    """Folds ``commerce.orders`` events into order states (table ``orders``)."""
+
+    name = "order_state"
+    table = "orders"
+    aggregate = "order_totals"
+    event_types = (
+        "OrderPlaced",
+        "OrderLineAdded",
+        "OrderLineRemoved",
+        "OrderPaid",
+        "OrderShipped",
+        "OrderCancelled",
+    )
+
+    def key(self, event_type: str, event: Mapping[str, Any]) -> str:
+        """Orders are keyed by ``order_id``."""
+        return str(event["order_id"])
+
+    def apply(self, state: State | None, event_type: str, event: Mapping[str, Any]) -> State:
+        """Apply one event to one order (see the module docstring for the rules)."""
+        if event_type == "OrderPlaced":
+            return self._placed(state, event)
+        if state is None:
+            msg = f"{event_type} for unknown order {event['order_id']}"
+            raise _reject(msg)
+        status = state["status"]
+        if event_type == "OrderLineAdded":
+            self._require(status == _OPEN, event_type, status)
+            lines = {k: dict(v) for k, v in state["lines"].items()}
+            line = lines.setdefault(event["sku"], {"qty": 0, "unit_price_minor": 0})
+            line["qty"] += event["qty"]
+            line["unit_price_minor"] = event["unit_price_minor"]
+            return _with_lines(state, lines, event["added_at"])
+        if event_type == "OrderLineRemoved":
+            self._require(status == _OPEN, event_type, status)
+            if event["sku"] not in state["lines"]:
+                msg = f"OrderLineRemoved: order {state['order_id']} has no line {event['sku']}"
+                raise _reject(msg)
+            lines = {k: dict(v) for k, v in state["lines"].items() if k != event["sku"]}
+            return _with_lines(state, lines, event["removed_at"])
+        if event_type == "OrderPaid":
+            self._require(status == _OPEN, event_type, status)
+            if event["currency"] != state["currency"] or event["amount_minor"] != state[
+                "total_minor"
+            ]:
+                msg = (
+                    f"OrderPaid: paid {event['amount_minor']} {event['currency']} but order "
+                    f"{state['order_id']} totals {state['total_minor']} {state['currency']}"
+                )
+                raise _reject(msg)
+            return self._moved(state, "paid", event["paid_at"], paid_minor=event["amount_minor"],
+                               payment_method=event["payment_method"])
+        if event_type == "OrderShipped":
+            self._require(status == "paid", event_type, status)
+            return self._moved(state, "shipped", event["shipped_at"], carrier=event["carrier"])
+        if event_type == "OrderCancelled":
+            self._require(status in (_OPEN, "paid"), event_type, status)
+            return self._moved(state, "cancelled", event["cancelled_at"],
+                               cancel_reason=event["reason"])
+        msg = f"order_state does not fold {event_type}"
+        raise _reject(msg)
+
+    def contribution(self, state: State) -> Mapping[str, int]:
+        """One order counts once under its status; paid and shipped orders add revenue."""
+        result = {f"orders:{state['status']}": 1}
+        if state["status"] in _REVENUE_STATUSES:
+            result[f"revenue_minor:{state['currency']}"] = state["paid_minor"]
+        return result
+
+    @staticmethod
+    def _require(ok: bool, event_type: str, status: str) -> None:
+        if not ok:
+            msg = f"{event_type} not allowed for an order that is {status}"
+            raise _reject(msg)
+
+    @staticmethod
+    def _placed(state: State | None, event: Mapping[str, Any]) -> State:
+        if state is not None:
+            msg = f"OrderPlaced: order {event['order_id']} exists already"
+            raise _reject(msg)
+        lines: dict[str, dict[str, int]] = {}
+        for line in event["lines"]:
+            merged = lines.setdefault(line["sku"], {"qty": 0, "unit_price_minor": 0})
+            merged["qty"] += line["qty"]
+            merged["unit_price_minor"] = line["unit_price_minor"]
+        base: State = {
+            "order_id": event["order_id"],
+            "customer_id": event["customer_id"],
+            "status": _OPEN,
+            "currency": event["currency"],
+            "channel": event.get("channel", "web"),
+            "placed_at": event["placed_at"],
+            "paid_minor": 0,
+            "events": 0,
+        }
+        return _with_lines(base, lines, event["placed_at"])
+
+    @staticmethod
+    def _moved(state: State, status: str, at: int, **changes: Any) -> State:
+        return {**state, **changes, "status": status, "updated_at": at,
+                "events": state["events"] + 1}
