@@ -1,0 +1,21 @@
+from contracts.state import StateLayout, parse_position_field, position_field
+
+
+def test_generation_keys_share_one_cluster_hash_tag():
+    keys = StateLayout("order_state", "refold").generation(3)
+    names = [keys.meta, keys.positions, keys.table("orders", "o-1"), keys.aggregate("totals")]
+    tags = {n[n.index("{") : n.index("}") + 1] for n in names}
+    assert tags == {"{order_state.g3}"}
+    assert keys.table("orders", "o-1") == "refold:{order_state.g3}:t:orders:o-1"
+
+
+def test_alias_is_outside_generations():
+    layout = StateLayout("order_state", "p")
+    assert layout.alias == "p:order_state:live"
+    assert layout.generation(1).base != layout.generation(2).base
+
+
+def test_position_fields_round_trip_topics_with_dots_and_slashes():
+    for topic in ("commerce.orders", "a/b", "t-1"):
+        assert parse_position_field(position_field(topic, 7)) == (topic, 7)
+    assert parse_position_field("batch_id") is None
