@@ -95,10 +95,10 @@ class StateReader:
         return StateView(gen, values, self.registry.positions(gen)[0])
 
     def aggregate(self, name: str, generation: int | None = None) -> StateView:
-        """An aggregate's counters as ``{name: int}``."""
+        """An aggregate's counters as ``{name: int}``; counters at zero are left out."""
         gen = self.live_generation() if generation is None else generation
         raw = cast("dict[bytes, bytes]", self.client.hgetall(self.registry.keys(gen).aggregate(name)))
-        counters = {k.decode(): int(v) for k, v in raw.items()}
+        counters = {k.decode(): int(v) for k, v in raw.items() if int(v) != 0}
         return StateView(gen, counters, self.registry.positions(gen)[0])
 
     def freshness(self, generation: int | None = None) -> Positions:
