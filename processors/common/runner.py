@@ -11,6 +11,7 @@ Starting offsets, in order of precedence:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -66,6 +67,7 @@ class RunOptions:
         max_tasks: Spark tasks per micro-batch; on 2 cores fewer, larger tasks are faster.
         source_format: ``refold_kafka`` (the Python source) or ``kafka`` (Spark's JVM source,
             where its jar is available).
+        dead_letter_topic: Default ``<processor>.dlq``.
     """
 
     generation: GenerationChoice = "live"
@@ -76,6 +78,7 @@ class RunOptions:
     max_offsets_per_trigger: int | None = 200_000
     max_tasks: int | None = 2
     source_format: str = "refold_kafka"
+    dead_letter_topic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +151,7 @@ def resolve_run(
         redis_url=redis_settings.url,
         key_prefix=redis_settings.key_prefix,
         kafka=tuple(sorted(kafka.as_librdkafka().items())),
-        dlq_topic=dead_letter_topic(projection.name),
+        dlq_topic=options.dead_letter_topic or dead_letter_topic(projection.name),
     )
     return ProcessorRun(generation, checkpoint, starting, target)
 
@@ -205,7 +208,9 @@ def run_processor(
     """
     client = redis.Redis.from_url(redis_settings.url)
     run = resolve_run(projection, topics, kafka, redis_settings, options, client)
-    ensure_topics(kafka.as_librdkafka(), [*topics, dead_letter_spec(projection.name)])
+    dead_letters = dataclasses.replace(dead_letter_spec(projection.name),
+                                       name=run.target.dlq_topic)
+    ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters])
     logger.info(
         "starting %s generation %d (checkpoint %s, starting offsets %s)",
         projection.name, run.generation, run.checkpoint, run.starting_offsets,

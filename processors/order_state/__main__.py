@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from contracts.logconfig import configure_logging
@@ -57,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         max_tasks=settings.max_tasks,
         source_format=settings.source_format,
+        dead_letter_topic=settings.dead_letter_topic,
     )
-    run_processor(OrderStateProjection(), [ORDERS], settings.kafka, settings.redis, options)
+    topic = dataclasses.replace(ORDERS, name=settings.orders_topic)
+    run_processor(OrderStateProjection(), [topic], settings.kafka, settings.redis, options)
     return 0
 
 

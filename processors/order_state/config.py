@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.settings import KafkaSettings, RedisSettings
+from contracts.topics import ORDERS, dead_letter_topic
 
 __all__ = ["OrderStateSettings"]
 
@@ -22,6 +23,9 @@ class OrderStateSettings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     state_dir: Path = Path(".state")
+    # Topic names are overridable so tests and staging can run on their own topics.
+    orders_topic: str = ORDERS.name
+    dead_letter_topic: str = dead_letter_topic("order_state")
     # 200k records per micro-batch: big enough to amortise Spark's 0.3-0.9 s fixed cost per
     # batch during catch-up, small enough to bound executor memory.
     max_offsets_per_trigger: int = 200_000

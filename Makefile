@@ -1,0 +1,69 @@
+# refold: the two commands are `make run` and `make test`. Everything else is for longer sessions.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST := $(BIN)/python -m pytest
+
+.DEFAULT_GOAL := help
+.PHONY: help setup run test test-unit test-integration test-spark lint fmt contracts-check bench up down status clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is required"; exit 1; }
+	@command -v java >/dev/null || { echo "Java 17 is required by PySpark (apt-get install -y openjdk-17-jre-headless)"; exit 1; }
+	@command -v redis-server >/dev/null || { \
+		echo "installing redis-server with apt-get"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[spark,dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP) ## create .venv, install refold with Spark and dev tools, install redis-server
+
+run: $(STAMP) ## the demo: local stack, processor, 100k events, summary, replay + cutover
+	$(BIN)/refold demo
+
+test: $(STAMP) ## unit + integration + spark tests (what CI runs)
+	$(PYTEST) tests/unit tests/integration tests/spark
+
+test-unit: $(STAMP) ## fast loop: pure logic only
+	$(PYTEST) tests/unit
+
+test-integration: $(STAMP) ## real Tansu broker + real redis-server
+	$(PYTEST) tests/integration
+
+test-spark: $(STAMP) ## real local SparkSession and streaming queries
+	$(PYTEST) tests/spark
+
+lint: $(STAMP) ## ruff + mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy contracts services processors replay deploy
+
+fmt: $(STAMP) ## format and autofix
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+contracts-check: $(STAMP) ## schema round trips and the BACKWARD_TRANSITIVE gate
+	$(PYTEST) tests/unit/contracts
+
+bench: $(STAMP) ## throughput and latency benchmark on a private local stack
+	$(BIN)/python -m bench
+
+up: $(STAMP) ## start the local stack on fixed ports (REFOLD_KAFKA_PORT, REFOLD_REDIS_PORT)
+	$(BIN)/refold up
+
+down: $(STAMP) ## stop the local stack
+	$(BIN)/refold down
+
+status: $(STAMP) ## show the local stack
+	$(BIN)/refold status
+
+clean: ## remove the virtualenv and local state
+	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache *.egg-info

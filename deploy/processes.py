@@ -1,0 +1,100 @@
+"""Start and stop processor processes (the demo and the tests use this; replay has its own loop).
+
+Each processor runs in its own process group, so stopping it also ends the Spark JVM and the
+Python workers it started, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ProcessorProcess"]
+
+_STOP_GRACE_S = 30.0  # a micro-batch in flight finishes; Spark stops its query cleanly
+
+
+@dataclass
+class ProcessorProcess:
+    """A processor started as ``python -m <module> <args>`` with its output in ``log_path``."""
+
+    module: str
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ProcessorProcess:
+        """Start it (in a new process group)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(  # noqa: S603 - our interpreter, our module
+                [sys.executable, "-m", self.module, *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        """The process id (also its process group id)."""
+        if self.process is None:
+            msg = "not started"
+            raise RuntimeError(msg)
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: a crash, for tests."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait()
+
+    def stop(self) -> int | None:
+        """SIGTERM (clean stop after the current batch), then SIGKILL after a grace period.
+
+        Returns:
+            The exit code, None if it was never started.
+        """
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            # Only the driver gets SIGTERM: it stops the query, and the JVM follows it.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        # The JVM and Python workers exit with their parent; make sure of it.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+        return self.process.returncode
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of its log, for error messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

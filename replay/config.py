@@ -1,0 +1,28 @@
+"""Settings of the replay tool (environment: ``REFOLD_*``, shared with the processors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.settings import KafkaSettings, RedisSettings
+
+__all__ = ["ReplaySettings"]
+
+
+class ReplaySettings(BaseSettings):
+    """Where the stack is; read once in ``__main__``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="REFOLD_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    state_dir: Path = Path(".state")
+    # Cut over when the shadow generation is this many records behind the log end or less.
+    lag_threshold: int = 0
+    # Catch-up rounds before giving up (each round is one availableNow run of the processor).
+    max_rounds: int = 5

@@ -1,0 +1,198 @@
+"""Run a replay plan: build a shadow generation, catch it up, flip readers to it.
+
+The live generation keeps serving (and its processor keeps running) the whole time. The shadow
+generation is built by the processor itself, started as a process (``python -m <module>
+--generation N --starting-offsets <plan> --available-now``) with a fresh Spark checkpoint, in
+rounds until it is within ``lag_threshold`` records of the log end; then the alias flips in one
+Redis transaction. The previous generation is kept (retired) for rollback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from contracts.generations import GenerationRegistry, Positions
+from contracts.offsets import LogOffsets
+from contracts.processors import ProcessorSpec
+from contracts.settings import KafkaSettings, RedisSettings
+from contracts.state import StateLayout
+from replay.errors import PlanError, RebuildError
+from replay.plan import ReplayPlan, ResetSpec, build_plan
+
+__all__ = ["RebuildResult", "plan_replay", "processor_topics", "run_rebuild"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.5  # progress refresh while the shadow processor runs
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildResult:
+    """What a rebuild did."""
+
+    generation: int
+    previous: int | None
+    events: int
+    seconds: float
+    rounds: int
+
+
+def processor_topics(spec: ProcessorSpec, registry: GenerationRegistry) -> list[str]:
+    """The topics the live generation was built from (its metadata), else the spec's."""
+    live = registry.live()
+    if live is not None:
+        for info in registry.list():
+            if info.generation == live and "topics" in info.meta:
+                return list(json.loads(info.meta["topics"]))
+    return list(spec.topics)
+
+
+def _bounds(offsets: LogOffsets, topics: list[str]) -> dict[tuple[str, int], tuple[int, int]]:
+    tps = [(t, p) for t in topics for p in offsets.partitions(t)]
+    starts = offsets.start_offsets(tps)
+    ends = offsets.end_offsets(tps)
+    return {tp: (starts[tp], ends[tp]) for tp in tps}
+
+
+def plan_replay(
+    spec: ProcessorSpec,
+    reset: ResetSpec,
+    kafka: KafkaSettings,
+    client: redis.Redis,
+    key_prefix: str,
+    scope: dict[str, set[int] | None] | None = None,
+) -> ReplayPlan:
+    """Gather log offsets and live positions, then build the plan (reads only).
+
+    Raises:
+        PlanError: Unknown topics or partitions in the scope.
+    """
+    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    topics = processor_topics(spec, registry)
+    offsets = LogOffsets(kafka.as_librdkafka())
+    try:
+        bounds = _bounds(offsets, topics)
+    except Exception as exc:
+        msg = f"cannot read the offsets of {', '.join(topics)}: {exc}"
+        raise PlanError(msg) from exc
+    finally:
+        offsets.close()
+    live = registry.live()
+    current: Positions = registry.positions(live)[0] if live is not None else {}
+    return build_plan(spec.name, reset, bounds, current, live, scope)
+
+
+def _lag(positions: Positions, ends: Positions) -> int:
+    return sum(max(0, end - positions.get(tp, 0)) for tp, end in ends.items())
+
+
+def _done(positions: Positions, starts: Positions, ends: Positions) -> int:
+    """Records applied since the plan's targets, up to ``ends``."""
+    return sum(
+        max(0, min(positions.get(tp, start), ends[tp]) - start) for tp, start in starts.items()
+    )
+
+
+def run_rebuild(
+    plan: ReplayPlan,
+    spec: ProcessorSpec,
+    kafka: KafkaSettings,
+    redis_settings: RedisSettings,
+    *,
+    state_dir: Path,
+    lag_threshold: int = 0,
+    max_rounds: int = 5,
+    on_progress: Callable[[int, int], None] | None = None,
+    python: str = sys.executable,
+) -> RebuildResult:
+    """Build a new generation from ``plan`` and make it live.
+
+    Args:
+        plan: From :func:`plan_replay`.
+        spec: The processor.
+        kafka: Broker settings (passed to the processor through its environment).
+        redis_settings: Redis settings (likewise).
+        state_dir: Where checkpoints and the shadow processor's log go.
+        lag_threshold: Flip when at most this many records behind the log end.
+        max_rounds: Catch-up rounds before giving up.
+        on_progress: Called with (records applied so far, records to reach the end).
+        python: Interpreter for the processor process.
+
+    Returns:
+        The new generation, the previous live one, and timings.
+
+    Raises:
+        RebuildError: The processor failed or did not catch up; readers stay where they were.
+    """
+    client = redis.Redis.from_url(redis_settings.url)
+    registry = GenerationRegistry(client, StateLayout(spec.name, redis_settings.key_prefix))
+    topics = sorted({row.topic for row in plan.partitions})
+    generation = registry.create(
+        {
+            "replay_of": plan.live_generation if plan.live_generation is not None else "",
+            "reset": plan.spec,
+            "topics": topics,
+            "starting_offsets": plan.starting_offsets(),
+        }
+    )
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{spec.name}-g{generation}.log"
+    env = {
+        **os.environ,
+        "REFOLD_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "REFOLD_REDIS__URL": redis_settings.url,
+        "REFOLD_REDIS__KEY_PREFIX": redis_settings.key_prefix,
+        "REFOLD_STATE_DIR": str(state_dir),
+    }
+    command = [python, "-m", spec.module, "--generation", str(generation),
+               "--starting-offsets", plan.starting_offsets(), "--available-now"]
+    started = time.monotonic()
+    offsets = LogOffsets(kafka.as_librdkafka())
+    starts = {(r.topic, r.partition): r.target for r in plan.partitions}
+    try:
+        tps = list(starts)
+        for round_number in range(1, max_rounds + 1):
+            ends = offsets.end_offsets(tps)
+            todo = sum(max(0, ends[tp] - starts[tp]) for tp in tps)
+            logger.info("g%d: catch-up round %d, log end %s", generation, round_number,
+                        sum(ends.values()), extra={"generation": generation})
+            with log_path.open("ab") as log:
+                process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                    command, stdout=log, stderr=subprocess.STDOUT, env=env)
+                while process.poll() is None:
+                    if on_progress is not None:
+                        on_progress(_done(registry.positions(generation)[0], starts, ends), todo)
+                    time.sleep(_POLL_S)
+            if process.returncode != 0:
+                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+                msg = (f"the processor building g{generation} exited with "
+                       f"{process.returncode}; readers stay on g{plan.live_generation}. "
+                       f"Log {log_path} ends with:\n{tail}")
+                raise RebuildError(msg)
+            positions = registry.positions(generation)[0]
+            fresh_ends = offsets.end_offsets(tps)
+            lag = _lag({tp: positions.get(tp, starts[tp]) for tp in tps}, fresh_ends)
+            if on_progress is not None:
+                on_progress(todo, todo)
+            if lag <= lag_threshold:
+                previous = registry.flip(generation)
+                applied = sum(positions.get(tp, starts[tp]) - starts[tp] for tp in tps)
+                return RebuildResult(generation, previous, applied,
+                                     time.monotonic() - started, round_number)
+        msg = (f"g{generation} is still more than {lag_threshold} records behind after "
+               f"{max_rounds} rounds; readers stay on g{plan.live_generation}. Operator action: "
+               "raise REFOLD_LAG_THRESHOLD or REFOLD_MAX_ROUNDS, or rerun when traffic is lower.")
+        raise RebuildError(msg)
+    finally:
+        offsets.close()
