@@ -228,15 +228,18 @@ def run_processor(
         logger.info("signal %d: stopping the query after the current batch", signum)
         stop.set()
 
+    previous_handlers = {}
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous_handlers[signum] = signal.signal(signum, _on_signal)
     try:
         while query.isActive and not stop.is_set():
             query.awaitTermination(0.5)
     finally:
         if query.isActive:
             query.stop()
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
     exc = query.exception()
     if exc is not None:
         raise exc

@@ -1,0 +1,84 @@
+"""Fixtures for processor tests: a private orders topic, its env, reader and oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from contracts.offsets import LogOffsets
+from contracts.settings import KafkaSettings, RedisSettings
+from contracts.topics import ORDERS, TopicSpec
+from deploy.processes import ProcessorProcess
+from processors.common.projection import FoldResult, fold_all
+from processors.common.runner import RunOptions
+from processors.order_state.projection import OrderStateProjection
+from services.producer.publisher import EventPublisher
+from services.reader.state_reader import StateReader
+
+
+@dataclass
+class OrdersWorld:
+    topic: TopicSpec
+    dlq: str
+    kafka: KafkaSettings
+    redis: RedisSettings
+    state_dir: Path
+    env: dict[str, str]
+    client: redis.Redis
+
+    def publisher(self) -> EventPublisher:
+        return EventPublisher(self.kafka, topics=[self.topic])
+
+    def reader(self) -> StateReader:
+        return StateReader(self.client, "order_state", self.redis.key_prefix)
+
+    def offsets(self) -> LogOffsets:
+        return LogOffsets(self.kafka.as_librdkafka())
+
+    def options(self, **changes) -> RunOptions:
+        base = RunOptions(checkpoint_root=self.state_dir / "checkpoints",
+                          dead_letter_topic=self.dlq, max_offsets_per_trigger=20_000)
+        return dataclasses.replace(base, **changes)
+
+    def processor(self, *args: str, name: str = "processor") -> ProcessorProcess:
+        return ProcessorProcess("processors.order_state", list(args), self.env,
+                                self.state_dir / "logs" / f"{name}.log")
+
+    def state(self, generation: int | None = None) -> tuple[dict, dict]:
+        reader = self.reader()
+        return (dict(reader.scan("orders", generation)),
+                reader.aggregate("order_totals", generation).value)
+
+
+def oracle(events) -> FoldResult:
+    return fold_all(OrderStateProjection(), events)
+
+
+@pytest.fixture
+def world(kafka_bootstrap, redis_url, make_topic, unique, tmp_path) -> OrdersWorld:
+    name = make_topic(partitions=ORDERS.partitions, prefix="orders")
+    dlq = make_topic(partitions=1, prefix="dlq")
+    prefix = f"test-{unique}"
+    env = {
+        "REFOLD_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "REFOLD_REDIS__URL": redis_url,
+        "REFOLD_REDIS__KEY_PREFIX": prefix,
+        "REFOLD_STATE_DIR": str(tmp_path),
+        "REFOLD_ORDERS_TOPIC": name,
+        "REFOLD_DEAD_LETTER_TOPIC": dlq,
+        # Small batches: several micro-batches per test, and crash points between them.
+        "REFOLD_MAX_OFFSETS_PER_TRIGGER": "5000",
+    }
+    return OrdersWorld(
+        topic=dataclasses.replace(ORDERS, name=name),
+        dlq=dlq,
+        kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap),
+        redis=RedisSettings(url=redis_url, key_prefix=prefix),
+        state_dir=tmp_path,
+        env=env,
+        client=redis.Redis.from_url(redis_url),
+    )
