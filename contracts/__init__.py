@@ -1,0 +1,1 @@
+"""The shared kernel: schemas, codec, topic specs, state layout, settings, errors."""

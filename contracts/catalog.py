@@ -70,8 +70,8 @@ def _load(path: Path) -> SchemaVersion:
         msg = f"{path}: schema files must be named <RecordName>.v<N>.avsc"
         raise ContractError(msg)
     raw = json.loads(path.read_text())
-    parsed = fastavro.parse_schema(_without_logical_types(raw))
-    full_name = parsed["name"]
+    parsed: Any = fastavro.parse_schema(_without_logical_types(raw))
+    full_name = str(parsed["name"])
     name = full_name.rsplit(".", 1)[-1]
     if name != match["name"]:
         msg = f"{path}: file is named {match['name']} but the record is {name}"

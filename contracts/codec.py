@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from io import BytesIO
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 from fastavro.validation import ValidationError, validate
@@ -71,8 +71,11 @@ class EventCodec:
         """
         schema = self.catalog.latest(event_type)
         declared = {f["name"] for f in schema.raw["fields"]}
-        problems = [f"{event_type}.{name} is not a field of {event_type}" for name in data
-                    if name not in declared]
+        problems = [
+            f"{event_type}.{name} is not a field of {event_type}"
+            for name in data
+            if name not in declared
+        ]
         try:
             validate(data, schema.parsed, raise_errors=True)
         except ValidationError as exc:
@@ -127,4 +130,4 @@ class EventCodec:
             reason = "bad-body"
             detail = f"{writer.name} v{writer.version} body does not decode: {exc!r}"
             raise DeserializationError(reason, detail, payload) from exc
-        return DecodedEvent(writer.name, writer, data)
+        return DecodedEvent(writer.name, writer, cast("dict[str, Any]", data))

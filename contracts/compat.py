@@ -34,7 +34,7 @@ class CompatibilityProblem:
 
 
 def _compat_problem(reader: SchemaVersion, writer: SchemaVersion) -> CompatibilityProblem | None:
-    checker = avro.compatibility.ReaderWriterCompatibilityChecker()
+    checker = avro.compatibility.ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
     result = checker.get_compatibility(
         avro.schema.parse(json.dumps(reader.raw)), avro.schema.parse(json.dumps(writer.raw))
     )
@@ -71,8 +71,9 @@ def check_catalog(catalog: SchemaCatalog) -> None:
     Raises:
         SchemaIncompatibleError: Lists every failing pair, with what to do.
     """
-    problems = [p for name in catalog.names() for p in check_backward_transitive(
-        catalog.versions(name))]
+    problems = [
+        p for name in catalog.names() for p in check_backward_transitive(catalog.versions(name))
+    ]
     if problems:
         lines = "\n  ".join(str(p) for p in problems)
         msg = (

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from contracts.errors import RefoldError
 from contracts.state import (
@@ -93,15 +94,19 @@ class GenerationRegistry:
             The new generation number.
         """
         while True:
-            taken = [int(g) for g in cast("list[bytes]", self.client.hkeys(self.layout.generations))]
+            taken = [
+                int(g) for g in cast("list[bytes]", self.client.hkeys(self.layout.generations))
+            ]
             generation = max(taken, default=0) + 1
             status: GenerationStatus = "live" if live else "building"
             if self.client.hsetnx(self.layout.generations, str(generation), status):
                 break
-        fields = {
+        fields: dict[FieldT, EncodableT] = {
             "created_at": str(int(time.time() * 1000)),
-            **{k: v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-               for k, v in meta.items()},
+            **{
+                k: v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+                for k, v in meta.items()
+            },
         }
         self.client.hset(self.keys(generation).meta, mapping=fields)
         if live:

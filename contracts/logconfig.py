@@ -10,7 +10,13 @@ from typing import Any
 __all__ = ["CONTEXT_FIELDS", "configure_logging"]
 
 CONTEXT_FIELDS = (
-    "topic", "partition", "offset", "batch_id", "consumer_group", "generation", "processor",
+    "topic",
+    "partition",
+    "offset",
+    "batch_id",
+    "consumer_group",
+    "generation",
+    "processor",
 )
 
 

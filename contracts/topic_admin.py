@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from contracts.errors import RefoldError
 from contracts.topics import TopicSpec
@@ -13,14 +13,16 @@ from contracts.topics import TopicSpec
 __all__ = ["delete_topics", "ensure_topics"]
 
 
-def ensure_topics(kafka: dict[str, str], specs: Iterable[TopicSpec], timeout: float = 30) -> None:
+def ensure_topics(
+    kafka: Mapping[str, str], specs: Iterable[TopicSpec], timeout: float = 30
+) -> None:
     """Create every topic that does not exist yet; check the partition count of those that do.
 
     Raises:
         RefoldError: A topic exists with another partition count (keys would map elsewhere),
             or the broker refused to create one.
     """
-    admin = AdminClient(kafka)
+    admin = AdminClient(dict(kafka))
     wanted = {spec.name: spec for spec in specs}
     existing = admin.list_topics(timeout=timeout).topics
     for name, spec in wanted.items():
@@ -46,9 +48,9 @@ def ensure_topics(kafka: dict[str, str], specs: Iterable[TopicSpec], timeout: fl
                 raise RefoldError(msg) from exc
 
 
-def delete_topics(kafka: dict[str, str], names: Iterable[str], timeout: float = 30) -> None:
+def delete_topics(kafka: Mapping[str, str], names: Iterable[str], timeout: float = 30) -> None:
     """Delete topics; missing ones are ignored."""
-    admin = AdminClient(kafka)
+    admin = AdminClient(dict(kafka))
     existing = admin.list_topics(timeout=timeout).topics
     names = [n for n in names if n in existing]
     if not names:

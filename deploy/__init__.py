@@ -1,0 +1,1 @@
+"""Deployment: the embedded local stack, the demo and the ``refold`` command."""

@@ -75,28 +75,44 @@ def build_parser() -> argparse.ArgumentParser:
         description="refold: Kappa-style event sourcing (Avro contracts -> Kafka -> "
         "PySpark -> Redis).",
     )
-    parser.add_argument("--state-dir", default=os.environ.get("REFOLD_STATE_DIR", ".state"),
-                        help="pid files, logs, checkpoints (default .state)")
-    parser.add_argument("--kafka-port", type=int,
-                        default=int(os.environ.get("REFOLD_KAFKA_PORT", DEFAULT_KAFKA_PORT)))
-    parser.add_argument("--redis-port", type=int,
-                        default=int(os.environ.get("REFOLD_REDIS_PORT", DEFAULT_REDIS_PORT)))
+    parser.add_argument(
+        "--state-dir",
+        default=os.environ.get("REFOLD_STATE_DIR", ".state"),
+        help="pid files, logs, checkpoints (default .state)",
+    )
+    parser.add_argument(
+        "--kafka-port",
+        type=int,
+        default=int(os.environ.get("REFOLD_KAFKA_PORT", DEFAULT_KAFKA_PORT)),
+    )
+    parser.add_argument(
+        "--redis-port",
+        type=int,
+        default=int(os.environ.get("REFOLD_REDIS_PORT", DEFAULT_REDIS_PORT)),
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start the local stack (Tansu broker + redis-server)"
-                   ).set_defaults(func=_cmd_up)
+    sub.add_parser("up", help="start the local stack (Tansu broker + redis-server)").set_defaults(
+        func=_cmd_up
+    )
     sub.add_parser("down", help="stop the local stack").set_defaults(func=_cmd_down)
-    sub.add_parser("status", help="show the local stack (exit 3 when stopped)"
-                   ).set_defaults(func=_cmd_status)
+    sub.add_parser("status", help="show the local stack (exit 3 when stopped)").set_defaults(
+        func=_cmd_status
+    )
     demo = sub.add_parser("demo", help="run the end-to-end demo on a private local stack")
-    demo.add_argument("--orders", type=int, default=10_500,
-                      help="orders to simulate (~10 events each; default 10500)")
+    demo.add_argument(
+        "--orders",
+        type=int,
+        default=10_500,
+        help="orders to simulate (~10 events each; default 10500)",
+    )
     demo.set_defaults(func=_cmd_demo)
     process = sub.add_parser("process", help="run a processor (see `refold process NAME -h`)")
     process.add_argument("name", choices=["order_state"])
     process.add_argument("rest", nargs=argparse.REMAINDER)
     process.set_defaults(func=_cmd_process)
-    replay = sub.add_parser("replay", help="rebuild a processor's state (see `replay -h`)",
-                            add_help=False)
+    replay = sub.add_parser(
+        "replay", help="rebuild a processor's state (see `replay -h`)", add_help=False
+    )
     replay.add_argument("rest", nargs=argparse.REMAINDER)
     replay.set_defaults(func=_cmd_replay)
     return parser

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from contracts.offsets import LogOffsets
 from tqdm import tqdm
 
 from contracts.generations import GenerationRegistry
-from contracts.offsets import LogOffsets
 from contracts.processors import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
@@ -99,23 +99,26 @@ def _summary(reader: StateReader, generation: int, dead_letters: int) -> None:
     for currency, minor in sorted(revenue.items()):
         print(f"  {currency}  {_money(minor):>16}")
     print(f"dead letters (rejected or undecodable events): {dead_letters}")
-    examples = reader.get_many("orders", ["ord-0000001", "ord-0000002", "ord-0000003"],
-                               generation)
+    examples = reader.get_many("orders", ["ord-0000001", "ord-0000002", "ord-0000003"], generation)
     print("example orders:")
     for order_id, state in examples.value.items():
         if state is None:
             continue
         lines = ", ".join(f"{sku} x{line['qty']}" for sku, line in sorted(state["lines"].items()))
-        print(f"  {order_id}  {state['status']:<9} {_money(state['total_minor']):>10} "
-              f"{state['currency']}  {state['items']} items [{lines}]  "
-              f"({state['events']} events)")
+        print(
+            f"  {order_id}  {state['status']:<9} {_money(state['total_minor']):>10} "
+            f"{state['currency']}  {state['items']} items [{lines}]  "
+            f"({state['events']} events)"
+        )
     positions = reader.freshness(generation)
     print(f"freshness: applied up to offsets {dict(sorted(positions.items()))}")
 
 
 def _tables(reader: StateReader, generation: int) -> tuple[dict[str, Any], dict[str, int]]:
-    return (dict(reader.scan("orders", generation)),
-            reader.aggregate("order_totals", generation).value)
+    return (
+        dict(reader.scan("orders", generation)),
+        reader.aggregate("order_totals", generation).value,
+    )
 
 
 def run_demo(orders: int, state_dir: Path) -> int:
@@ -138,8 +141,9 @@ def run_demo(orders: int, state_dir: Path) -> int:
             "REFOLD_STATE_DIR": str(demo_dir),
         }
         _say("starting the order_state processor (Spark Structured Streaming, generation 1)")
-        processor = ProcessorProcess("processors.order_state", [], env,
-                                     demo_dir / "logs" / "order_state-live.log").start()
+        processor = ProcessorProcess(
+            "processors.order_state", [], env, demo_dir / "logs" / "order_state-live.log"
+        ).start()
         print(f"pid {processor.pid}, log {processor.log_path}")
 
         events = list(OrderSimulator(orders, seed=2026))
@@ -150,16 +154,19 @@ def run_demo(orders: int, state_dir: Path) -> int:
             tokens = publisher.emit_many(events, on_progress=bar.update)
         publisher.close()
         produced_s = time.monotonic() - started
-        print(f"{len(tokens):,} events acknowledged (acks=all) in {produced_s:.1f}s; "
-              f"last: {tokens[-1]}")
+        print(
+            f"{len(tokens):,} events acknowledged (acks=all) in {produced_s:.1f}s; "
+            f"last: {tokens[-1]}"
+        )
 
         client = redis.Redis.from_url(stack.redis_url)
         reader = StateReader(client, PROCESSOR)
         offsets = LogOffsets(kafka.as_librdkafka())
         try:
             _say("waiting for the processor to catch up")
-            waited = wait_until_caught_up(reader, offsets, [ORDERS.name],
-                                          alive=processor.alive, desc="folding")
+            waited = wait_until_caught_up(
+                reader, offsets, [ORDERS.name], alive=processor.alive, desc="folding"
+            )
             print(f"caught up {waited:.1f}s after the last event was acknowledged")
             dlq = dead_letter_spec(PROCESSOR).name
             dead = sum(offsets.end_offsets([(dlq, 0)]).values())
@@ -171,25 +178,31 @@ def run_demo(orders: int, state_dir: Path) -> int:
             plan = plan_replay(spec, ToEarliest(), kafka, client, redis_settings.key_prefix)
             print(plan.render())
             print(f"readers keep seeing generation {reader.live_generation()} meanwhile")
-            with tqdm(total=plan.total_events, unit="ev", desc="rebuilding",
-                      dynamic_ncols=True) as bar:
+            with tqdm(
+                total=plan.total_events, unit="ev", desc="rebuilding", dynamic_ncols=True
+            ) as bar:
 
                 def _progress(done: int, total: int) -> None:
                     bar.total = total
                     bar.n = done
                     bar.refresh()
 
-                result = run_rebuild(plan, spec, kafka, redis_settings, state_dir=demo_dir,
-                                     on_progress=_progress)
-            print(f"generation {result.generation} built from {result.events:,} events in "
-                  f"{result.seconds:.1f}s; alias flipped from {result.previous} to "
-                  f"{result.generation}")
+                result = run_rebuild(
+                    plan, spec, kafka, redis_settings, state_dir=demo_dir, on_progress=_progress
+                )
+            print(
+                f"generation {result.generation} built from {result.events:,} events in "
+                f"{result.seconds:.1f}s; alias flipped from {result.previous} to "
+                f"{result.generation}"
+            )
             before = _tables(reader, live)
             after = _tables(reader, result.generation)
             same = before == after
-            print(f"rebuilt state identical to generation {live}: "
-                  f"{'yes' if same else 'NO'} ({len(after[0]):,} orders, "
-                  f"{len(after[1])} counters compared key by key)")
+            print(
+                f"rebuilt state identical to generation {live}: "
+                f"{'yes' if same else 'NO'} ({len(after[0]):,} orders, "
+                f"{len(after[1])} counters compared key by key)"
+            )
             print(f"readers now see generation {reader.live_generation()}")
             registry = GenerationRegistry(client, StateLayout(PROCESSOR))
             for info in registry.list():

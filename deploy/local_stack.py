@@ -40,6 +40,7 @@ _READY_TIMEOUT_S = 20.0
 _STOP_GRACE_S = 10.0
 
 ServerName = Literal["kafka", "redis"]
+_START_ORDER: tuple[ServerName, ...] = ("redis", "kafka")
 
 
 class LocalStackError(RuntimeError):
@@ -185,12 +186,10 @@ class LocalStack:
     def status(self) -> list[ServerStatus]:
         """Report each server's recorded pid and whether it still runs."""
         result = []
-        for name in ("kafka", "redis"):
+        for name in _START_ORDER[::-1]:
             pid = self._recorded_pid(name)
             running = pid is not None and _pid_runs(pid, self._program(name))
-            result.append(
-                ServerStatus(name, self._port(name), pid, running, self._log_file(name))
-            )
+            result.append(ServerStatus(name, self._port(name), pid, running, self._log_file(name)))
         return result
 
     def start(self) -> LocalStack:
@@ -216,9 +215,9 @@ class LocalStack:
                 )
                 raise LocalStackError(msg)
         try:
-            for name in ("redis", "kafka"):
+            for name in _START_ORDER:
                 self._spawn(name)
-            for name in ("redis", "kafka"):
+            for name in _START_ORDER:
                 self._wait_ready(name)
         except BaseException:
             self.stop()
@@ -262,7 +261,7 @@ class LocalStack:
 
     def stop(self) -> None:
         """Stop the servers this stack recorded, by PID; a missing server is not an error."""
-        for name in ("kafka", "redis"):
+        for name in _START_ORDER[::-1]:
             pid = self._recorded_pid(name)
             if pid is not None and _pid_runs(pid, self._program(name)):
                 self._terminate(pid)

@@ -1,0 +1,1 @@
+"""Processors: Spark wiring and the domain folds."""

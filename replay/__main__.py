@@ -44,18 +44,33 @@ def build_parser() -> argparse.ArgumentParser:
         "REFOLD_REDIS__URL, REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--processor", required=True, choices=sorted(PROCESSORS),
-                        help="the processor to rebuild")
+    parser.add_argument(
+        "--processor", required=True, choices=sorted(PROCESSORS), help="the processor to rebuild"
+    )
     spec = parser.add_mutually_exclusive_group(required=True)
-    spec.add_argument("--to-earliest", action="store_true",
-                      help="rebuild from the first retained offset (full rebuild)")
-    spec.add_argument("--from-offset", "--to-offset", dest="from_offset", type=_offset,
-                      metavar="N", help="rebuild from offset N of every partition in scope")
-    parser.add_argument("--topic", action="append", metavar="TOPIC[:P,P]",
-                        help="limit the reset to a topic or some of its partitions "
-                        "(repeatable; default: all topics of the processor)")
-    parser.add_argument("--execute", action="store_true",
-                        help="build the new generation and cut readers over to it")
+    spec.add_argument(
+        "--to-earliest",
+        action="store_true",
+        help="rebuild from the first retained offset (full rebuild)",
+    )
+    spec.add_argument(
+        "--from-offset",
+        "--to-offset",
+        dest="from_offset",
+        type=_offset,
+        metavar="N",
+        help="rebuild from offset N of every partition in scope",
+    )
+    parser.add_argument(
+        "--topic",
+        action="append",
+        metavar="TOPIC[:P,P]",
+        help="limit the reset to a topic or some of its partitions "
+        "(repeatable; default: all topics of the processor)",
+    )
+    parser.add_argument(
+        "--execute", action="store_true", help="build the new generation and cut readers over to it"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--log-level", default="WARNING")
     return parser
@@ -70,24 +85,36 @@ def main(argv: list[str] | None = None) -> int:
     reset: ResetSpec = ToEarliest() if args.to_earliest else FromOffset(args.from_offset)
     try:
         client = redis.Redis.from_url(settings.redis.url)
-        plan = plan_replay(spec, reset, settings.kafka, client, settings.redis.key_prefix,
-                           parse_scope(args.topic))
+        plan = plan_replay(
+            spec, reset, settings.kafka, client, settings.redis.key_prefix, parse_scope(args.topic)
+        )
         print(plan.render())
         if not args.execute:
             print("\ndry run: nothing changed. Add --execute to rebuild and cut over.")
             return 0
-        with tqdm(total=plan.total_events, unit="ev", desc=f"rebuilding {spec.name}",
-                  disable=args.no_progress, dynamic_ncols=True) as bar:
+        with tqdm(
+            total=plan.total_events,
+            unit="ev",
+            desc=f"rebuilding {spec.name}",
+            disable=args.no_progress,
+            dynamic_ncols=True,
+        ) as bar:
 
             def _progress(done: int, total: int) -> None:
                 bar.total = total
                 bar.n = done
                 bar.refresh()
 
-            result = run_rebuild(plan, spec, settings.kafka, settings.redis,
-                                 state_dir=settings.state_dir,
-                                 lag_threshold=settings.lag_threshold,
-                                 max_rounds=settings.max_rounds, on_progress=_progress)
+            result = run_rebuild(
+                plan,
+                spec,
+                settings.kafka,
+                settings.redis,
+                state_dir=settings.state_dir,
+                lag_threshold=settings.lag_threshold,
+                max_rounds=settings.max_rounds,
+                on_progress=_progress,
+            )
     except (RefoldError, redis.RedisError) as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return 1

@@ -183,8 +183,9 @@ def build_plan(
     rows = []
     warnings = []
     for (topic, partition), (log_start, log_end) in sorted(bounds.items()):
-        in_scope = scope is None or (topic in scope and (
-            scope[topic] is None or partition in (scope[topic] or set())))
+        in_scope = scope is None or (
+            topic in scope and (scope[topic] is None or partition in (scope[topic] or set()))
+        )
         note = ""
         if not in_scope or isinstance(spec, ToEarliest):
             target = log_start
@@ -196,8 +197,11 @@ def build_plan(
                 target, note = log_start, f"clamped up from {spec.offset} to the log start"
             elif target > log_end:
                 target, note = log_end, f"clamped down from {spec.offset} to the log end"
-        rows.append(PartitionPlan(topic, partition, current.get((topic, partition)), target,
-                                  log_start, log_end, note))
+        rows.append(
+            PartitionPlan(
+                topic, partition, current.get((topic, partition)), target, log_start, log_end, note
+            )
+        )
     if any(r.target > r.log_start for r in rows):
         warnings.append(
             "the new generation starts empty: records before each target are not folded into "

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from contracts.offsets import LogOffsets
 
 from contracts.generations import GenerationRegistry, Positions
-from contracts.offsets import LogOffsets
 from contracts.processors import ProcessorSpec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
@@ -155,8 +155,16 @@ def run_rebuild(
         "REFOLD_REDIS__KEY_PREFIX": redis_settings.key_prefix,
         "REFOLD_STATE_DIR": str(state_dir),
     }
-    command = [python, "-m", spec.module, "--generation", str(generation),
-               "--starting-offsets", plan.starting_offsets(), "--available-now"]
+    command = [
+        python,
+        "-m",
+        spec.module,
+        "--generation",
+        str(generation),
+        "--starting-offsets",
+        plan.starting_offsets(),
+        "--available-now",
+    ]
     started = time.monotonic()
     offsets = LogOffsets(kafka.as_librdkafka())
     starts = {(r.topic, r.partition): r.target for r in plan.partitions}
@@ -165,20 +173,28 @@ def run_rebuild(
         for round_number in range(1, max_rounds + 1):
             ends = offsets.end_offsets(tps)
             todo = sum(max(0, ends[tp] - starts[tp]) for tp in tps)
-            logger.info("g%d: catch-up round %d, log end %s", generation, round_number,
-                        sum(ends.values()), extra={"generation": generation})
+            logger.info(
+                "g%d: catch-up round %d, log end %s",
+                generation,
+                round_number,
+                sum(ends.values()),
+                extra={"generation": generation},
+            )
             with log_path.open("ab") as log:
                 process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env)
+                    command, stdout=log, stderr=subprocess.STDOUT, env=env
+                )
                 while process.poll() is None:
                     if on_progress is not None:
                         on_progress(_done(registry.positions(generation)[0], starts, ends), todo)
                     time.sleep(_POLL_S)
             if process.returncode != 0:
                 tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-                msg = (f"the processor building g{generation} exited with "
-                       f"{process.returncode}; readers stay on g{plan.live_generation}. "
-                       f"Log {log_path} ends with:\n{tail}")
+                msg = (
+                    f"the processor building g{generation} exited with "
+                    f"{process.returncode}; readers stay on g{plan.live_generation}. "
+                    f"Log {log_path} ends with:\n{tail}"
+                )
                 raise RebuildError(msg)
             positions = registry.positions(generation)[0]
             fresh_ends = offsets.end_offsets(tps)
@@ -188,11 +204,14 @@ def run_rebuild(
             if lag <= lag_threshold:
                 previous = registry.flip(generation)
                 applied = sum(positions.get(tp, starts[tp]) - starts[tp] for tp in tps)
-                return RebuildResult(generation, previous, applied,
-                                     time.monotonic() - started, round_number)
-        msg = (f"g{generation} is still more than {lag_threshold} records behind after "
-               f"{max_rounds} rounds; readers stay on g{plan.live_generation}. Operator action: "
-               "raise REFOLD_LAG_THRESHOLD or REFOLD_MAX_ROUNDS, or rerun when traffic is lower.")
+                return RebuildResult(
+                    generation, previous, applied, time.monotonic() - started, round_number
+                )
+        msg = (
+            f"g{generation} is still more than {lag_threshold} records behind after "
+            f"{max_rounds} rounds; readers stay on g{plan.live_generation}. Operator action: "
+            "raise REFOLD_LAG_THRESHOLD or REFOLD_MAX_ROUNDS, or rerun when traffic is lower."
+        )
         raise RebuildError(msg)
     finally:
         offsets.close()

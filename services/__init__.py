@@ -1,0 +1,1 @@
+"""Services: the producer SDK and the state reader."""

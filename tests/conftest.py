@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -72,10 +73,9 @@ def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
     yield _make
     if created:
         for future in admin.delete_topics(created).values():
-            try:
+            # Cleanup must not mask the test's outcome.
+            with contextlib.suppress(Exception):
                 future.result(timeout=30)
-            except Exception:  # noqa: BLE001 - cleanup must not mask the test's outcome
-                pass
 
 
 @pytest.fixture(scope="session")

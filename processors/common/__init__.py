@@ -1,0 +1,1 @@
+"""Machinery shared by every processor: Kafka source, Redis sink, runner."""

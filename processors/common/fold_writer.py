@@ -25,6 +25,8 @@ from typing import Any, NamedTuple, cast
 
 import redis
 from confluent_kafka import KafkaError, Message, Producer
+from redis.client import Pipeline
+from redis.typing import EncodableT, FieldT
 
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError
@@ -162,7 +164,7 @@ class FoldWriter:
         for _attempt in range(_MAX_ATTEMPTS):
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(keys.positions)
+                    pipe.watch(keys.positions)  # type: ignore[no-untyped-call]
                     return self._apply_once(pipe, records, fields, batch_id)
                 except redis.WatchError:
                     logger.warning(
@@ -178,7 +180,7 @@ class FoldWriter:
 
     def _apply_once(
         self,
-        pipe: redis.client.Pipeline,
+        pipe: Pipeline,
         records: Sequence[SourceRecord],
         fields: list[str],
         batch_id: int | None,
@@ -186,7 +188,8 @@ class FoldWriter:
         keys = self.target.keys
         outcome = BatchOutcome(records=len(records))
         applied_pos = {
-            f: int(v) for f, v in zip(fields, pipe.hmget(keys.positions, fields), strict=True)
+            f: int(v)
+            for f, v in zip(fields, pipe.hmget(keys.positions, fields), strict=True)
             if v is not None
         }
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]] = []
@@ -204,8 +207,13 @@ class FoldWriter:
                 dead.append(_DeadLetter(record, exc.reason, str(exc)))
                 continue
             if event.event_type not in self.projection.event_types:
-                dead.append(_DeadLetter(record, "unexpected-type",
-                                        f"{self.target.processor} does not fold {event.event_type}"))
+                dead.append(
+                    _DeadLetter(
+                        record,
+                        "unexpected-type",
+                        f"{self.target.processor} does not fold {event.event_type}",
+                    )
+                )
                 continue
             entity = self.projection.key(event.event_type, event.data)
             pending.append((record, event.event_type, event.data, entity))
@@ -236,13 +244,17 @@ class FoldWriter:
                 delta.subtract(self.projection.contribution(old))
         pipe.multi()
         if changed:
-            pipe.mset({keys.table(self.projection.table, e): json.dumps(s, separators=(",", ":"))
-                       for e, s in changed.items()})
+            pipe.mset(
+                {
+                    keys.table(self.projection.table, e): json.dumps(s, separators=(",", ":"))
+                    for e, s in changed.items()
+                }
+            )
         aggregate_key = keys.aggregate(self.projection.aggregate)
         for name, amount in sorted(delta.items()):
             if amount:
                 pipe.hincrby(aggregate_key, name, amount)
-        position_update: dict[str, str] = {f: str(o) for f, o in new_pos.items()}
+        position_update: dict[FieldT, EncodableT] = {f: str(o) for f, o in new_pos.items()}
         if batch_id is not None:
             position_update[BATCH_ID_FIELD] = str(batch_id)
         if position_update:
@@ -262,7 +274,7 @@ class FoldWriter:
         count = 0
         for letter in dead:
             record = letter.record
-            headers = [
+            headers: list[tuple[str, str | bytes | None]] = [
                 ("refold.reason", letter.reason.encode()),
                 ("refold.error", letter.detail.encode()[:2000]),
                 ("refold.origin.topic", record.topic.encode()),
@@ -271,13 +283,23 @@ class FoldWriter:
                 ("refold.processor", self.target.processor.encode()),
                 ("refold.generation", str(self.target.generation).encode()),
             ]
-            producer.produce(self.target.dlq_topic, record.value, record.key, headers=headers,
-                             on_delivery=_delivered)
+            producer.produce(
+                self.target.dlq_topic,
+                record.value,
+                record.key,
+                headers=headers,
+                on_delivery=_delivered,
+            )
             count += 1
             logger.warning(
-                "dead-lettered: %s", letter.detail,
-                extra={"topic": record.topic, "partition": record.partition,
-                       "offset": record.offset, "batch_id": batch_id},
+                "dead-lettered: %s",
+                letter.detail,
+                extra={
+                    "topic": record.topic,
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "batch_id": batch_id,
+                },
             )
         remaining = producer.flush(30)
         if remaining or failures:

@@ -81,9 +81,7 @@ class FoldResult:
     rejected: list[tuple[str, str]] = field(default_factory=list)
 
 
-def fold_all(
-    projection: Projection, events: Iterable[tuple[str, Mapping[str, Any]]]
-) -> FoldResult:
+def fold_all(projection: Projection, events: Iterable[tuple[str, Mapping[str, Any]]]) -> FoldResult:
     """Fold events (in log order per entity) the plain way: the oracle.
 
     Args:

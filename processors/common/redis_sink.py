@@ -111,7 +111,11 @@ class RedisFoldSink:
         for row in df.mapInArrow(task, OUTCOME_SCHEMA).collect():
             outcome.merge(
                 BatchOutcome(
-                    row.records, row.applied, row.skipped, row.rejected, row.undecodable,
+                    row.records,
+                    row.applied,
+                    row.skipped,
+                    row.rejected,
+                    row.undecodable,
                     json.loads(row.positions),
                 )
             )
@@ -122,8 +126,17 @@ class RedisFoldSink:
             logger.info(
                 "batch %d: %d records, %d applied, %d skipped, %d rejected, %d undecodable "
                 "in %.2fs (%.0f/s)",
-                batch_id, outcome.records, outcome.applied, outcome.skipped, outcome.rejected,
-                outcome.undecodable, elapsed, outcome.records / max(elapsed, 1e-9),
-                extra={"batch_id": batch_id, "generation": self.target.generation,
-                       "processor": self.target.processor},
+                batch_id,
+                outcome.records,
+                outcome.applied,
+                outcome.skipped,
+                outcome.rejected,
+                outcome.undecodable,
+                elapsed,
+                outcome.records / max(elapsed, 1e-9),
+                extra={
+                    "batch_id": batch_id,
+                    "generation": self.target.generation,
+                    "processor": self.target.processor,
+                },
             )

@@ -38,7 +38,7 @@ from processors.errors import ProcessorConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = ["ProcessorRun", "RunOptions", "consumer_group", "run_processor"]
 
@@ -174,8 +174,9 @@ def build_query(
     for key, value in kafka.as_librdkafka().items():
         reader = reader.option(f"kafka.{key}", value)
     if options.source_format == "refold_kafka":
-        reader = reader.option("commitGroupId", consumer_group(sink.target.processor,
-                                                              run.generation))
+        reader = reader.option(
+            "commitGroupId", consumer_group(sink.target.processor, run.generation)
+        )
         if options.max_tasks:
             reader = reader.option("maxTasks", str(options.max_tasks))
     if options.max_offsets_per_trigger:
@@ -208,12 +209,14 @@ def run_processor(
     """
     client = redis.Redis.from_url(redis_settings.url)
     run = resolve_run(projection, topics, kafka, redis_settings, options, client)
-    dead_letters = dataclasses.replace(dead_letter_spec(projection.name),
-                                       name=run.target.dlq_topic)
+    dead_letters = dataclasses.replace(dead_letter_spec(projection.name), name=run.target.dlq_topic)
     ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters])
     logger.info(
         "starting %s generation %d (checkpoint %s, starting offsets %s)",
-        projection.name, run.generation, run.checkpoint, run.starting_offsets,
+        projection.name,
+        run.generation,
+        run.checkpoint,
+        run.starting_offsets,
         extra={"processor": projection.name, "generation": run.generation},
     )
     if spark is None:
@@ -234,7 +237,7 @@ def run_processor(
             previous_handlers[signum] = signal.signal(signum, _on_signal)
     try:
         while query.isActive and not stop.is_set():
-            query.awaitTermination(0.5)
+            query.awaitTermination(1)
     finally:
         if query.isActive:
             query.stop()
@@ -245,7 +248,11 @@ def run_processor(
         raise exc
     logger.info(
         "%s generation %d stopped: %d records, %d applied, %d rejected, %d undecodable",
-        projection.name, run.generation, sink.total.records, sink.total.applied,
-        sink.total.rejected, sink.total.undecodable,
+        projection.name,
+        run.generation,
+        sink.total.records,
+        sink.total.applied,
+        sink.total.rejected,
+        sink.total.undecodable,
     )
     return run.generation

@@ -1,0 +1,1 @@
+"""The order-state processor: commerce.orders folded into per-order state."""

@@ -33,13 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
         "(a Spark Structured Streaming query). Settings come from REFOLD_* variables, e.g. "
         "REFOLD_KAFKA__BOOTSTRAP_SERVERS, REFOLD_REDIS__URL, REFOLD_STATE_DIR.",
     )
-    parser.add_argument("--generation", type=_generation, default="live",
-                        help="live (default; the first run creates generation 1), new, or N")
-    parser.add_argument("--starting-offsets", default="earliest",
-                        help="earliest | latest | Spark JSON {\"topic\":{\"0\":42}}; used only "
-                        "for a generation without checkpoint or applied positions")
-    parser.add_argument("--available-now", action="store_true",
-                        help="process what is in the log now, then exit")
+    parser.add_argument(
+        "--generation",
+        type=_generation,
+        default="live",
+        help="live (default; the first run creates generation 1), new, or N",
+    )
+    parser.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        help='earliest | latest | Spark JSON {"topic":{"0":42}}; used only '
+        "for a generation without checkpoint or applied positions",
+    )
+    parser.add_argument(
+        "--available-now", action="store_true", help="process what is in the log now, then exit"
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 

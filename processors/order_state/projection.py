@@ -81,23 +81,30 @@ class OrderStateProjection:
             return _with_lines(state, lines, event["removed_at"])
         if event_type == "OrderPaid":
             self._require(status == _OPEN, event_type, status)
-            if event["currency"] != state["currency"] or event["amount_minor"] != state[
-                "total_minor"
-            ]:
+            if (
+                event["currency"] != state["currency"]
+                or event["amount_minor"] != state["total_minor"]
+            ):
                 msg = (
                     f"OrderPaid: paid {event['amount_minor']} {event['currency']} but order "
                     f"{state['order_id']} totals {state['total_minor']} {state['currency']}"
                 )
                 raise _reject(msg)
-            return self._moved(state, "paid", event["paid_at"], paid_minor=event["amount_minor"],
-                               payment_method=event["payment_method"])
+            return self._moved(
+                state,
+                "paid",
+                event["paid_at"],
+                paid_minor=event["amount_minor"],
+                payment_method=event["payment_method"],
+            )
         if event_type == "OrderShipped":
             self._require(status == "paid", event_type, status)
             return self._moved(state, "shipped", event["shipped_at"], carrier=event["carrier"])
         if event_type == "OrderCancelled":
             self._require(status in (_OPEN, "paid"), event_type, status)
-            return self._moved(state, "cancelled", event["cancelled_at"],
-                               cancel_reason=event["reason"])
+            return self._moved(
+                state, "cancelled", event["cancelled_at"], cancel_reason=event["reason"]
+            )
         msg = f"order_state does not fold {event_type}"
         raise _reject(msg)
 
@@ -138,5 +145,10 @@ class OrderStateProjection:
 
     @staticmethod
     def _moved(state: State, status: str, at: int, **changes: Any) -> State:
-        return {**state, **changes, "status": status, "updated_at": at,
-                "events": state["events"] + 1}
+        return {
+            **state,
+            **changes,
+            "status": status,
+            "updated_at": at,
+            "events": state["events"] + 1,
+        }

@@ -1,0 +1,1 @@
+"""Producer SDK: contract-checked publishing, and a realistic event simulator."""

@@ -128,7 +128,11 @@ class EventPublisher:
                 if err is not None:
                     failures.append(f"event #{index}: {err.str()}")
                 else:
-                    tokens[index] = DeliveryToken(msg.topic(), msg.partition(), msg.offset())
+                    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                    if topic is None or partition is None or offset is None:
+                        failures.append(f"event #{index}: delivery report without a position")
+                        return
+                    tokens[index] = DeliveryToken(topic, partition, offset)
 
             return _delivered
 

@@ -54,7 +54,7 @@ class OrderSimulator:
         self.orders = orders
         self.anomaly_rate = anomaly_rate
         self.concurrency = concurrency
-        self._rng = random.Random(seed)
+        self._rng = random.Random(seed)  # noqa: S311 - test data, not security
         self._clock = _BASE_MS
 
     def _id(self) -> str:
@@ -80,8 +80,9 @@ class OrderSimulator:
                 started += 1
                 cart = _Cart(
                     order_id=f"ord-{started:07d}",
-                    currency=rng.choices([c for c, _ in _CURRENCIES],
-                                         [w for _, w in _CURRENCIES])[0],
+                    currency=rng.choices([c for c, _ in _CURRENCIES], [w for _, w in _CURRENCIES])[
+                        0
+                    ],
                     edits_left=rng.randint(0, 14),
                     anomaly=rng.random() < self.anomaly_rate,
                 )
@@ -121,10 +122,19 @@ class OrderSimulator:
         if cart.anomaly:
             cart.anomaly = False
             if cart.stage == "placed":
-                return "OrderShipped", {**base, "carrier": "DHL", "tracking_number": "X",
-                                        "shipped_at": self._tick()}
-            return "OrderPaid", {**base, "amount_minor": 1, "currency": cart.currency,
-                                 "payment_method": "CARD", "paid_at": self._tick()}
+                return "OrderShipped", {
+                    **base,
+                    "carrier": "DHL",
+                    "tracking_number": "X",
+                    "shipped_at": self._tick(),
+                }
+            return "OrderPaid", {
+                **base,
+                "amount_minor": 1,
+                "currency": cart.currency,
+                "payment_method": "CARD",
+                "paid_at": self._tick(),
+            }
         if cart.stage == "placed" and cart.edits_left > 0:
             cart.edits_left -= 1
             if len(cart.lines) > 1 and rng.random() < 0.3:
@@ -134,8 +144,13 @@ class OrderSimulator:
             sku, qty, price = self._sku()
             old_qty = cart.lines.get(sku, (0, 0))[0]
             cart.lines[sku] = (old_qty + qty, price)
-            return "OrderLineAdded", {**base, "sku": sku, "qty": qty, "unit_price_minor": price,
-                                      "added_at": self._tick()}
+            return "OrderLineAdded", {
+                **base,
+                "sku": sku,
+                "qty": qty,
+                "unit_price_minor": price,
+                "added_at": self._tick(),
+            }
         if cart.stage == "placed":
             roll = rng.random()
             if roll < 0.07:
@@ -143,18 +158,32 @@ class OrderSimulator:
                 return None
             if roll < 0.12:
                 cart.stage = "done"
-                return "OrderCancelled", {**base, "reason": "customer request",
-                                          "cancelled_at": self._tick()}
+                return "OrderCancelled", {
+                    **base,
+                    "reason": "customer request",
+                    "cancelled_at": self._tick(),
+                }
             cart.stage = "paid"
-            return "OrderPaid", {**base, "amount_minor": cart.total, "currency": cart.currency,
-                                 "payment_method": rng.choice(_METHODS), "paid_at": self._tick()}
+            return "OrderPaid", {
+                **base,
+                "amount_minor": cart.total,
+                "currency": cart.currency,
+                "payment_method": rng.choice(_METHODS),
+                "paid_at": self._tick(),
+            }
         if cart.stage == "paid":
             cart.stage = "done"
             if rng.random() < 0.05:
-                return "OrderCancelled", {**base, "reason": "payment refunded",
-                                          "cancelled_at": self._tick()}
-            return "OrderShipped", {**base, "carrier": rng.choice(_CARRIERS),
-                                    "tracking_number": f"TRK{rng.randint(10**9, 10**10 - 1)}",
-                                    "shipped_at": self._tick()}
+                return "OrderCancelled", {
+                    **base,
+                    "reason": "payment refunded",
+                    "cancelled_at": self._tick(),
+                }
+            return "OrderShipped", {
+                **base,
+                "carrier": rng.choice(_CARRIERS),
+                "tracking_number": f"TRK{rng.randint(10**9, 10**10 - 1)}",
+                "shipped_at": self._tick(),
+            }
         cart.stage = "done"
         return None

@@ -1,0 +1,1 @@
+"""Reading materialized state through the live-generation alias."""

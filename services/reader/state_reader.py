@@ -54,8 +54,9 @@ class StateReader:
         self.registry = GenerationRegistry(client, StateLayout(processor, key_prefix))
 
     @classmethod
-    def from_url(cls, url: str, processor: str, key_prefix: str = DEFAULT_KEY_PREFIX
-                 ) -> StateReader:
+    def from_url(
+        cls, url: str, processor: str, key_prefix: str = DEFAULT_KEY_PREFIX
+    ) -> StateReader:
         """A reader with its own connection pool."""
         return cls(redis.Redis.from_url(url), processor, key_prefix)
 
@@ -85,8 +86,7 @@ class StateReader:
         positions, _batch_id = self.registry.parse_positions(raw_positions)
         return StateView(gen, None if raw is None else json.loads(raw), positions)
 
-    def get_many(self, table: str, keys: Sequence[str], generation: int | None = None
-                 ) -> StateView:
+    def get_many(self, table: str, keys: Sequence[str], generation: int | None = None) -> StateView:
         """Several entities from the same generation: ``value`` maps key -> state or None."""
         gen = self.live_generation() if generation is None else generation
         names = [self.registry.keys(gen).table(table, k) for k in keys]
@@ -97,7 +97,9 @@ class StateReader:
     def aggregate(self, name: str, generation: int | None = None) -> StateView:
         """An aggregate's counters as ``{name: int}``; counters at zero are left out."""
         gen = self.live_generation() if generation is None else generation
-        raw = cast("dict[bytes, bytes]", self.client.hgetall(self.registry.keys(gen).aggregate(name)))
+        raw = cast(
+            "dict[bytes, bytes]", self.client.hgetall(self.registry.keys(gen).aggregate(name))
+        )
         counters = {k.decode(): int(v) for k, v in raw.items() if int(v) != 0}
         return StateView(gen, counters, self.registry.positions(gen)[0])
 
@@ -111,8 +113,9 @@ class StateReader:
         gen = self.live_generation() if generation is None else generation
         prefix = self.registry.keys(gen).table(table, "")
         batch: list[bytes] = []
-        for name in self.client.scan_iter(match=self.registry.keys(gen).table_pattern(table),
-                                          count=_SCAN_COUNT):
+        for name in self.client.scan_iter(
+            match=self.registry.keys(gen).table_pattern(table), count=_SCAN_COUNT
+        ):
             batch.append(cast("bytes", name))
             if len(batch) >= _SCAN_COUNT:
                 yield from self._load(batch, prefix)
@@ -121,7 +124,8 @@ class StateReader:
             yield from self._load(batch, prefix)
 
     def _load(self, names: list[bytes], prefix: str) -> Iterator[tuple[str, Any]]:
-        for name, raw in zip(names, cast("list[bytes | None]", self.client.mget(names)),
-                             strict=True):
+        for name, raw in zip(
+            names, cast("list[bytes | None]", self.client.mget(names)), strict=True
+        ):
             if raw is not None:
-                yield name.decode()[len(prefix):], json.loads(raw)
+                yield name.decode()[len(prefix) :], json.loads(raw)

@@ -22,8 +22,14 @@ P = OrderStateProjection()
 @pytest.fixture
 def target(redis_url, kafka_bootstrap, make_topic, unique):
     dlq = make_topic(partitions=1, prefix="dlq")
-    return FoldTarget("order_state", 1, redis_url, f"test-{unique}",
-                      (("bootstrap.servers", kafka_bootstrap),), dlq)
+    return FoldTarget(
+        "order_state",
+        1,
+        redis_url,
+        f"test-{unique}",
+        (("bootstrap.servers", kafka_bootstrap),),
+        dlq,
+    )
 
 
 def records_for(events, partitions=4, topic="orders"):
@@ -32,8 +38,15 @@ def records_for(events, partitions=4, topic="orders"):
     out = []
     for event_type, event in events:
         partition = hash(event["order_id"]) % partitions
-        out.append(SourceRecord(topic, partition, offsets[partition],
-                                event["order_id"].encode(), codec.encode(event_type, event)))
+        out.append(
+            SourceRecord(
+                topic,
+                partition,
+                offsets[partition],
+                event["order_id"].encode(),
+                codec.encode(event_type, event),
+            )
+        )
         offsets[partition] += 1
     return sorted(out, key=lambda r: (r.partition, r.offset))
 
@@ -41,13 +54,17 @@ def records_for(events, partitions=4, topic="orders"):
 def table_dump(client, target):
     keys = target.keys
     names = sorted(client.scan_iter(match=keys.table_pattern("orders")))
-    return dict(zip(names, client.mget(names), strict=True)), client.hgetall(
-        keys.aggregate("order_totals")), client.hgetall(keys.positions)
+    return (
+        dict(zip(names, client.mget(names), strict=True)),
+        client.hgetall(keys.aggregate("order_totals")),
+        client.hgetall(keys.positions),
+    )
 
 
 def dead_letters(bootstrap, topic, expected, timeout_polls=20):
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t",
-                         "enable.auto.commit": "false"})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "t", "enable.auto.commit": "false"}
+    )
     consumer.assign([TopicPartition(topic, 0, 0)])
     found = []
     for _ in range(timeout_polls):
@@ -100,9 +117,22 @@ def test_bad_records_go_to_the_dead_letter_topic_with_reason_and_origin(target, 
     bad = [
         SourceRecord("orders", 0, n, b"k1", b"not avro at all"),
         SourceRecord("orders", 0, n + 1, b"k2", b"\xc3\x01" + b"\x11" * 8 + b"\x00"),
-        SourceRecord("orders", 0, n + 2, b"k3", EventCodec().encode(
-            "OrderShipped", {"event_id": "x", "order_id": "nope", "carrier": "DHL",
-                             "tracking_number": "T", "shipped_at": 1})),
+        SourceRecord(
+            "orders",
+            0,
+            n + 2,
+            b"k3",
+            EventCodec().encode(
+                "OrderShipped",
+                {
+                    "event_id": "x",
+                    "order_id": "nope",
+                    "carrier": "DHL",
+                    "tracking_number": "T",
+                    "shipped_at": 1,
+                },
+            ),
+        ),
     ]
     outcome = FoldWriter(target, P).apply(good + bad)
     assert (outcome.undecodable, outcome.rejected) == (2, 1)
@@ -110,8 +140,11 @@ def test_bad_records_go_to_the_dead_letter_topic_with_reason_and_origin(target, 
     letters = dead_letters(kafka_bootstrap, target.dlq_topic, 3)
     assert [m.value() for m in letters] == [r.value for r in bad]
     headers = [dict(m.headers()) for m in letters]
-    assert [h["refold.reason"] for h in headers] == [b"bad-magic", b"unknown-fingerprint",
-                                                     b"rejected"]
+    assert [h["refold.reason"] for h in headers] == [
+        b"bad-magic",
+        b"unknown-fingerprint",
+        b"rejected",
+    ]
     assert [h["refold.origin.offset"] for h in headers] == [str(r.offset).encode() for r in bad]
     assert all(h["refold.origin.topic"] == b"orders" for h in headers)
     assert b"unknown order" in headers[2]["refold.error"]
@@ -130,11 +163,11 @@ def test_concurrent_writers_of_one_generation_apply_each_record_once(target, red
             for start in range(0, len(records), 97):
                 while True:  # as Spark retries a failed task
                     try:
-                        writer.apply(records[start:start + 97])
+                        writer.apply(records[start : start + 97])
                         break
                     except SinkConflictError as exc:
                         conflicts.append(exc)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run) for _ in range(3)]
@@ -162,5 +195,4 @@ def test_reader_follows_the_alias_flip(target, redis_url):
     assert registry.flip(second) == first
     view = reader.get("orders", "ord-0000001")
     assert (view.generation, view.value) == (second, None)
-    assert {g.generation: g.status for g in registry.list()} == {first: "retired",
-                                                                 second: "live"}
+    assert {g.generation: g.status for g in registry.list()} == {first: "retired", second: "live"}

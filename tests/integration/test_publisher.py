@@ -15,8 +15,9 @@ def orders_topic(make_topic):
 
 
 def read_all(bootstrap, topic, partitions):
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader",
-                         "enable.auto.commit": "false"})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.auto.commit": "false"}
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     records = []
     idle = 0
@@ -29,8 +30,9 @@ def read_all(bootstrap, topic, partitions):
 
 
 def test_emit_returns_where_the_event_landed(kafka_bootstrap, orders_topic):
-    publisher = EventPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap),
-                               topics=[orders_topic])
+    publisher = EventPublisher(
+        KafkaSettings(bootstrap_servers=kafka_bootstrap), topics=[orders_topic]
+    )
     events = list(OrderSimulator(50, seed=11))
     tokens = publisher.emit_many(events)
     assert len(tokens) == len(events)
@@ -45,8 +47,9 @@ def test_emit_returns_where_the_event_landed(kafka_bootstrap, orders_topic):
     assert len(records) == len(events) + 1
     landed = {(r.partition(), r.offset()) for r in records}
     assert {(t.partition, t.offset) for t in [*tokens, single]} == landed
-    first = next(r for r in records if (r.partition(), r.offset()) == (single.partition,
-                                                                       single.offset))
+    first = next(
+        r for r in records if (r.partition(), r.offset()) == (single.partition, single.offset)
+    )
     assert first.key() == events[0][1]["order_id"].encode()
     publisher.close()
 
@@ -58,14 +61,14 @@ def test_partitioning_matches_the_java_client(kafka_bootstrap, orders_topic):
         length = len(data)
         h = (0x9747B28C ^ length) & 0xFFFFFFFF
         for i in range(0, length - length % 4, 4):
-            k = int.from_bytes(data[i:i + 4], "little")
+            k = int.from_bytes(data[i : i + 4], "little")
             k = (k * m) & 0xFFFFFFFF
             k ^= k >> r
             k = (k * m) & 0xFFFFFFFF
             h = (h * m) & 0xFFFFFFFF
             h ^= k
         rest = length % 4
-        tail = data[length - rest:]
+        tail = data[length - rest :]
         if rest == 3:
             h ^= tail[2] << 16
         if rest >= 2:
@@ -78,16 +81,18 @@ def test_partitioning_matches_the_java_client(kafka_bootstrap, orders_topic):
         h ^= h >> 15
         return h
 
-    publisher = EventPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap),
-                               topics=[orders_topic])
+    publisher = EventPublisher(
+        KafkaSettings(bootstrap_servers=kafka_bootstrap), topics=[orders_topic]
+    )
     events = list(OrderSimulator(20, seed=4))[:20]
     for token, (_, event) in zip(publisher.emit_many(events), events, strict=True):
         assert token.partition == (murmur2(event["order_id"].encode()) & 0x7FFFFFFF) % 4
 
 
 def test_invalid_event_is_refused_and_nothing_is_sent(kafka_bootstrap, orders_topic):
-    publisher = EventPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap),
-                               topics=[orders_topic])
+    publisher = EventPublisher(
+        KafkaSettings(bootstrap_servers=kafka_bootstrap), topics=[orders_topic]
+    )
     event_type, event = next(iter(OrderSimulator(1, seed=1)))
     with pytest.raises(EventValidationError, match="customer_id"):
         publisher.emit(event_type, {**event, "customer_id": 7})

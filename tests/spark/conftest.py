@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import redis
-
 from contracts.offsets import LogOffsets
+
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.topics import ORDERS, TopicSpec
 from deploy.processes import ProcessorProcess
@@ -40,18 +40,24 @@ class OrdersWorld:
         return LogOffsets(self.kafka.as_librdkafka())
 
     def options(self, **changes) -> RunOptions:
-        base = RunOptions(checkpoint_root=self.state_dir / "checkpoints",
-                          dead_letter_topic=self.dlq, max_offsets_per_trigger=20_000)
+        base = RunOptions(
+            checkpoint_root=self.state_dir / "checkpoints",
+            dead_letter_topic=self.dlq,
+            max_offsets_per_trigger=20_000,
+        )
         return dataclasses.replace(base, **changes)
 
     def processor(self, *args: str, name: str = "processor") -> ProcessorProcess:
-        return ProcessorProcess("processors.order_state", list(args), self.env,
-                                self.state_dir / "logs" / f"{name}.log")
+        return ProcessorProcess(
+            "processors.order_state", list(args), self.env, self.state_dir / "logs" / f"{name}.log"
+        )
 
     def state(self, generation: int | None = None) -> tuple[dict, dict]:
         reader = self.reader()
-        return (dict(reader.scan("orders", generation)),
-                reader.aggregate("order_totals", generation).value)
+        return (
+            dict(reader.scan("orders", generation)),
+            reader.aggregate("order_totals", generation).value,
+        )
 
 
 def oracle(events) -> FoldResult:

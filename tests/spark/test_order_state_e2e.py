@@ -23,8 +23,14 @@ def test_fifty_thousand_events_fold_to_the_oracle_state(spark, world):
     assert len(events) >= 50_000
     world.publisher().emit_many(events)
 
-    generation = run_processor(OrderStateProjection(), [world.topic], world.kafka, world.redis,
-                               world.options(available_now=True), spark=spark)
+    generation = run_processor(
+        OrderStateProjection(),
+        [world.topic],
+        world.kafka,
+        world.redis,
+        world.options(available_now=True),
+        spark=spark,
+    )
 
     expected = oracle(events)
     states, totals = world.state(generation)
@@ -49,13 +55,25 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_stream_goes_on(
     raw.flush(10)
     publisher.emit_many(good[1000:])
 
-    run_processor(OrderStateProjection(), [world.topic], world.kafka, world.redis,
-                  world.options(available_now=True), spark=spark)
+    run_processor(
+        OrderStateProjection(),
+        [world.topic],
+        world.kafka,
+        world.redis,
+        world.options(available_now=True),
+        spark=spark,
+    )
 
     states, totals = world.state()
     assert states == oracle(good).states
-    consumer = Consumer({"bootstrap.servers": world.kafka.bootstrap_servers,
-                         "group.id": "dlq-check", "enable.auto.commit": "false"})
+    assert totals == dict(oracle(good).aggregate)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": world.kafka.bootstrap_servers,
+            "group.id": "dlq-check",
+            "enable.auto.commit": "false",
+        }
+    )
     consumer.assign([TopicPartition(world.dlq, 0, 0)])
     letters = []
     deadline = time.monotonic() + 20
@@ -64,8 +82,10 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_stream_goes_on(
     consumer.close()
     reasons = sorted(dict(m.headers())["refold.reason"] for m in letters)
     assert reasons == [b"bad-magic", b"unknown-fingerprint"]
-    assert {m.value() for m in letters} == {b"this is not avro",
-                                            b"\xc3\x01" + bytes(range(8)) + b"\x02ab"}
+    assert {m.value() for m in letters} == {
+        b"this is not avro",
+        b"\xc3\x01" + bytes(range(8)) + b"\x02ab",
+    }
 
 
 def test_processor_survives_kill_9_three_times_and_ends_exactly_at_the_oracle(world):
@@ -94,8 +114,7 @@ def test_processor_survives_kill_9_three_times_and_ends_exactly_at_the_oracle(wo
     final = world.processor(name="final").start()
     try:
         offsets = world.offsets()
-        wait_until_caught_up(reader, offsets, [world.topic.name], timeout=240,
-                             alive=final.alive)
+        wait_until_caught_up(reader, offsets, [world.topic.name], timeout=240, alive=final.alive)
         offsets.close()
     finally:
         final.stop()
@@ -110,8 +129,14 @@ def test_replay_rebuilds_a_new_generation_while_readers_stay_on_the_old_one(
 ):
     events = list(OrderSimulator(1500, seed=5))
     world.publisher().emit_many(events)
-    live = run_processor(OrderStateProjection(), [world.topic], world.kafka, world.redis,
-                         world.options(available_now=True), spark=spark)
+    live = run_processor(
+        OrderStateProjection(),
+        [world.topic],
+        world.kafka,
+        world.redis,
+        world.options(available_now=True),
+        spark=spark,
+    )
     expected = oracle(events)
     reader = world.reader()
 
@@ -128,8 +153,7 @@ def test_replay_rebuilds_a_new_generation_while_readers_stay_on_the_old_one(
     thread.start()
     try:
         spec = processor_spec("order_state")
-        plan = plan_replay(spec, ToEarliest(), world.kafka, world.client,
-                           world.redis.key_prefix)
+        plan = plan_replay(spec, ToEarliest(), world.kafka, world.client, world.redis.key_prefix)
         assert plan.total_events == len(events)
         assert all(row.target == 0 for row in plan.partitions)
         for key, value in world.env.items():  # the deployment's environment

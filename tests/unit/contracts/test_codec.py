@@ -13,8 +13,16 @@ def sample(schema: Any) -> Any:
     if isinstance(schema, list):
         return sample(next(s for s in schema if s != "null"))
     if isinstance(schema, str):
-        return {"string": "x", "int": 3, "long": 1_700_000_000_000, "boolean": True,
-                "double": 1.5, "float": 2.5, "bytes": b"b", "null": None}[schema]
+        return {
+            "string": "x",
+            "int": 3,
+            "long": 1_700_000_000_000,
+            "boolean": True,
+            "double": 1.5,
+            "float": 2.5,
+            "bytes": b"b",
+            "null": None,
+        }[schema]
     kind = schema["type"]
     if kind == "record":
         return {f["name"]: sample(f["type"]) for f in schema["fields"]}
@@ -34,8 +42,11 @@ ALL_VERSIONS = list(default_catalog())
 def test_every_schema_version_round_trips(version):
     codec = EventCodec(readers={version.name: version})
     datum = sample(version.raw)
-    payload = codec.encode(version.name, datum) if version is codec.catalog.latest(
-        version.name) else _encode_with(version, datum)
+    payload = (
+        codec.encode(version.name, datum)
+        if version is codec.catalog.latest(version.name)
+        else _encode_with(version, datum)
+    )
     assert payload[:2] == MAGIC
     assert payload[2:10] == version.fingerprint
     decoded = codec.decode(payload)
@@ -79,9 +90,9 @@ def test_old_writer_resolves_to_new_reader_with_defaults():
 
 def test_garbage_is_not_decodable():
     with pytest.raises(DeserializationError) as info:
-        EventCodec().decode(b"{\"json\": true}")
+        EventCodec().decode(b'{"json": true}')
     assert info.value.reason == "bad-magic"
-    assert info.value.raw == b"{\"json\": true}"
+    assert info.value.raw == b'{"json": true}'
     with pytest.raises(DeserializationError):
         EventCodec().decode(None)
 

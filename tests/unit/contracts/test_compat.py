@@ -35,7 +35,7 @@ def test_incompatible_type_change_is_rejected(tmp_path):
     for field in v3["fields"]:
         if field["name"] == "currency":
             field["type"] = "int"
-    with pytest.raises(SchemaIncompatibleError, match="currency|type"):
+    with pytest.raises(SchemaIncompatibleError, match=r"currency|type"):
         check_catalog(_family_with(tmp_path, v3))
 
 

@@ -2,7 +2,6 @@ import copy
 
 import pytest
 
-from contracts.codec import EventCodec
 from processors.common.projection import EventRejectedError, fold_all
 from processors.order_state.projection import OrderStateProjection
 from services.producer.simulator import OrderSimulator
@@ -12,25 +11,45 @@ P = OrderStateProjection()
 
 def placed(order_id="o1", lines=(("A", 2, 500),), currency="EUR"):
     return "OrderPlaced", {
-        "event_id": "e", "order_id": order_id, "customer_id": "c1",
+        "event_id": "e",
+        "order_id": order_id,
+        "customer_id": "c1",
         "lines": [{"sku": s, "qty": q, "unit_price_minor": p} for s, q, p in lines],
-        "currency": currency, "placed_at": 1000, "channel": "app", "coupon_code": None,
+        "currency": currency,
+        "placed_at": 1000,
+        "channel": "app",
+        "coupon_code": None,
     }
 
 
 def paid(amount, order_id="o1", currency="EUR"):
-    return "OrderPaid", {"event_id": "e", "order_id": order_id, "amount_minor": amount,
-                         "currency": currency, "payment_method": "CARD", "paid_at": 2000}
+    return "OrderPaid", {
+        "event_id": "e",
+        "order_id": order_id,
+        "amount_minor": amount,
+        "currency": currency,
+        "payment_method": "CARD",
+        "paid_at": 2000,
+    }
 
 
 def shipped(order_id="o1"):
-    return "OrderShipped", {"event_id": "e", "order_id": order_id, "carrier": "DHL",
-                            "tracking_number": "T", "shipped_at": 3000}
+    return "OrderShipped", {
+        "event_id": "e",
+        "order_id": order_id,
+        "carrier": "DHL",
+        "tracking_number": "T",
+        "shipped_at": 3000,
+    }
 
 
 def cancelled(order_id="o1"):
-    return "OrderCancelled", {"event_id": "e", "order_id": order_id, "reason": "r",
-                              "cancelled_at": 4000}
+    return "OrderCancelled", {
+        "event_id": "e",
+        "order_id": order_id,
+        "reason": "r",
+        "cancelled_at": 4000,
+    }
 
 
 def fold(*events):
@@ -41,10 +60,21 @@ def fold(*events):
 
 
 def test_lifecycle_placed_edit_paid_shipped():
-    added = ("OrderLineAdded", {"event_id": "e", "order_id": "o1", "sku": "B", "qty": 1,
-                                "unit_price_minor": 250, "added_at": 1500})
-    removed = ("OrderLineRemoved", {"event_id": "e", "order_id": "o1", "sku": "A",
-                                    "removed_at": 1600})
+    added = (
+        "OrderLineAdded",
+        {
+            "event_id": "e",
+            "order_id": "o1",
+            "sku": "B",
+            "qty": 1,
+            "unit_price_minor": 250,
+            "added_at": 1500,
+        },
+    )
+    removed = (
+        "OrderLineRemoved",
+        {"event_id": "e", "order_id": "o1", "sku": "A", "removed_at": 1600},
+    )
     state = fold(placed(), added, removed, paid(250), shipped())
     assert state["status"] == "shipped"
     assert state["lines"] == {"B": {"qty": 1, "unit_price_minor": 250}}
@@ -59,8 +89,18 @@ def test_lifecycle_placed_edit_paid_shipped():
 def test_apply_does_not_mutate_its_input():
     state = fold(placed())
     before = copy.deepcopy(state)
-    P.apply(state, "OrderLineAdded", {"event_id": "e", "order_id": "o1", "sku": "A", "qty": 1,
-                                      "unit_price_minor": 500, "added_at": 1})
+    P.apply(
+        state,
+        "OrderLineAdded",
+        {
+            "event_id": "e",
+            "order_id": "o1",
+            "sku": "A",
+            "qty": 1,
+            "unit_price_minor": 500,
+            "added_at": 1,
+        },
+    )
     assert state == before
 
 
@@ -94,6 +134,7 @@ def test_simulated_stream_folds_with_few_rejections_and_consistent_totals():
     assert len(result.states) == 2000
     assert sum(v for k, v in result.aggregate.items() if k.startswith("orders:")) == 2000
     assert 0 < len(result.rejected) < 40  # the simulator's anomalies, nothing else
-    revenue = sum(s["paid_minor"] for s in result.states.values()
-                  if s["status"] in ("paid", "shipped"))
+    revenue = sum(
+        s["paid_minor"] for s in result.states.values() if s["status"] in ("paid", "shipped")
+    )
     assert revenue == sum(v for k, v in result.aggregate.items() if k.startswith("revenue"))
