@@ -1,0 +1,48 @@
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from deploy.local_stack import LocalStack, LocalStackError, free_port
+
+
+def test_up_status_down_through_the_cli(tmp_path):
+    kafka_port, redis_port = free_port(), free_port()
+    base = [sys.executable, "-m", "deploy.cli", "--state-dir", str(tmp_path),
+            "--kafka-port", str(kafka_port), "--redis-port", str(redis_port)]
+    up = subprocess.run([*base, "up"], capture_output=True, text=True, timeout=60)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"127.0.0.1:{kafka_port}" in up.stdout
+        status = subprocess.run([*base, "status"], capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0
+        assert status.stdout.count("running (pid") == 2
+        assert redis.Redis(port=redis_port).ping()
+        again = subprocess.run([*base, "up"], capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1
+        assert "already running" in again.stderr
+        pids = [int((tmp_path / "stack" / f"{n}.pid").read_text()) for n in ("kafka", "redis")]
+    finally:
+        down = subprocess.run([*base, "down"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0
+    assert "stopped" in down.stdout
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    status = subprocess.run([*base, "status"], capture_output=True, text=True, timeout=30)
+    assert status.returncode == 3
+    assert "stopped" in status.stdout
+
+
+def test_a_taken_port_is_a_clear_error_and_starts_nothing(tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        stack = LocalStack(tmp_path, kafka_port=taken, redis_port=free_port())
+        with pytest.raises(LocalStackError, match=f"port {taken} for kafka is taken"):
+            stack.start()
+    assert not any(server.running for server in stack.status())
