@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-unit test-integration test-spark lint fmt contracts-check bench up down status clean
+.PHONY: help setup run test test-unit test-integration test-spark test-docker lint fmt contracts-check bench up down status clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -67,3 +67,5 @@ status: $(STAMP) ## show the local stack
 
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache *.egg-info
+test-docker: $(STAMP) ## the integration scenario against deploy/compose.yaml (needs a Docker engine)
+	$(PYTEST) tests/docker
