@@ -1,0 +1,54 @@
+"""The command lines a user meets first: help texts and argument errors."""
+
+import pytest
+
+from deploy.cli import build_parser as refold_parser
+from processors.order_state.__main__ import build_parser as processor_parser
+from replay.__main__ import build_parser as replay_parser
+
+
+@pytest.mark.parametrize(
+    ("parser", "words"),
+    [
+        (refold_parser, ["up", "down", "status", "demo", "process", "replay"]),
+        (processor_parser, ["--generation", "--starting-offsets", "--available-now"]),
+        (replay_parser, ["--processor", "--to-earliest", "--from-offset", "--topic",
+                         "--execute", "examples"]),
+    ],
+)
+def test_help_mentions_every_command(parser, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        parser().parse_args(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for word in words:
+        assert word in out
+
+
+def test_replay_needs_exactly_one_reset_spec(capsys):
+    with pytest.raises(SystemExit):
+        replay_parser().parse_args(["--processor", "order_state"])
+    with pytest.raises(SystemExit):
+        replay_parser().parse_args(
+            ["--processor", "order_state", "--to-earliest", "--from-offset", "3"]
+        )
+    assert "not allowed with" in capsys.readouterr().err
+    args = replay_parser().parse_args(["--processor", "order_state", "--to-offset", "7"])
+    assert args.from_offset == 7
+
+
+def test_replay_refuses_negative_offsets_and_unknown_processors(capsys):
+    with pytest.raises(SystemExit):
+        replay_parser().parse_args(["--processor", "order_state", "--from-offset", "-1"])
+    with pytest.raises(SystemExit):
+        replay_parser().parse_args(["--processor", "nope", "--to-earliest"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_processor_generation_argument():
+    parse = processor_parser().parse_args
+    assert parse([]).generation == "live"
+    assert parse(["--generation", "new"]).generation == "new"
+    assert parse(["--generation", "4"]).generation == 4
+    with pytest.raises(SystemExit):
+        parse(["--generation", "latest"])
