@@ -26,7 +26,8 @@ import redis
 
 from contracts.catalog import default_catalog
 from contracts.fingerprints import code_fingerprint, schema_fingerprints
-from contracts.generations import GenerationRegistry
+from contracts.generations import GenerationRegistry, Positions
+from contracts.offsets import LogOffsets
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
 from contracts.topic_admin import ensure_topics
@@ -61,7 +62,8 @@ class RunOptions:
             ``new`` (a new building generation) or a generation number.
         checkpoint_root: Spark checkpoints live in ``<root>/<processor>/g<N>``.
         starting_offsets: Used only when neither a checkpoint nor Redis positions exist.
-        available_now: Process what is in the log now, then stop (replay catch-up, batch runs).
+        available_now: Process what is in the log at start, then stop (replay catch-up, batch
+            runs); micro-batches still respect ``max_offsets_per_trigger``.
         trigger_interval: Processing-time trigger; keeps the idle ``latestOffset`` calls cheap.
         max_offsets_per_trigger: Cap on records per micro-batch (None: no cap).
         max_tasks: Spark tasks per micro-batch; on 2 cores fewer, larger tasks are faster.
@@ -187,11 +189,66 @@ def build_query(
         .queryName(f"{sink.target.processor}_g{run.generation}")
         .option("checkpointLocation", str(run.checkpoint))
     )
-    if options.available_now:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=options.trigger_interval)
-    return writer.start()
+    # Always a processing-time trigger: under trigger(availableNow=True) PySpark 4.1 asks a Python
+    # source for its latest offset only once, so with maxOffsetsPerTrigger the run would end after
+    # the first capped batch. `available_now` is implemented by run_processor with a _CatchUp.
+    return writer.trigger(processingTime=options.trigger_interval).start()
+
+
+def _offsets_from_json(text: str) -> Positions:
+    try:
+        nested = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(nested, dict):
+        return {}
+    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
+
+
+class _CatchUp:
+    """Decides when an ``available_now`` run has applied everything that was in the log at start.
+
+    Done when every partition's applied position (Redis) reached the log end taken at start, a
+    partition that had nothing to apply counting as done, or when Spark's progress reports an end
+    offset at or past that log end on every partition (covers a restart from a checkpoint).
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topics: list[TopicSpec],
+        run: ProcessorRun,
+        registry: GenerationRegistry,
+    ) -> None:
+        probe = LogOffsets(kafka.as_librdkafka())
+        try:
+            tps = [(t.name, p) for t in topics for p in probe.partitions(t.name)]
+            self.target = probe.end_offsets(tps)
+            log_start = probe.start_offsets(tps)
+        finally:
+            probe.close()
+        self.registry = registry
+        self.generation = run.generation
+        applied, _batch = registry.positions(run.generation)
+        if run.starting_offsets == "latest":
+            first = dict(self.target)
+        else:
+            first = {**log_start, **_offsets_from_json(run.starting_offsets)}
+        # Where applying starts per partition: what is applied already, else the first offset.
+        self.start = {tp: applied.get(tp, first.get(tp, 0)) for tp in tps}
+
+    def done(self, query: StreamingQuery) -> bool:
+        positions, _batch = self.registry.positions(self.generation)
+        if all(positions.get(tp, self.start[tp]) >= end for tp, end in self.target.items()):
+            return True
+        progress = query.lastProgress
+        if not progress or not progress["sources"]:
+            return False
+        reported = progress["sources"][0]["endOffset"]
+        if reported is None:
+            return False
+        ends = _offsets_from_json(reported if isinstance(reported, str) else json.dumps(reported))
+        return all(ends.get(tp, -1) >= end for tp, end in self.target.items())
 
 
 def run_processor(
@@ -224,6 +281,16 @@ def run_processor(
 
         spark = build_spark_session(f"refold-{projection.name}-g{run.generation}")
     sink = RedisFoldSink(run.target, projection)
+    catch_up = (
+        _CatchUp(
+            kafka,
+            topics,
+            run,
+            GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix)),
+        )
+        if options.available_now
+        else None
+    )
     query = build_query(spark, topics, kafka, run, sink, options)
     stop = threading.Event()
 
@@ -238,6 +305,9 @@ def run_processor(
     try:
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
+            if catch_up is not None and catch_up.done(query):
+                logger.info("caught up with the log end taken at start; stopping")
+                break
     finally:
         if query.isActive:
             query.stop()

@@ -64,14 +64,24 @@ def test_publish_fold_and_read_on_apache_kafka(compose_stack, unique):
         ends = offsets.end_offsets([(topic.name, p) for p in range(4)])
         offsets.close()
         assert sum(ends.values()) == len(tokens)
-        target = FoldTarget("order_state", 1, redis_url, f"docker-{unique}",
-                            (("bootstrap.servers", bootstrap),), f"dlq-{unique}")
+        target = FoldTarget(
+            "order_state",
+            1,
+            redis_url,
+            f"docker-{unique}",
+            (("bootstrap.servers", bootstrap),),
+            f"dlq-{unique}",
+        )
         from contracts.codec import EventCodec
 
         codec = EventCodec()
         records = sorted(
-            (SourceRecord(t.topic, t.partition, t.offset, e["order_id"].encode(),
-                          codec.encode(et, e)) for (et, e), t in zip(events, tokens, strict=True)),
+            (
+                SourceRecord(
+                    t.topic, t.partition, t.offset, e["order_id"].encode(), codec.encode(et, e)
+                )
+                for (et, e), t in zip(events, tokens, strict=True)
+            ),
             key=lambda r: (r.partition, r.offset),
         )
         FoldWriter(target, OrderStateProjection()).apply(records)

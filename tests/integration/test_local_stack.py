@@ -11,8 +11,17 @@ from deploy.local_stack import LocalStack, LocalStackError, free_port
 
 def test_up_status_down_through_the_cli(tmp_path):
     kafka_port, redis_port = free_port(), free_port()
-    base = [sys.executable, "-m", "deploy.cli", "--state-dir", str(tmp_path),
-            "--kafka-port", str(kafka_port), "--redis-port", str(redis_port)]
+    base = [
+        sys.executable,
+        "-m",
+        "deploy.cli",
+        "--state-dir",
+        str(tmp_path),
+        "--kafka-port",
+        str(kafka_port),
+        "--redis-port",
+        str(redis_port),
+    ]
     up = subprocess.run([*base, "up"], capture_output=True, text=True, timeout=60)
     try:
         assert up.returncode == 0, up.stderr

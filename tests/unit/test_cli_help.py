@@ -12,8 +12,10 @@ from replay.__main__ import build_parser as replay_parser
     [
         (refold_parser, ["up", "down", "status", "demo", "process", "replay"]),
         (processor_parser, ["--generation", "--starting-offsets", "--available-now"]),
-        (replay_parser, ["--processor", "--to-earliest", "--from-offset", "--topic",
-                         "--execute", "examples"]),
+        (
+            replay_parser,
+            ["--processor", "--to-earliest", "--from-offset", "--topic", "--execute", "examples"],
+        ),
     ],
 )
 def test_help_mentions_every_command(parser, words, capsys):
