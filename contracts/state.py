@@ -11,6 +11,7 @@ key                                         type    content
 ``<p>:{<proc>.g<N>}:meta``                  hash    created_at, starting_offsets, fingerprints
 ``<p>:{<proc>.g<N>}:positions``             hash    ``<topic>/<partition>`` -> next offset to
                                                     apply; ``batch_id`` -> last Spark batch
+``<p>:{<proc>.g<N>}:guard:<topic>/<part>``  string  same offset; WATCHed by the partition's writer
 ``<p>:{<proc>.g<N>}:t:<table>:<key>``       string  one entity's state, JSON
 ``<p>:{<proc>.g<N>}:a:<aggregate>``         hash    aggregate counters (integers)
 =========================================  ======  =============================================
@@ -71,6 +72,11 @@ class GenerationKeys:
     def positions(self) -> str:
         """Hash of applied source positions (next offset per partition) and the batch id."""
         return f"{self.base}:positions"
+
+    def guard(self, position_field: str) -> str:
+        """Per-partition guard key: a writer WATCHes the guards of its partitions only, so two
+        tasks of one batch (disjoint partitions) never make each other's transaction fail."""
+        return f"{self.base}:guard:{position_field}"
 
     def table(self, table: str, key: str) -> str:
         """One entity's state in ``table``."""

@@ -2,7 +2,8 @@
 
 :meth:`FoldWriter.apply` takes the records of one Kafka partition range (or several) and writes
 the changed entity states, the aggregate deltas and the new source positions in ONE MULTI/EXEC,
-guarded by WATCH on the positions hash. Records below a partition's applied position are skipped,
+guarded by WATCH on the guard keys of its partitions and on the entities it reads. Records below
+a partition's applied position are skipped,
 so a re-executed Spark batch, a crash between sink and checkpoint or an overlapping replay range
 changes nothing. A concurrent writer (a zombie task) makes EXEC fail and the batch is re-planned.
 
@@ -164,7 +165,7 @@ class FoldWriter:
         for _attempt in range(_MAX_ATTEMPTS):
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(keys.positions)  # type: ignore[no-untyped-call]
+                    pipe.watch(*(keys.guard(f) for f in fields))  # type: ignore[no-untyped-call]
                     return self._apply_once(pipe, records, fields, batch_id)
                 except redis.WatchError:
                     logger.warning(
@@ -219,6 +220,10 @@ class FoldWriter:
             pending.append((record, event.event_type, event.data, entity))
         entities = sorted({p[3] for p in pending})
         table_keys = [keys.table(self.projection.table, e) for e in entities]
+        if table_keys:
+            # A key lives on one partition, so this only matters for a misrouted key: two
+            # tasks folding the same entity must not both win.
+            pipe.watch(*table_keys)  # type: ignore[no-untyped-call]
         loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
         before: dict[str, State | None] = {
             e: None if raw is None else json.loads(raw)
@@ -259,6 +264,8 @@ class FoldWriter:
             position_update[BATCH_ID_FIELD] = str(batch_id)
         if position_update:
             pipe.hset(keys.positions, mapping=position_update)
+        for field_name, offset in new_pos.items():
+            pipe.set(keys.guard(field_name), offset)
         pipe.execute()
         outcome.positions = new_pos
         return outcome

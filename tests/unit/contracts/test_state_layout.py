@@ -3,7 +3,13 @@ from contracts.state import StateLayout, parse_position_field, position_field
 
 def test_generation_keys_share_one_cluster_hash_tag():
     keys = StateLayout("order_state", "refold").generation(3)
-    names = [keys.meta, keys.positions, keys.table("orders", "o-1"), keys.aggregate("totals")]
+    names = [
+        keys.meta,
+        keys.positions,
+        keys.guard("t/0"),
+        keys.table("orders", "o-1"),
+        keys.aggregate("totals"),
+    ]
     tags = {n[n.index("{") : n.index("}") + 1] for n in names}
     assert tags == {"{order_state.g3}"}
     assert keys.table("orders", "o-1") == "refold:{order_state.g3}:t:orders:o-1"
