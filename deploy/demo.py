@@ -111,7 +111,8 @@ def _summary(reader: StateReader, generation: int, dead_letters: int) -> None:
             f"({state['events']} events)"
         )
     positions = reader.freshness(generation)
-    print(f"freshness: applied up to offsets {dict(sorted(positions.items()))}")
+    applied = "  ".join(f"p{p}={o:,}" for (_t, p), o in sorted(positions.items()))
+    print(f"freshness (next offset per partition): {applied}")
 
 
 def _tables(reader: StateReader, generation: int) -> tuple[dict[str, Any], dict[str, int]]:
