@@ -74,8 +74,11 @@ class GenerationKeys:
         return f"{self.base}:positions"
 
     def guard(self, position_field: str) -> str:
-        """Per-partition guard key: a writer WATCHes the guards of its partitions only, so two
-        tasks of one batch (disjoint partitions) never make each other's transaction fail."""
+        """Per-partition guard key, WATCHed by the partition's writer.
+
+        Writers watch only the guards of their own partitions, so two tasks of one batch
+        (disjoint partitions) never make each other's transaction fail.
+        """
         return f"{self.base}:guard:{position_field}"
 
     def table(self, table: str, key: str) -> str:

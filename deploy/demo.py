@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from contracts.offsets import LogOffsets
 from tqdm import tqdm
 
 from contracts.generations import GenerationRegistry
+from contracts.offsets import LogOffsets
 from contracts.processors import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout

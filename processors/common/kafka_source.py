@@ -9,8 +9,8 @@ source, so a deployment with the jar can switch formats by configuration:
   ``startingOffsets`` (``earliest`` | ``latest`` | ``{"topic":{"0":23,"1":-2}}``, -2 earliest,
   -1 latest, missing partitions earliest), ``maxOffsetsPerTrigger``, ``failOnDataLoss``;
 * refold additions: ``maxTasks`` (coalesce the batch's partition ranges into at most this many
-  Spark tasks; on 2 cores fewer, larger tasks cut the per-batch cost) and ``commitGroupId``
-  (mirror committed offsets to this consumer group for standard lag tools; Spark ignores it).
+  Spark tasks; on 2 cores fewer, larger tasks cut the per-batch cost). Consumer-group
+  offsets for lag tools are committed by the processor's sink, not here.
 
 Offsets are ``{"topic": {"partition": next_offset}}`` with sorted keys (Spark compares the JSON).
 
@@ -90,7 +90,6 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     max_tasks: int | None = None
-    commit_group_id: str | None = None
     poll_timeout_s: float = 120.0
 
     @classmethod
@@ -124,7 +123,6 @@ class SourceOptions:
             max_offsets_per_trigger=int(limit) if limit else None,
             fail_on_data_loss=_as_bool(lowered.get("failondataloss"), True),
             max_tasks=int(tasks) if tasks else None,
-            commit_group_id=lowered.get("commitgroupid") or None,
             poll_timeout_s=float(lowered.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
         )
 
@@ -341,7 +339,6 @@ class KafkaStreamReader(DataSourceStreamReader):
         # partitions(o, o) with its checkpointed offset first (PySpark 4.1, observed).
         self._last_end: dict[TopicPartitionKey, int] | None = None
         self._initial: Offsets | None = None
-        self._committer: Consumer | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only; clients are never pickled.
@@ -439,39 +436,11 @@ class KafkaStreamReader(DataSourceStreamReader):
         assert isinstance(partition, KafkaRangePartition)  # noqa: S101 - Spark hands ours back
         return read_ranges(self.options, partition.ranges)
 
-    def commit(self, end: Offsets) -> None:
-        """Mirror the processed offsets to ``commitGroupId`` (driver; never fatal)."""
-        if not self.options.commit_group_id:
-            return
-        try:
-            if self._committer is None:
-                self._committer = Consumer(
-                    {
-                        **dict(self.options.kafka),
-                        "group.id": self.options.commit_group_id,
-                        "enable.auto.commit": False,
-                        "allow.auto.create.topics": False,
-                    }
-                )
-            # assign + commit without joining: Tansu's group joins take ~23 s (tansu.md), and
-            # lag tools only need the committed offsets.
-            self._committer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in _flatten(end).items()],
-                asynchronous=False,
-            )
-        except Exception as exc:
-            logger.warning(
-                "could not commit offsets to group %s: %s", self.options.commit_group_id, exc
-            )
-
     def stop(self) -> None:
         """Close the driver's clients."""
         if self._probe is not None:
             self._probe.close()
             self._probe = None
-        if self._committer is not None:
-            self._committer.close()
-            self._committer = None
 
 
 class KafkaDataSource(DataSource):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from processors.common.fold_writer import BatchOutcome, FoldTarget, FoldWriter, SourceRecord
+from processors.common.group_mirror import ConsumerGroupMirror
 from processors.common.projection import Projection
 
 if TYPE_CHECKING:
@@ -95,11 +96,18 @@ class RedisFoldSink:
     Args:
         target: Where the generation lives.
         projection: The fold.
+        mirror: Commits each batch's new positions to the generation's consumer group.
     """
 
-    def __init__(self, target: FoldTarget, projection: Projection) -> None:
+    def __init__(
+        self,
+        target: FoldTarget,
+        projection: Projection,
+        mirror: ConsumerGroupMirror | None = None,
+    ) -> None:
         self.target = target
         self.projection = projection
+        self.mirror = mirror
         self.last_outcome = BatchOutcome()
         self.total = BatchOutcome()
 
@@ -121,6 +129,8 @@ class RedisFoldSink:
             )
         self.last_outcome = outcome
         self.total.merge(outcome)
+        if self.mirror is not None:
+            self.mirror.commit(outcome.positions)
         elapsed = time.perf_counter() - started
         if outcome.records:
             logger.info(

@@ -33,6 +33,7 @@ from contracts.state import StateLayout
 from contracts.topic_admin import ensure_topics
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic
 from processors.common.fold_writer import FoldTarget
+from processors.common.group_mirror import ConsumerGroupMirror
 from processors.common.projection import Projection
 from processors.common.redis_sink import RedisFoldSink
 from processors.errors import ProcessorConfigError
@@ -175,12 +176,8 @@ def build_query(
     )
     for key, value in kafka.as_librdkafka().items():
         reader = reader.option(f"kafka.{key}", value)
-    if options.source_format == "refold_kafka":
-        reader = reader.option(
-            "commitGroupId", consumer_group(sink.target.processor, run.generation)
-        )
-        if options.max_tasks:
-            reader = reader.option("maxTasks", str(options.max_tasks))
+    if options.source_format == "refold_kafka" and options.max_tasks:
+        reader = reader.option("maxTasks", str(options.max_tasks))
     if options.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
     writer = (
@@ -280,7 +277,10 @@ def run_processor(
         from processors.common.spark import build_spark_session
 
         spark = build_spark_session(f"refold-{projection.name}-g{run.generation}")
-    sink = RedisFoldSink(run.target, projection)
+    mirror = ConsumerGroupMirror(
+        kafka.as_librdkafka(), consumer_group(projection.name, run.generation)
+    )
+    sink = RedisFoldSink(run.target, projection, mirror)
     catch_up = (
         _CatchUp(
             kafka,
@@ -313,6 +313,7 @@ def run_processor(
             query.stop()
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
+        mirror.close()
     exc = query.exception()
     if exc is not None:
         raise exc

@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from contracts.processors import processor_spec
 from deploy.demo import wait_until_caught_up
-from processors.common.runner import run_processor
+from processors.common.runner import consumer_group, run_processor
 from processors.order_state.projection import OrderStateProjection
 from replay.plan import ToEarliest
 from replay.rebuild import plan_replay, run_rebuild
@@ -43,6 +44,12 @@ def test_fifty_thousand_events_fold_to_the_oracle_state(spark, world):
     offsets.close()
     assert positions == ends
     assert len(positions) == world.topic.partitions
+    # Progress is mirrored to a consumer group for standard lag tools (assign + commit).
+    admin = AdminClient({"bootstrap.servers": world.kafka.bootstrap_servers})
+    group = ConsumerGroupTopicPartitions(consumer_group("order_state", generation))
+    result = admin.list_consumer_group_offsets([group])[group.group_id].result(timeout=30)
+    committed = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}
+    assert committed == ends
 
 
 def test_undecodable_records_go_to_the_dead_letter_topic_and_the_stream_goes_on(spark, world):
