@@ -1,0 +1,63 @@
+"""LogOffsets: exact log ends on the local broker, whose ListOffsets LATEST is wrong."""
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from contracts.offsets import LogOffsets, OffsetsError
+
+
+def produce(bootstrap, topic, counts, linger_ms=50):
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": linger_ms,
+            "acks": "all",
+            "batch.num.messages": 100_000,
+        }
+    )
+    for partition, count in counts.items():
+        for i in range(count):
+            producer.produce(topic, b"v%d" % i, b"k", partition=partition)
+    assert producer.flush(30) == 0
+
+
+def test_end_offsets_are_exact_even_when_the_newest_batch_is_large(kafka_bootstrap, make_topic):
+    topic = make_topic(partitions=4)
+    counts = {0: 5000, 1: 1, 2: 0, 3: 777}
+    produce(kafka_bootstrap, topic, counts)  # linger: partition 0 lands in few big batches
+    offsets = LogOffsets({"bootstrap.servers": kafka_bootstrap})
+    try:
+        tps = [(topic, p) for p in offsets.partitions(topic)]
+        assert offsets.end_offsets(tps) == {(topic, p): c for p, c in counts.items()}
+        assert offsets.start_offsets(tps) == {(topic, p): 0 for p in counts}
+        # Repeated calls resume at the known end and still see new records.
+        produce(kafka_bootstrap, topic, {2: 3, 0: 10})
+        assert offsets.end_offsets(tps) == {
+            (topic, 0): 5010,
+            (topic, 1): 1,
+            (topic, 2): 3,
+            (topic, 3): 777,
+        }
+    finally:
+        offsets.close()
+
+
+def test_listoffsets_latest_alone_would_be_wrong_here(kafka_bootstrap, make_topic):
+    """Documents the broker deviation the probe guards against (on Kafka both agree)."""
+    topic = make_topic(partitions=1)
+    produce(kafka_bootstrap, topic, {0: 3000})
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "x"})
+    _low, listed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    consumer.close()
+    offsets = LogOffsets({"bootstrap.servers": kafka_bootstrap})
+    true_end = offsets.end_offsets([(topic, 0)])[(topic, 0)]
+    offsets.close()
+    assert true_end == 3000
+    assert listed <= true_end
+
+
+def test_unknown_topic_is_a_clear_error_and_is_not_created(kafka_bootstrap):
+    offsets = LogOffsets({"bootstrap.servers": kafka_bootstrap}, timeout=5)
+    with pytest.raises(OffsetsError, match="no-such-topic"):
+        offsets.partitions("no-such-topic")
+    offsets.close()
