@@ -56,7 +56,7 @@ def test_options_follow_sparks_kafka_source():
     assert dict(options.kafka) == {"bootstrap.servers": "h:1", "security.protocol": "SSL"}
     assert (options.starting_offsets, options.max_offsets_per_trigger) == ("latest", 10)
     assert (options.fail_on_data_loss, options.max_tasks) == (False, 2)
-    with pytest.raises(ValueError, match="bootstrap.servers"):
+    with pytest.raises(ValueError, match=r"bootstrap\.servers"):
         SourceOptions.parse({"subscribe": "a"})
     with pytest.raises(ValueError, match="subscribe"):
         SourceOptions.parse({"kafka.bootstrap.servers": "h:1"})
