@@ -50,6 +50,8 @@ class EventCodec:
     ) -> None:
         self.catalog = catalog or default_catalog()
         self._readers = dict(readers or {})
+        # fingerprint -> (writer, parsed reader schema or None when it is the writer itself)
+        self._plans: dict[bytes, tuple[SchemaVersion, Any]] = {}
 
     def reader_for(self, event_type: str) -> SchemaVersion:
         """The schema version decoded records of ``event_type`` are resolved to."""
@@ -114,18 +116,21 @@ class EventCodec:
             reason = "bad-magic"
             detail = f"not Avro single-object encoded (starts with {head.hex() or 'nothing'})"
             raise DeserializationError(reason, detail, payload)
+        fingerprint = payload[2:_HEADER_LEN]
+        plan = self._plans.get(fingerprint)
+        if plan is None:
+            try:
+                writer = self.catalog.by_fingerprint(fingerprint)
+            except DeserializationError as exc:
+                exc.raw = payload
+                raise
+            reader = self.reader_for(writer.name)
+            plan = self._plans[fingerprint] = (writer, None if reader is writer else reader.parsed)
+        writer, reader_schema = plan
+        body = BytesIO(payload)  # shares the bytes (no copy); skip the header by seeking
+        body.seek(_HEADER_LEN)
         try:
-            writer = self.catalog.by_fingerprint(payload[2:_HEADER_LEN])
-        except DeserializationError as exc:
-            exc.raw = payload
-            raise
-        reader = self.reader_for(writer.name)
-        try:
-            data = fastavro.schemaless_reader(
-                BytesIO(payload[_HEADER_LEN:]),
-                writer.parsed,
-                None if reader is writer else reader.parsed,
-            )
+            data = fastavro.schemaless_reader(body, writer.parsed, reader_schema)
         except Exception as exc:  # fastavro raises many kinds on corrupt bytes
             reason = "bad-body"
             detail = f"{writer.name} v{writer.version} body does not decode: {exc!r}"
