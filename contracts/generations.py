@@ -133,8 +133,11 @@ class GenerationRegistry:
                 positions[parsed] = int(value)
         return positions, batch_id
 
-    def flip(self, generation: int) -> int | None:
+    def flip(self, generation: int, *, record_replaced: bool = True) -> int | None:
         """Make ``generation`` live in one transaction; the previous live one is retired.
+
+        ``record_replaced`` notes the previous generation in the new one's metadata, which is
+        what ``replay rollback`` flips back to (a rollback itself does not record it).
 
         Readers resolve the alias with one GET, so they see either the old or the new generation,
         never a mix.
@@ -155,5 +158,7 @@ class GenerationRegistry:
                 pipe.hset(self.layout.generations, str(previous), "retired")
             pipe.hset(self.layout.generations, str(generation), "live")
             pipe.hset(self.keys(generation).meta, "live_since", str(int(time.time() * 1000)))
+            if record_replaced and previous is not None and previous != generation:
+                pipe.hset(self.keys(generation).meta, "replaced", str(previous))
             pipe.execute()
         return previous

@@ -7,6 +7,7 @@ the live one keeps serving readers, waits until it has caught up, then flips rea
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import redis
@@ -14,12 +15,19 @@ from tqdm import tqdm
 
 from contracts.errors import RefoldError
 from contracts.logconfig import configure_logging
+from contracts.offsets import LogOffsets
 from contracts.processors import PROCESSORS, processor_spec
 from replay.config import ReplaySettings
+from replay.generations_admin import (
+    collect_garbage,
+    diff_generations,
+    generation_status,
+    rollback,
+)
 from replay.plan import FromOffset, ResetSpec, ToEarliest, parse_scope
 from replay.rebuild import plan_replay, run_rebuild
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "parse_args"]
 
 
 def _offset(value: str) -> int:
@@ -30,24 +38,40 @@ def _offset(value: str) -> int:
     return number
 
 
+_COMMANDS = ("plan", "status", "rollback", "gc", "diff")
+
+
+def _add_processor(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument(
+        "--processor", required=required, choices=sorted(PROCESSORS), help="the processor"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The command line."""
+    """The command line: ``replay [plan] ...``, ``status``, ``rollback``, ``gc``, ``diff``."""
     parser = argparse.ArgumentParser(
         prog="replay",
         description="Rebuild a processor's state by folding the log again into a new "
-        "generation, while the live generation keeps serving readers. Dry run by default.",
+        "generation, while the live generation keeps serving readers.",
         epilog="examples:\n"
-        "  replay --processor order_state --to-earliest            # show the plan\n"
+        "  replay --processor order_state --to-earliest            # show the plan (dry run)\n"
         "  replay --processor order_state --to-earliest --execute  # rebuild and cut over\n"
         "  replay --processor order_state --from-offset 5000 --topic commerce.orders:0,1\n"
-        "Settings come from REFOLD_* variables (REFOLD_KAFKA__BOOTSTRAP_SERVERS, "
-        "REFOLD_REDIS__URL, REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD).",
+        "  replay status                                           # every generation\n"
+        "  replay diff --processor order_state 1 2                 # compare two generations\n"
+        "  replay rollback --processor order_state                 # flip readers back\n"
+        "  replay gc --processor order_state --execute             # drop retired generations\n"
+        "`replay --processor ...` is short for `replay plan --processor ...`. Settings come from "
+        "REFOLD_* variables (REFOLD_KAFKA__BOOTSTRAP_SERVERS, REFOLD_REDIS__URL, "
+        "REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--processor", required=True, choices=sorted(PROCESSORS), help="the processor to rebuild"
-    )
-    spec = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    plan = sub.add_parser("plan", help="plan a rebuild (dry run) or run it with --execute")
+    _add_processor(plan)
+    spec = plan.add_mutually_exclusive_group(required=True)
     spec.add_argument(
         "--to-earliest",
         action="store_true",
@@ -61,72 +85,176 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="rebuild from offset N of every partition in scope",
     )
-    parser.add_argument(
+    plan.add_argument(
         "--topic",
         action="append",
         metavar="TOPIC[:P,P]",
         help="limit the reset to a topic or some of its partitions "
         "(repeatable; default: all topics of the processor)",
     )
-    parser.add_argument(
+    plan.add_argument(
         "--execute", action="store_true", help="build the new generation and cut readers over to it"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--log-level", default="WARNING")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    status = sub.add_parser("status", help="generations of every processor (or one)")
+    _add_processor(status, required=False)
+    status.add_argument("--json", action="store_true", help="print JSON")
+
+    back = sub.add_parser(
+        "rollback", help="flip readers back to the generation the live one replaced"
+    )
+    _add_processor(back)
+
+    gc = sub.add_parser("gc", help="remove retired generations (dry run without --execute)")
+    _add_processor(gc)
+    gc.add_argument("--execute", action="store_true", help="really remove them")
+
+    diff = sub.add_parser("diff", help="compare two generations key by key")
+    _add_processor(diff)
+    diff.add_argument("a", type=int, help="generation A")
+    diff.add_argument("b", type=int, help="generation B")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_level, json_lines=False)
-    settings = ReplaySettings()
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse, accepting ``replay --processor ...`` for ``replay plan --processor ...``."""
+    if argv and argv[0] not in _COMMANDS and argv[0] not in ("-h", "--help"):
+        argv = ["plan", *argv]
+    return build_parser().parse_args(argv)
+
+
+def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
     spec = processor_spec(args.processor)
     reset: ResetSpec = ToEarliest() if args.to_earliest else FromOffset(args.from_offset)
-    try:
-        client = redis.Redis.from_url(settings.redis.url)
-        plan = plan_replay(
-            spec, reset, settings.kafka, client, settings.redis.key_prefix, parse_scope(args.topic)
-        )
+    plan = plan_replay(
+        spec, reset, settings.kafka, client, settings.redis.key_prefix, parse_scope(args.topic)
+    )
+    if args.json:
+        print(json.dumps(plan.as_dict(), indent=2))
+    else:
         print(plan.render())
-        if not args.execute:
+    if not args.execute:
+        if not args.json:
             print("\ndry run: nothing changed. Add --execute to rebuild and cut over.")
-            return 0
-        with tqdm(
-            total=plan.total_events,
-            unit="ev",
-            desc=f"rebuilding {spec.name}",
-            disable=args.no_progress,
-            dynamic_ncols=True,
-        ) as bar:
+        return 0
+    with tqdm(
+        total=plan.total_events,
+        unit="ev",
+        desc=f"rebuilding {spec.name}",
+        disable=args.no_progress,
+        dynamic_ncols=True,
+    ) as bar:
 
-            def _progress(done: int, total: int) -> None:
-                bar.total = total
-                bar.n = done
-                bar.refresh()
+        def _progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
 
-            result = run_rebuild(
-                plan,
-                spec,
-                settings.kafka,
-                settings.redis,
-                state_dir=settings.state_dir,
-                lag_threshold=settings.lag_threshold,
-                max_rounds=settings.max_rounds,
-                on_progress=_progress,
-            )
-    except (RefoldError, redis.RedisError) as exc:
-        print(f"replay: {exc}", file=sys.stderr)
-        return 1
+        result = run_rebuild(
+            plan,
+            spec,
+            settings.kafka,
+            settings.redis,
+            state_dir=settings.state_dir,
+            lag_threshold=settings.lag_threshold,
+            max_rounds=settings.max_rounds,
+            on_progress=_progress,
+        )
     previous = "none" if result.previous is None else f"g{result.previous}"
     print(
         f"\ng{result.generation} built from {result.events} records in {result.seconds:.1f}s "
         f"({result.rounds} round(s)); readers now see g{result.generation} "
-        f"(previous: {previous}, kept as retired).\n"
+        f"(previous: {previous}, kept as retired; `replay rollback` flips back).\n"
         f"Restart the live processor (`refold process {spec.name}`) so it continues "
         f"g{result.generation} from its checkpoint."
     )
     return 0
+
+
+def _cmd_status(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
+    names = [args.processor] if args.processor else sorted(PROCESSORS)
+    offsets = LogOffsets(settings.kafka.as_librdkafka())
+    try:
+        rows = [
+            row
+            for name in names
+            for row in generation_status(
+                processor_spec(name), client, settings.redis.key_prefix, offsets
+            )
+        ]
+    finally:
+        offsets.close()
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+        return 0
+    if not rows:
+        print("no generations yet: start a processor (`refold process NAME`)")
+        return 0
+    print(f"{'PROCESSOR':<14} {'GEN':>4} {'STATUS':<9} {'AGE':>8} {'APPLIED':>10} {'LAG':>8}  CODE")
+    for r in rows:
+        lag = "-" if r.lag is None else str(r.lag)
+        print(
+            f"{r.processor:<14} {r.generation:>4} {r.status:<9} {r.age_s:>7.0f}s "
+            f"{r.applied:>10} {lag:>8}  {r.code_fingerprint}"
+        )
+    return 0
+
+
+def _cmd_rollback(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
+    now, before = rollback(processor_spec(args.processor), client, settings.redis.key_prefix)
+    print(f"{args.processor}: readers now see g{now} (g{before} is retired, not deleted)")
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
+    removed = collect_garbage(
+        processor_spec(args.processor),
+        client,
+        settings.redis.key_prefix,
+        settings.state_dir / "checkpoints",
+        execute=args.execute,
+    )
+    if not removed:
+        print(f"{args.processor}: no retired generations")
+        return 0
+    for generation, keys in removed:
+        verb = f"removed ({keys} keys and its checkpoint)" if args.execute else "would be removed"
+        print(f"{args.processor} g{generation}: {verb}")
+    if not args.execute:
+        print("dry run: add --execute to remove them")
+    return 0
+
+
+def _cmd_diff(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
+    result = diff_generations(
+        processor_spec(args.processor), client, settings.redis.key_prefix, args.a, args.b
+    )
+    print(result.render())
+    return 0 if result.identical else 4
+
+
+_HANDLERS = {
+    "plan": _cmd_plan,
+    "status": _cmd_status,
+    "rollback": _cmd_rollback,
+    "gc": _cmd_gc,
+    "diff": _cmd_diff,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (0 ok, 1 error, 4 diff found differences)."""
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    configure_logging(args.log_level, json_lines=False)
+    settings = ReplaySettings()
+    try:
+        client = redis.Redis.from_url(settings.redis.url)
+        return _HANDLERS[args.command](args, settings, client)
+    except (RefoldError, redis.RedisError) as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

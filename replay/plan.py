@@ -99,6 +99,30 @@ class ReplayPlan:
             nested.setdefault(row.topic, {})[str(row.partition)] = row.target
         return json.dumps(nested, sort_keys=True)
 
+    def as_dict(self) -> dict[str, object]:
+        """The plan for scripts (``--json``)."""
+        return {
+            "processor": self.processor,
+            "spec": self.spec,
+            "live_generation": self.live_generation,
+            "total_events": self.total_events,
+            "starting_offsets": json.loads(self.starting_offsets()),
+            "partitions": [
+                {
+                    "topic": r.topic,
+                    "partition": r.partition,
+                    "current": r.current,
+                    "target": r.target,
+                    "log_start": r.log_start,
+                    "log_end": r.log_end,
+                    "events": r.events,
+                    "note": r.note,
+                }
+                for r in self.partitions
+            ],
+            "warnings": list(self.warnings),
+        }
+
     def render(self) -> str:
         """The plan as a table for people."""
         live = "none" if self.live_generation is None else f"g{self.live_generation}"

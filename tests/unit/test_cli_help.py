@@ -5,6 +5,7 @@ import pytest
 from deploy.cli import build_parser as refold_parser
 from processors.order_state.__main__ import build_parser as processor_parser
 from replay.__main__ import build_parser as replay_parser
+from replay.__main__ import parse_args as replay_args
 
 
 @pytest.mark.parametrize(
@@ -27,23 +28,31 @@ def test_help_mentions_every_command(parser, words, capsys):
         assert word in out
 
 
+def test_replay_plan_help_lists_the_reset_specs(capsys):
+    with pytest.raises(SystemExit):
+        replay_args(["plan", "--help"])
+    out = capsys.readouterr().out
+    for word in ("--processor", "--to-earliest", "--from-offset", "--topic", "--execute"):
+        assert word in out
+
+
 def test_replay_needs_exactly_one_reset_spec(capsys):
     with pytest.raises(SystemExit):
-        replay_parser().parse_args(["--processor", "order_state"])
+        replay_args(["--processor", "order_state"])
     with pytest.raises(SystemExit):
-        replay_parser().parse_args(
-            ["--processor", "order_state", "--to-earliest", "--from-offset", "3"]
-        )
+        replay_args(["--processor", "order_state", "--to-earliest", "--from-offset", "3"])
     assert "not allowed with" in capsys.readouterr().err
-    args = replay_parser().parse_args(["--processor", "order_state", "--to-offset", "7"])
-    assert args.from_offset == 7
+    args = replay_args(["--processor", "order_state", "--to-offset", "7"])
+    assert (args.command, args.from_offset) == ("plan", 7)
+    assert replay_args(["status"]).command == "status"
+    assert (replay_args(["diff", "--processor", "order_state", "1", "2"]).a) == 1
 
 
 def test_replay_refuses_negative_offsets_and_unknown_processors(capsys):
     with pytest.raises(SystemExit):
-        replay_parser().parse_args(["--processor", "order_state", "--from-offset", "-1"])
+        replay_args(["--processor", "order_state", "--from-offset", "-1"])
     with pytest.raises(SystemExit):
-        replay_parser().parse_args(["--processor", "nope", "--to-earliest"])
+        replay_args(["--processor", "nope", "--to-earliest"])
     assert "invalid choice" in capsys.readouterr().err
 
 

@@ -1,0 +1,289 @@
+"""Operate on a processor's generations: status, rollback, garbage collection, diff.
+
+Reads and writes Redis through the shared layout (:mod:`contracts.state`); never imports
+processor code.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+
+from contracts.generations import GenerationInfo, GenerationRegistry, Positions
+from contracts.offsets import LogOffsets
+from contracts.processors import ProcessorSpec
+from contracts.state import StateLayout
+from replay.errors import ReplayError
+
+__all__ = [
+    "GenerationDiff",
+    "GenerationStatus",
+    "collect_garbage",
+    "diff_generations",
+    "generation_status",
+    "rollback",
+]
+
+_SCAN_COUNT = 1000  # keys per SCAN round trip
+_EXAMPLES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStatus:
+    """One row of ``replay status``."""
+
+    processor: str
+    generation: int
+    status: str
+    age_s: float
+    applied: int
+    lag: int | None
+    code_fingerprint: str
+    meta: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """For ``--json``."""
+        return {
+            "processor": self.processor,
+            "generation": self.generation,
+            "status": self.status,
+            "age_s": round(self.age_s, 1),
+            "applied": self.applied,
+            "lag": self.lag,
+            "code_fingerprint": self.code_fingerprint,
+            "meta": self.meta,
+        }
+
+
+def _age(info: GenerationInfo) -> float:
+    created = info.meta.get("created_at")
+    return max(0.0, time.time() - int(created) / 1000) if created else 0.0
+
+
+def generation_status(
+    spec: ProcessorSpec, client: redis.Redis, key_prefix: str, offsets: LogOffsets | None
+) -> list[GenerationStatus]:
+    """Every generation of a processor with its applied records and lag to the log end.
+
+    Args:
+        spec: The processor.
+        client: Redis.
+        key_prefix: Key prefix.
+        offsets: Used to compute lag; None skips it.
+    """
+    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    rows = []
+    ends: Positions | None = None
+    for info in registry.list():
+        positions, _batch = registry.positions(info.generation)
+        lag = None
+        if offsets is not None:
+            if ends is None:
+                topics = json.loads(info.meta.get("topics", "[]")) or list(spec.topics)
+                tps = [(t, p) for t in topics for p in offsets.partitions(t)]
+                ends = offsets.end_offsets(tps)
+            lag = sum(max(0, end - positions.get(tp, 0)) for tp, end in ends.items())
+        starting = _starting(info)
+        applied = sum(o - starting.get(tp, 0) for tp, o in positions.items())
+        rows.append(
+            GenerationStatus(
+                spec.name,
+                info.generation,
+                info.status,
+                _age(info),
+                applied,
+                lag,
+                info.meta.get("code_fingerprint", ""),
+                info.meta,
+            )
+        )
+    return rows
+
+
+def _starting(info: GenerationInfo) -> Positions:
+    try:
+        nested = json.loads(info.meta.get("starting_offsets", "{}"))
+    except ValueError:
+        return {}
+    if not isinstance(nested, dict):
+        return {}
+    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
+
+
+def rollback(spec: ProcessorSpec, client: redis.Redis, key_prefix: str) -> tuple[int, int]:
+    """Flip readers back to the generation the live one replaced.
+
+    Returns:
+        (generation now live, generation that was live).
+
+    Raises:
+        ReplayError: Nothing to roll back to (no live generation, or the previous one is gone).
+    """
+    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    live = registry.live()
+    if live is None:
+        msg = f"{spec.name} has no live generation"
+        raise ReplayError(msg)
+    meta = next((g.meta for g in registry.list() if g.generation == live), {})
+    previous = meta.get("replaced")
+    if not previous:
+        msg = f"{spec.name} g{live} did not replace another generation; nothing to roll back to"
+        raise ReplayError(msg)
+    target = int(previous)
+    if registry.status(target) is None:
+        msg = f"{spec.name} g{target} was removed by `replay gc`; cannot roll back to it"
+        raise ReplayError(msg)
+    registry.flip(target, record_replaced=False)
+    return target, live
+
+
+def _unlink_pattern(client: redis.Redis, pattern: str) -> int:
+    removed = 0
+    batch: list[Any] = []
+    for name in client.scan_iter(match=pattern, count=_SCAN_COUNT):
+        batch.append(name)
+        if len(batch) >= _SCAN_COUNT:
+            removed += client.unlink(*batch)
+            batch = []
+    if batch:
+        removed += client.unlink(*batch)
+    return removed
+
+
+def collect_garbage(
+    spec: ProcessorSpec,
+    client: redis.Redis,
+    key_prefix: str,
+    checkpoint_root: Path,
+    *,
+    execute: bool,
+) -> list[tuple[int, int]]:
+    """Remove retired generations: their Redis keys, registry entry and Spark checkpoint.
+
+    Returns:
+        ``(generation, keys removed)`` per retired generation (keys 0 in a dry run).
+    """
+    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    done = []
+    for info in registry.list():
+        if info.status != "retired":
+            continue
+        removed = 0
+        if execute:
+            removed = _unlink_pattern(client, registry.keys(info.generation).pattern())
+            client.hdel(registry.layout.generations, str(info.generation))
+            shutil.rmtree(checkpoint_root / spec.name / f"g{info.generation}", ignore_errors=True)
+        done.append((info.generation, removed))
+    return done
+
+
+@dataclass(slots=True)
+class GenerationDiff:
+    """Key-by-key comparison of two generations."""
+
+    a: int
+    b: int
+    compared: int = 0
+    same: int = 0
+    only_in_a: list[str] = field(default_factory=list)
+    only_in_b: list[str] = field(default_factory=list)
+    differing: list[str] = field(default_factory=list)
+    aggregates_differing: dict[str, tuple[dict[str, int], dict[str, int]]] = field(
+        default_factory=dict
+    )
+
+    @property
+    def identical(self) -> bool:
+        """True when every key and aggregate matches."""
+        return not (self.only_in_a or self.only_in_b or self.differing or self.aggregates_differing)
+
+    def render(self) -> str:
+        """For people, with a few examples of each kind."""
+        lines = [
+            f"g{self.a} vs g{self.b}: {self.compared} keys compared, {self.same} identical, "
+            f"{len(self.differing)} differing, {len(self.only_in_a)} only in g{self.a}, "
+            f"{len(self.only_in_b)} only in g{self.b}"
+        ]
+        for label, keys in (
+            ("differing", self.differing),
+            (f"only in g{self.a}", self.only_in_a),
+            (f"only in g{self.b}", self.only_in_b),
+        ):
+            if keys:
+                shown = ", ".join(sorted(keys)[:_EXAMPLES])
+                more = f" (+{len(keys) - _EXAMPLES} more)" if len(keys) > _EXAMPLES else ""
+                lines.append(f"  {label}: {shown}{more}")
+        for name, (in_a, in_b) in self.aggregates_differing.items():
+            lines.append(f"  aggregate {name}: g{self.a}={in_a} g{self.b}={in_b}")
+        lines.append("identical" if self.identical else "NOT identical")
+        return "\n".join(lines)
+
+
+def _entities(client: redis.Redis, pattern: str, prefix_len: int) -> Iterator[tuple[str, bytes]]:
+    batch: list[bytes] = []
+    for name in client.scan_iter(match=pattern, count=_SCAN_COUNT):
+        batch.append(cast("bytes", name))
+        if len(batch) >= _SCAN_COUNT:
+            yield from _load(client, batch, prefix_len)
+            batch = []
+    if batch:
+        yield from _load(client, batch, prefix_len)
+
+
+def _load(client: redis.Redis, names: list[bytes], prefix_len: int) -> Iterator[tuple[str, bytes]]:
+    values = cast("list[bytes | None]", client.mget(names))
+    for name, value in zip(names, values, strict=True):
+        if value is not None:
+            yield name.decode()[prefix_len:], value
+
+
+def diff_generations(
+    spec: ProcessorSpec, client: redis.Redis, key_prefix: str, a: int, b: int
+) -> GenerationDiff:
+    """Compare every table and aggregate of two generations key by key.
+
+    Raises:
+        ReplayError: A generation does not exist.
+    """
+    layout = StateLayout(spec.name, key_prefix)
+    registry = GenerationRegistry(client, layout)
+    for gen in (a, b):
+        if registry.status(gen) is None:
+            msg = f"{spec.name} has no generation {gen}; see `replay status`"
+            raise ReplayError(msg)
+    result = GenerationDiff(a, b)
+    for table in spec.tables:
+        keys_a, keys_b = layout.generation(a), layout.generation(b)
+        prefix_a = keys_a.table(table, "")
+        in_a = dict(_entities(client, keys_a.table_pattern(table), len(prefix_a)))
+        prefix_b = keys_b.table(table, "")
+        for key, value in _entities(client, keys_b.table_pattern(table), len(prefix_b)):
+            result.compared += 1
+            other = in_a.pop(key, None)
+            label = f"{table}:{key}"
+            if other is None:
+                result.only_in_b.append(label)
+            elif json.loads(other) == json.loads(value):
+                result.same += 1
+            else:
+                result.differing.append(label)
+        result.only_in_a.extend(f"{table}:{key}" for key in in_a)
+        result.compared += len(in_a)
+    for name in spec.aggregates:
+        agg_a = _counters(client, layout.generation(a).aggregate(name))
+        agg_b = _counters(client, layout.generation(b).aggregate(name))
+        if agg_a != agg_b:
+            result.aggregates_differing[name] = (agg_a, agg_b)
+    return result
+
+
+def _counters(client: redis.Redis, key: str) -> dict[str, int]:
+    raw = cast("dict[bytes, bytes]", client.hgetall(key))
+    return {k.decode(): int(v) for k, v in raw.items() if int(v) != 0}
