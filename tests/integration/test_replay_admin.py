@@ -59,7 +59,7 @@ def test_status_lists_generations_with_lag(two_generations, capsys):
 
 
 def test_diff_finds_a_changed_key(two_generations, capsys):
-    client, registry, prefix, (g1, g2), _tmp = two_generations
+    client, registry, _prefix, (g1, g2), _tmp = two_generations
     assert replay(["diff", "--processor", "order_state", str(g1), str(g2)]) == 0
     assert "NOT" not in capsys.readouterr().out
     key = registry.keys(g2).table("orders", "ord-0000002")
