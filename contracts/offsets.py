@@ -153,6 +153,58 @@ class LogOffsets:
         self._known_end.update(ends)
         return {tp: ends[tp] for tp in wanted}
 
+    def record_timestamp(self, topic: str, partition: int, offset: int) -> tuple[int, int] | None:
+        """Timestamp (ms) and offset of the first record at or after ``offset``.
+
+        Returns:
+            ``(timestamp_ms, offset)``, or None when there is no record at or after ``offset``.
+        """
+        consumer = self.consumer
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        deadline = time.monotonic() + self._timeout
+        try:
+            while time.monotonic() < deadline:
+                for message in consumer.consume(1, timeout=0.1):
+                    error = message.error()
+                    if error is None:
+                        _kind, ts = message.timestamp()
+                        return ts, int(message.offset() or 0)
+                    if error.code() == KafkaError._PARTITION_EOF:  # noqa: SLF001 - public name
+                        return None
+                    msg = f"reading {topic}/{partition}@{offset} failed: {error.str()}"
+                    raise OffsetsError(msg)
+        finally:
+            consumer.unassign()
+        msg = f"no answer reading {topic}/{partition}@{offset} within {self._timeout:.0f}s"
+        raise OffsetsError(msg)
+
+    def offset_at_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset whose record timestamp is at or after ``timestamp_ms``.
+
+        Binary search over record timestamps (about log2(records) single-record reads), because
+        Tansu's ListOffsets-by-time uses broker append times and answers 0 past the last batch
+        (tansu.md). On Kafka it matches ``offsets_for_times`` for CreateTime topics whose
+        timestamps grow with offsets; out-of-order timestamps make any such lookup approximate.
+
+        Returns:
+            An offset in ``[log start, log end]``; the log end when every record is older.
+        """
+        key = (topic, partition)
+        low = self.start_offsets([key])[key]
+        high = self.end_offsets([key])[key]
+        while low < high:
+            middle = (low + high) // 2
+            found = self.record_timestamp(topic, partition, middle)
+            if found is None:
+                high = middle
+                continue
+            ts, at = found
+            if ts >= timestamp_ms:
+                high = middle
+            else:
+                low = at + 1
+        return low
+
     def close(self) -> None:
         """Close the consumer (it never joined a group, so nothing else happens)."""
         if self._consumer is not None:

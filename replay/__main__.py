@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
+from pathlib import Path
 
 import redis
 from tqdm import tqdm
@@ -18,13 +20,28 @@ from contracts.logconfig import configure_logging
 from contracts.offsets import LogOffsets
 from contracts.processors import PROCESSORS, processor_spec
 from replay.config import ReplaySettings
+from replay.errors import PlanError
 from replay.generations_admin import (
     collect_garbage,
     diff_generations,
     generation_status,
     rollback,
 )
-from replay.plan import FromOffset, ResetSpec, ToEarliest, parse_scope
+from replay.plan import (
+    ByDuration,
+    FromFile,
+    FromOffset,
+    ResetSpec,
+    ShiftBy,
+    ToCurrent,
+    ToDatetime,
+    ToEarliest,
+    ToLatest,
+    parse_datetime,
+    parse_duration,
+    parse_offsets_csv,
+    parse_scope,
+)
 from replay.rebuild import plan_replay, run_rebuild
 
 __all__ = ["build_parser", "main", "parse_args"]
@@ -85,6 +102,42 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="rebuild from offset N of every partition in scope",
     )
+    spec.add_argument(
+        "--to-latest", action="store_true", help="start at the log end (fold only new records)"
+    )
+    spec.add_argument(
+        "--to-current", action="store_true", help="start where the live generation is now"
+    )
+    spec.add_argument(
+        "--shift-by",
+        type=int,
+        metavar="±N",
+        help="move the live generation's positions by N records",
+    )
+    spec.add_argument(
+        "--to-datetime",
+        metavar="ISO-8601",
+        help="first record at or after this time; a time zone is required",
+    )
+    spec.add_argument(
+        "--by-duration",
+        metavar="PnDTnHnMnS",
+        help="first record at or after now minus this duration",
+    )
+    spec.add_argument(
+        "--from-file", metavar="CSV", help="topic,partition,offset lines (Kafka's --export format)"
+    )
+    plan.add_argument(
+        "--allow-data-loss",
+        action="store_true",
+        help="start at the log start when a target's records are gone",
+    )
+    plan.add_argument(
+        "--export",
+        action="store_true",
+        help="print the targets as topic,partition,offset CSV (for --from-file "
+        "and Kafka's own tool)",
+    )
     plan.add_argument(
         "--topic",
         action="append",
@@ -127,10 +180,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
     spec = processor_spec(args.processor)
-    reset: ResetSpec = ToEarliest() if args.to_earliest else FromOffset(args.from_offset)
     plan = plan_replay(
-        spec, reset, settings.kafka, client, settings.redis.key_prefix, parse_scope(args.topic)
+        spec,
+        _reset_spec(args),
+        settings.kafka,
+        client,
+        settings.redis.key_prefix,
+        parse_scope(args.topic),
+        allow_data_loss=args.allow_data_loss,
     )
+    if args.export:
+        print(plan.export_csv(), end="")
+        return 0
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:
@@ -171,6 +232,30 @@ def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.
         f"g{result.generation} from its checkpoint."
     )
     return 0
+
+
+def _reset_spec(args: argparse.Namespace) -> ResetSpec:
+    if args.to_earliest:
+        return ToEarliest()
+    if args.to_latest:
+        return ToLatest()
+    if args.to_current:
+        return ToCurrent()
+    if args.shift_by is not None:
+        return ShiftBy(args.shift_by)
+    if args.to_datetime:
+        return ToDatetime(parse_datetime(args.to_datetime))
+    if args.by_duration:
+        return ByDuration(parse_duration(args.by_duration), datetime.now(UTC))
+    if args.from_file:
+        path = Path(args.from_file)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            msg = f"cannot read --from-file {path}: {exc.strerror}"
+            raise PlanError(msg) from exc
+        return FromFile(parse_offsets_csv(text), str(path))
+    return FromOffset(args.from_offset)
 
 
 def _cmd_status(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:

@@ -1,25 +1,39 @@
 """Replay plans: pure functions from a reset spec and log offsets to per-partition targets.
 
-A plan never touches a broker or Redis; :mod:`replay.__main__` gathers the offsets and the
-executor runs the plan. The first version knows two reset specs; the full set (shift-by,
-to-datetime, by-duration, from-file, ...) plugs in as more :data:`ResetSpec` kinds.
+A plan never touches a broker or Redis: :mod:`replay.rebuild` gathers the log bounds, the live
+generation's positions and (for time specs) the offsets at a time, and passes them in. The reset
+specs are those of Kafka's ``kafka-consumer-groups --reset-offsets``.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from replay.errors import PlanError
 
 __all__ = [
+    "TIME_SPECS",
+    "ByDuration",
+    "FromFile",
     "FromOffset",
     "PartitionPlan",
     "ReplayPlan",
     "ResetSpec",
+    "ShiftBy",
+    "ToCurrent",
+    "ToDatetime",
     "ToEarliest",
+    "ToLatest",
     "build_plan",
+    "parse_datetime",
+    "parse_duration",
+    "parse_offsets_csv",
     "parse_scope",
 ]
 
@@ -36,6 +50,24 @@ class ToEarliest:
 
 
 @dataclass(frozen=True, slots=True)
+class ToLatest:
+    """Start at the log end: the new generation folds only what arrives from now on."""
+
+    def describe(self) -> str:
+        """For the plan's header."""
+        return "--to-latest"
+
+
+@dataclass(frozen=True, slots=True)
+class ToCurrent:
+    """Start where the live generation is now."""
+
+    def describe(self) -> str:
+        """For the plan's header."""
+        return "--to-current"
+
+
+@dataclass(frozen=True, slots=True)
 class FromOffset:
     """Rebuild from one offset on every partition in scope."""
 
@@ -46,7 +78,137 @@ class FromOffset:
         return f"--from-offset {self.offset}"
 
 
-ResetSpec = ToEarliest | FromOffset
+@dataclass(frozen=True, slots=True)
+class ShiftBy:
+    """Move the live generation's position by ``shift`` records (negative: back)."""
+
+    shift: int
+
+    def describe(self) -> str:
+        """For the plan's header."""
+        return f"--shift-by {self.shift:+d}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToDatetime:
+    """Start at the first record at or after ``when`` (time-zone aware)."""
+
+    when: datetime
+
+    def describe(self) -> str:
+        """For the plan's header."""
+        return f"--to-datetime {self.when.isoformat()}"
+
+
+@dataclass(frozen=True, slots=True)
+class ByDuration:
+    """Start at the first record at or after ``now - duration``."""
+
+    duration: timedelta
+    now: datetime
+
+    @property
+    def when(self) -> datetime:
+        """The instant the duration points back to."""
+        return self.now - self.duration
+
+    def describe(self) -> str:
+        """For the plan's header."""
+        return f"--by-duration {self.duration} (from {self.when.isoformat()})"
+
+
+@dataclass(frozen=True, slots=True)
+class FromFile:
+    """Explicit offsets per partition (Kafka's reset-offsets CSV)."""
+
+    offsets: Mapping[TopicPartition, int] = field(hash=False)
+    source: str = "file"
+
+    def describe(self) -> str:
+        """For the plan's header."""
+        return f"--from-file {self.source}"
+
+
+ResetSpec = (
+    ToEarliest | ToLatest | ToCurrent | FromOffset | ShiftBy | ToDatetime | ByDuration | (FromFile)
+)
+TIME_SPECS = (ToDatetime, ByDuration)
+
+
+def parse_datetime(text: str) -> datetime:
+    """Parse ISO-8601 with a required time zone.
+
+    Raises:
+        PlanError: Not ISO-8601, or no time zone (Kafka's tool silently reads those as UTC;
+            refold refuses to guess).
+    """
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        msg = f"--to-datetime {text!r} is not ISO-8601 (e.g. 2026-11-22T09:30:00+01:00)"
+        raise PlanError(msg) from None
+    if when.tzinfo is None:
+        msg = (
+            f"--to-datetime {text!r} has no time zone. Add one (e.g. {text}Z or "
+            f"{text}+01:00): a naive time is ambiguous, and Kafka's tool would silently "
+            "read it as UTC."
+        )
+        raise PlanError(msg)
+    return when
+
+
+_DURATION = re.compile(
+    r"^P(?:(?P<days>\d+(?:\.\d+)?)D)?(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?"
+    r"(?:(?P<minutes>\d+(?:\.\d+)?)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
+)
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse an ISO-8601 duration ``PnDTnHnMnS`` (as Kafka's ``--by-duration``).
+
+    Raises:
+        PlanError: Not of that form, or zero.
+    """
+    match = _DURATION.match(text.strip().upper())
+    if match is None or not any(match.groupdict().values()) or text.strip().upper().endswith("T"):
+        msg = f"--by-duration {text!r} is not PnDTnHnMnS (e.g. PT30M, P1DT12H)"
+        raise PlanError(msg)
+    parts = {k: float(v) for k, v in match.groupdict().items() if v}
+    duration = timedelta(**parts)
+    if duration <= timedelta(0):
+        msg = f"--by-duration {text!r} is zero"
+        raise PlanError(msg)
+    return duration
+
+
+def parse_offsets_csv(text: str) -> dict[TopicPartition, int]:
+    """Read ``topic,partition,offset`` lines (also ``group,topic,partition,offset``).
+
+    Raises:
+        PlanError: A line that is not of either form, with its number.
+    """
+    offsets: dict[TopicPartition, int] = {}
+    for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        cells = [c.strip() for c in row]
+        if not cells or not any(cells) or cells[0].startswith("#"):
+            continue
+        if len(cells) == 4:
+            cells = cells[1:]
+        if len(cells) != 3:
+            msg = f"line {number}: expected topic,partition,offset, got {','.join(row)!r}"
+            raise PlanError(msg)
+        topic, partition, offset = cells
+        if number == 1 and not partition.lstrip("-").isdigit():
+            continue  # a header row
+        try:
+            offsets[(topic, int(partition))] = int(offset)
+        except ValueError:
+            msg = f"line {number}: partition and offset must be integers: {','.join(row)!r}"
+            raise PlanError(msg) from None
+    if not offsets:
+        msg = "the offsets file has no topic,partition,offset lines"
+        raise PlanError(msg)
+    return offsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +285,10 @@ class ReplayPlan:
             "warnings": list(self.warnings),
         }
 
+    def export_csv(self) -> str:
+        """``topic,partition,offset`` lines: readable by ``--from-file`` and Kafka's tool."""
+        return "".join(f"{r.topic},{r.partition},{r.target}\n" for r in self.partitions)
+
     def render(self) -> str:
         """The plan as a table for people."""
         live = "none" if self.live_generation is None else f"g{self.live_generation}"
@@ -167,6 +333,30 @@ def parse_scope(values: list[str] | None) -> dict[str, set[int] | None] | None:
     return scope
 
 
+def _requested(
+    spec: ResetSpec,
+    tp: TopicPartition,
+    bounds: tuple[int, int],
+    current: Mapping[TopicPartition, int],
+    at_time: Mapping[TopicPartition, int],
+) -> int | None:
+    """The offset a spec asks for on one partition; None when the spec does not cover it."""
+    log_start, log_end = bounds
+    if isinstance(spec, ToEarliest):
+        return log_start
+    if isinstance(spec, ToLatest):
+        return log_end
+    if isinstance(spec, ToCurrent):
+        return current.get(tp, log_start)
+    if isinstance(spec, ShiftBy):
+        return current.get(tp, log_start) + spec.shift
+    if isinstance(spec, FromOffset):
+        return spec.offset
+    if isinstance(spec, FromFile):
+        return spec.offsets.get(tp)
+    return at_time[tp]
+
+
 def build_plan(
     processor: str,
     spec: ResetSpec,
@@ -174,11 +364,15 @@ def build_plan(
     current: Mapping[TopicPartition, int],
     live_generation: int | None,
     scope: dict[str, set[int] | None] | None = None,
+    *,
+    at_time: Mapping[TopicPartition, int] | None = None,
+    allow_data_loss: bool = False,
 ) -> ReplayPlan:
     """Resolve a reset spec against the log.
 
-    A new generation starts empty, so partitions outside ``scope`` are folded from their
-    earliest offset too; the scope narrows which partitions the spec applies to.
+    A new generation starts empty, so partitions outside ``scope`` (or missing from a
+    ``--from-file``) are folded from their earliest offset; the scope narrows which partitions
+    the spec applies to.
 
     Args:
         processor: Processor name.
@@ -187,13 +381,16 @@ def build_plan(
         current: Applied positions of the live generation.
         live_generation: The live generation, if any.
         scope: From :func:`parse_scope`; None = every partition.
+        at_time: For time specs: the first offset at or after the time, per partition.
+        allow_data_loss: Clamp targets below the log start instead of refusing.
 
     Returns:
-        The plan; targets outside ``[log_start, log_end]`` are clamped, with a note, as
-        Kafka's reset tool does.
+        The plan. Targets past the log end are clamped to it, with a note, as Kafka's tool does.
 
     Raises:
-        PlanError: The scope names a topic or partition the processor does not read.
+        PlanError: The scope names an unknown topic or partition, the file names partitions
+            the processor does not read, or a target lies below the log start (records gone)
+            without ``allow_data_loss``.
     """
     topics = {t for t, _ in bounds}
     for topic, partitions in (scope or {}).items():
@@ -204,28 +401,50 @@ def build_plan(
         if missing:
             msg = f"topic {topic} has no partition {', '.join(map(str, missing))}"
             raise PlanError(msg)
+    if isinstance(spec, FromFile):
+        unknown = sorted(set(spec.offsets) - set(bounds))
+        if unknown:
+            names = ", ".join(f"{t}/{p}" for t, p in unknown)
+            msg = f"the offsets file names partitions {processor} does not read: {names}"
+            raise PlanError(msg)
     rows = []
-    warnings = []
-    for (topic, partition), (log_start, log_end) in sorted(bounds.items()):
+    lost = []
+    for tp, (log_start, log_end) in sorted(bounds.items()):
+        topic, partition = tp
         in_scope = scope is None or (
             topic in scope and (scope[topic] is None or partition in (scope[topic] or set()))
         )
-        note = ""
-        if not in_scope or isinstance(spec, ToEarliest):
-            target = log_start
-            if not in_scope:
-                note = "outside --topic scope: from earliest (a new generation starts empty)"
-        else:
-            target = spec.offset
-            if target < log_start:
-                target, note = log_start, f"clamped up from {spec.offset} to the log start"
-            elif target > log_end:
-                target, note = log_end, f"clamped down from {spec.offset} to the log end"
-        rows.append(
-            PartitionPlan(
-                topic, partition, current.get((topic, partition)), target, log_start, log_end, note
-            )
+        wanted = (
+            _requested(spec, tp, (log_start, log_end), current, at_time or {})
+            if (in_scope)
+            else None
         )
+        note = ""
+        if wanted is None:
+            target = log_start
+            note = ("not in the offsets file" if in_scope else "outside --topic scope") + (
+                ": from earliest (a new generation starts empty)"
+            )
+        elif wanted < log_start:
+            if not allow_data_loss:
+                lost.append(f"{topic}/{partition}: {wanted} < log start {log_start}")
+            target, note = log_start, f"clamped up from {wanted}: records before are gone"
+        elif wanted > log_end:
+            target, note = log_end, f"clamped down from {wanted} to the log end"
+        else:
+            target = wanted
+        rows.append(
+            PartitionPlan(topic, partition, current.get(tp), target, log_start, log_end, note)
+        )
+    if lost:
+        msg = (
+            "targets below the log start (those records were deleted): "
+            + "; ".join(lost)
+            + ". Operator action: choose a later target, or pass --allow-data-loss to start "
+            "at the log start instead."
+        )
+        raise PlanError(msg)
+    warnings = []
     if any(r.target > r.log_start for r in rows):
         warnings.append(
             "the new generation starts empty: records before each target are not folded into "

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from contracts.offsets import LogOffsets
 
 from contracts.generations import GenerationRegistry, Positions
+from contracts.offsets import LogOffsets
 from contracts.processors import ProcessorSpec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
 from replay.errors import PlanError, RebuildError
-from replay.plan import ReplayPlan, ResetSpec, build_plan
+from replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, build_plan
 
 __all__ = ["RebuildResult", "plan_replay", "processor_topics", "run_rebuild"]
 
@@ -71,17 +71,25 @@ def plan_replay(
     client: redis.Redis,
     key_prefix: str,
     scope: dict[str, set[int] | None] | None = None,
+    *,
+    allow_data_loss: bool = False,
 ) -> ReplayPlan:
     """Gather log offsets and live positions, then build the plan (reads only).
 
     Raises:
-        PlanError: Unknown topics or partitions in the scope.
+        PlanError: See :func:`replay.plan.build_plan`; also when offsets cannot be read.
     """
     registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
     topics = processor_topics(spec, registry)
     offsets = LogOffsets(kafka.as_librdkafka())
     try:
         bounds = _bounds(offsets, topics)
+        at_time: dict[tuple[str, int], int] = {}
+        if isinstance(reset, TIME_SPECS):
+            when_ms = int(reset.when.timestamp() * 1000)
+            at_time = {tp: offsets.offset_at_time(tp[0], tp[1], when_ms) for tp in bounds}
+    except PlanError:
+        raise
     except Exception as exc:
         msg = f"cannot read the offsets of {', '.join(topics)}: {exc}"
         raise PlanError(msg) from exc
@@ -89,7 +97,16 @@ def plan_replay(
         offsets.close()
     live = registry.live()
     current: Positions = registry.positions(live)[0] if live is not None else {}
-    return build_plan(spec.name, reset, bounds, current, live, scope)
+    return build_plan(
+        spec.name,
+        reset,
+        bounds,
+        current,
+        live,
+        scope,
+        at_time=at_time,
+        allow_data_loss=allow_data_loss,
+    )
 
 
 def _lag(positions: Positions, ends: Positions) -> int:

@@ -1,9 +1,24 @@
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from replay.errors import PlanError
-from replay.plan import FromOffset, ToEarliest, build_plan, parse_scope
+from replay.plan import (
+    ByDuration,
+    FromFile,
+    FromOffset,
+    ShiftBy,
+    ToCurrent,
+    ToDatetime,
+    ToEarliest,
+    ToLatest,
+    build_plan,
+    parse_datetime,
+    parse_duration,
+    parse_offsets_csv,
+    parse_scope,
+)
 
 BOUNDS = {("orders", 0): (0, 100), ("orders", 1): (10, 50), ("other", 0): (0, 5)}
 CURRENT = {("orders", 0): 100, ("orders", 1): 40, ("other", 0): 5}
@@ -24,16 +39,88 @@ def test_to_earliest_targets_every_log_start():
     }
 
 
-def test_from_offset_clamps_like_kafka_and_warns_that_the_generation_starts_empty():
+def test_from_offset_clamps_down_like_kafka_and_warns_that_the_generation_starts_empty():
     plan = build_plan("p", FromOffset(60), BOUNDS, CURRENT, 1)
     rows = {(r.topic, r.partition): r for r in plan.partitions}
     assert rows["orders", 0].target == 60
     assert rows["orders", 1].target == 50
     assert "clamped down" in rows["orders", 1].note
     assert rows["other", 0].target == 5
-    low = build_plan("p", FromOffset(3), BOUNDS, CURRENT, 1)
-    assert {(r.topic, r.partition): r.target for r in low.partitions}["orders", 1] == 10
     assert any("starts empty" in w for w in plan.warnings)
+
+
+def test_a_target_below_the_log_start_is_refused_unless_data_loss_is_allowed():
+    with pytest.raises(PlanError, match=r"orders/1: 3 < log start 10.*--allow-data-loss"):
+        build_plan("p", FromOffset(3), BOUNDS, CURRENT, 1)
+    low = build_plan("p", FromOffset(3), BOUNDS, CURRENT, 1, allow_data_loss=True)
+    row = {(r.topic, r.partition): r for r in low.partitions}["orders", 1]
+    assert (row.target, "gone" in row.note) == (10, True)
+
+
+def test_every_reset_spec_resolves_per_partition():
+    def targets(spec, **kw):
+        plan = build_plan("p", spec, BOUNDS, CURRENT, 1, **kw)
+        return {(r.topic, r.partition): r.target for r in plan.partitions}
+
+    assert targets(ToLatest()) == {("orders", 0): 100, ("orders", 1): 50, ("other", 0): 5}
+    assert targets(ToCurrent()) == {("orders", 0): 100, ("orders", 1): 40, ("other", 0): 5}
+    assert targets(ShiftBy(-20), allow_data_loss=True) == {
+        ("orders", 0): 80,
+        ("orders", 1): 20,
+        ("other", 0): 0,
+    }
+    assert targets(ShiftBy(+5)) == {("orders", 0): 100, ("orders", 1): 45, ("other", 0): 5}
+    at = {("orders", 0): 33, ("orders", 1): 12, ("other", 0): 5}
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    assert targets(ToDatetime(when), at_time=at) == at
+    assert targets(ByDuration(timedelta(hours=1), when), at_time=at) == at
+    from_file = FromFile({("orders", 1): 15})
+    plan = build_plan("p", from_file, BOUNDS, CURRENT, 1)
+    rows = {(r.topic, r.partition): r for r in plan.partitions}
+    assert rows["orders", 1].target == 15
+    assert rows["orders", 0].target == 0
+    assert "not in the offsets file" in rows["orders", 0].note
+
+
+def test_shift_below_the_start_needs_data_loss_permission():
+    with pytest.raises(PlanError, match="log start"):
+        build_plan("p", ShiftBy(-35), BOUNDS, CURRENT, 1)
+
+
+def test_from_file_naming_foreign_partitions_is_refused():
+    with pytest.raises(PlanError, match="does not read: orders/9"):
+        build_plan("p", FromFile({("orders", 9): 1}), BOUNDS, CURRENT, 1)
+
+
+def test_export_round_trips_through_the_csv_reader():
+    plan = build_plan("p", ToCurrent(), BOUNDS, CURRENT, 1)
+    text = plan.export_csv()
+    assert text.splitlines()[0] == "orders,0,100"
+    again = build_plan("p", FromFile(parse_offsets_csv(text)), BOUNDS, CURRENT, 1)
+    assert again.starting_offsets() == plan.starting_offsets()
+
+
+def test_csv_reader_accepts_kafkas_forms_and_names_bad_lines():
+    assert parse_offsets_csv("topic,partition,offset\nt,0,5\n\n") == {("t", 0): 5}
+    assert parse_offsets_csv("group,t,1,7\n") == {("t", 1): 7}
+    with pytest.raises(PlanError, match="line 2"):
+        parse_offsets_csv("t,0,5\nt,zero,5\n")
+    with pytest.raises(PlanError, match="no topic,partition,offset"):
+        parse_offsets_csv("\n")
+
+
+def test_naive_datetimes_and_bad_durations_are_refused_clearly():
+    assert parse_datetime("2026-11-22T10:00:00Z") == datetime(2026, 11, 22, 10, tzinfo=UTC)
+    assert parse_datetime("2026-11-22T11:00:00+01:00") == datetime(2026, 11, 22, 10, tzinfo=UTC)
+    with pytest.raises(PlanError, match="no time zone"):
+        parse_datetime("2026-11-22T10:00:00")
+    with pytest.raises(PlanError, match="not ISO-8601"):
+        parse_datetime("yesterday")
+    assert parse_duration("PT30M") == timedelta(minutes=30)
+    assert parse_duration("P1DT2H3M4S") == timedelta(days=1, hours=2, minutes=3, seconds=4)
+    for bad in ("PT", "P", "30M", "PT0S"):
+        with pytest.raises(PlanError):
+            parse_duration(bad)
 
 
 def test_scope_limits_the_spec_and_the_rest_starts_from_earliest():
