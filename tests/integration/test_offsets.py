@@ -61,3 +61,23 @@ def test_unknown_topic_is_a_clear_error_and_is_not_created(kafka_bootstrap):
     with pytest.raises(OffsetsError, match="no-such-topic"):
         offsets.partitions("no-such-topic")
     offsets.close()
+
+
+def test_offset_at_time_follows_record_timestamps(kafka_bootstrap, make_topic):
+    topic = make_topic(partitions=2)
+    base = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    for i in range(50):  # partition 0: one record per second; partition 1: one per 10 s
+        producer.produce(topic, b"x", timestamp=base + i * 1000, partition=0)
+        producer.produce(topic, b"y", timestamp=base + i * 10_000, partition=1)
+    assert producer.flush(30) == 0
+    offsets = LogOffsets({"bootstrap.servers": kafka_bootstrap})
+    try:
+        assert offsets.offset_at_time(topic, 0, base) == 0
+        assert offsets.offset_at_time(topic, 0, base + 5_500) == 6
+        assert offsets.offset_at_time(topic, 0, base + 49_000) == 49
+        assert offsets.offset_at_time(topic, 0, base + 10**9) == 50  # after the last: the end
+        assert offsets.offset_at_time(topic, 1, base + 25_000) == 3
+        assert offsets.offset_at_time(topic, 1, base - 1) == 0
+    finally:
+        offsets.close()
