@@ -11,11 +11,18 @@ from contracts.catalog import SchemaCatalog
 __all__ = ["code_fingerprint", "schema_fingerprints"]
 
 
-def code_fingerprint(*objects: object) -> str:
-    """SHA-256 (first 16 hex digits) of the source of the given modules, classes or functions."""
+def code_fingerprint(*parts: object) -> str:
+    """SHA-256 (first 16 hex digits) of source code and version markers.
+
+    Modules count with their source, classes and functions with their module's source, plain
+    strings as they are.
+    """
     digest = hashlib.sha256()
-    for obj in objects:
-        target = obj if inspect.ismodule(obj) else inspect.getmodule(obj) or obj
+    for part in parts:
+        if isinstance(part, str):
+            digest.update(part.encode())
+            continue
+        target = part if inspect.ismodule(part) else inspect.getmodule(part) or part
         digest.update(inspect.getsource(target).encode())  # type: ignore[arg-type]
     return digest.hexdigest()[:16]
 

@@ -78,6 +78,17 @@ class GenerationRegistry:
             )
         return result
 
+    def meta(self, generation: int) -> dict[str, str]:
+        """The metadata hash of one generation (empty if it does not exist)."""
+        raw = cast("dict[bytes, bytes]", self.client.hgetall(self.keys(generation).meta))
+        return {_decode(k): _decode(v) for k, v in raw.items()}
+
+    def update_meta(self, generation: int, fields: dict[str, str]) -> None:
+        """Set metadata fields of one generation."""
+        if fields:
+            mapping: dict[FieldT, EncodableT] = dict(fields.items())
+            self.client.hset(self.keys(generation).meta, mapping=mapping)
+
     def status(self, generation: int) -> GenerationStatus | None:
         """Status of one generation, ``None`` if it does not exist."""
         value = self.client.hget(self.layout.generations, str(generation))

@@ -25,6 +25,7 @@ from typing import Literal
 __all__ = [
     "BATCH_ID_FIELD",
     "DEFAULT_KEY_PREFIX",
+    "STATE_LAYOUT_VERSION",
     "GenerationKeys",
     "GenerationStatus",
     "StateLayout",
@@ -33,6 +34,8 @@ __all__ = [
 ]
 
 DEFAULT_KEY_PREFIX = "refold"
+# Bumped whenever the layout below changes: part of every generation's code fingerprint.
+STATE_LAYOUT_VERSION = 1
 BATCH_ID_FIELD = "batch_id"
 GenerationStatus = Literal["building", "live", "retired"]
 

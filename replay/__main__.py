@@ -20,6 +20,7 @@ from contracts.logconfig import configure_logging
 from contracts.offsets import LogOffsets
 from contracts.processors import PROCESSORS, processor_spec
 from replay.config import ReplaySettings
+from replay.deploy_gate import check_deploy, deployed_fingerprints
 from replay.errors import PlanError
 from replay.generations_admin import (
     collect_garbage,
@@ -55,7 +56,7 @@ def _offset(value: str) -> int:
     return number
 
 
-_COMMANDS = ("plan", "status", "rollback", "gc", "diff")
+_COMMANDS = ("plan", "status", "rollback", "gc", "diff", "check")
 
 
 def _add_processor(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  replay diff --processor order_state 1 2                 # compare two generations\n"
         "  replay rollback --processor order_state                 # flip readers back\n"
         "  replay gc --processor order_state --execute             # drop retired generations\n"
+        "  replay check --processor order_state                    # deploy gate\n"
         "`replay --processor ...` is short for `replay plan --processor ...`. Settings come from "
         "REFOLD_* variables (REFOLD_KAFKA__BOOTSTRAP_SERVERS, REFOLD_REDIS__URL, "
         "REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD).",
@@ -163,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="remove retired generations (dry run without --execute)")
     _add_processor(gc)
     gc.add_argument("--execute", action="store_true", help="really remove them")
+
+    check = sub.add_parser(
+        "check",
+        help="deploy gate: does the deployed code need a rebuild? "
+        "(exit 0 compatible, 5 rebuild needed)",
+    )
+    _add_processor(check)
+    check.add_argument("--json", action="store_true", help="print JSON")
 
     diff = sub.add_parser("diff", help="compare two generations key by key")
     _add_processor(diff)
@@ -320,12 +330,32 @@ def _cmd_diff(args: argparse.Namespace, settings: ReplaySettings, client: redis.
     return 0 if result.identical else 4
 
 
+def _cmd_check(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
+    spec = processor_spec(args.processor)
+    verdict = check_deploy(spec, client, settings.redis.key_prefix, deployed_fingerprints(spec))
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "processor": verdict.processor,
+                    "live": verdict.live_generation,
+                    "compatible": verdict.compatible,
+                    "changed": list(verdict.changed),
+                }
+            )
+        )
+    else:
+        print(verdict.render())
+    return 0 if verdict.compatible else 5
+
+
 _HANDLERS = {
     "plan": _cmd_plan,
     "status": _cmd_status,
     "rollback": _cmd_rollback,
     "gc": _cmd_gc,
     "diff": _cmd_diff,
+    "check": _cmd_check,
 }
 
 

@@ -29,7 +29,7 @@ from contracts.fingerprints import code_fingerprint, schema_fingerprints
 from contracts.generations import GenerationRegistry, Positions
 from contracts.offsets import LogOffsets
 from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import StateLayout
+from contracts.state import STATE_LAYOUT_VERSION, StateLayout
 from contracts.topic_admin import ensure_topics
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic
 from processors.common.fold_writer import FoldTarget
@@ -71,6 +71,8 @@ class RunOptions:
         source_format: ``refold_kafka`` (the Python source) or ``kafka`` (Spark's JVM source,
             where its jar is available).
         dead_letter_topic: Default ``<processor>.dlq``.
+        accept_code_change: Resume a generation whose code fingerprint differs (and record
+            the new one) instead of refusing.
     """
 
     generation: GenerationChoice = "live"
@@ -82,6 +84,7 @@ class RunOptions:
     max_tasks: int | None = 2
     source_format: str = "refold_kafka"
     dead_letter_topic: str | None = None
+    accept_code_change: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,48 @@ def _offsets_json(positions: dict[tuple[str, int], int]) -> str:
     return json.dumps(nested, sort_keys=True)
 
 
+def build_fingerprints(projection: Projection) -> dict[str, str]:
+    """What a generation records about the code that builds it (the deploy gate compares it).
+
+    The code fingerprint covers the projection's module, the fold contract and the state
+    layout version; the schema fingerprints are the reader schemas of its event types.
+    """
+    from processors.common import projection as fold_contract
+
+    return {
+        "code_fingerprint": code_fingerprint(
+            type(projection), fold_contract, f"layout-v{STATE_LAYOUT_VERSION}"
+        ),
+        "schema_fingerprints": json.dumps(
+            schema_fingerprints(default_catalog(), projection.event_types), sort_keys=True
+        ),
+    }
+
+
+def _check_fingerprints(
+    registry: GenerationRegistry, projection: Projection, generation: int, accept: bool
+) -> None:
+    """Refuse to resume a generation built by other code, unless told to accept the change."""
+    stored = registry.meta(generation)
+    current = build_fingerprints(projection)
+    changed = [name for name, value in current.items() if stored.get(name, value) != value]
+    if not changed:  # record them on a generation created without (e.g. by replay)
+        registry.update_meta(generation, {k: v for k, v in current.items() if k not in stored})
+        return
+    if accept:
+        logger.warning("g%d: accepting changed %s", generation, ", ".join(changed))
+        registry.update_meta(generation, current)
+        return
+    what = " and ".join(n.replace("_", " ") for n in changed)
+    msg = (
+        f"{projection.name} g{generation} was built by other code ({what} changed). Its state "
+        "may not match what this code would fold. Operator action: rebuild with `replay "
+        f"--processor {projection.name} --to-earliest --execute` (readers keep g{generation} "
+        "meanwhile), or pass --accept-code-change if the change does not affect the state."
+    )
+    raise ProcessorConfigError(msg)
+
+
 def resolve_run(
     projection: Projection,
     topics: list[TopicSpec],
@@ -119,8 +164,7 @@ def resolve_run(
     meta = {
         "topics": [t.name for t in topics],
         "starting_offsets": options.starting_offsets,
-        "code_fingerprint": code_fingerprint(type(projection)),
-        "schema_fingerprints": schema_fingerprints(default_catalog(), projection.event_types),
+        **build_fingerprints(projection),
     }
     created = False
     if options.generation == "live":
@@ -136,6 +180,8 @@ def resolve_run(
         if registry.status(generation) is None:
             msg = f"{projection.name} has no generation {generation}; see `replay status`"
             raise ProcessorConfigError(msg)
+    if not created:
+        _check_fingerprints(registry, projection, generation, options.accept_code_change)
     checkpoint = options.checkpoint_root / projection.name / f"g{generation}"
     if created and checkpoint.exists():
         # A new generation starts from scratch; a checkpoint left by an earlier stack (e.g. a

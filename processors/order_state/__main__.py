@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 
 from contracts.logconfig import configure_logging
 from contracts.topics import ORDERS
-from processors.common.runner import GenerationChoice, RunOptions, run_processor
+from processors.common.runner import (
+    GenerationChoice,
+    RunOptions,
+    build_fingerprints,
+    run_processor,
+)
 from processors.order_state.config import OrderStateSettings
 from processors.order_state.projection import OrderStateProjection
 
@@ -48,6 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--available-now", action="store_true", help="process what is in the log now, then exit"
     )
+    parser.add_argument(
+        "--accept-code-change",
+        action="store_true",
+        help="resume a generation built by other code (records the new "
+        "fingerprint) instead of refusing",
+    )
+    parser.add_argument(
+        "--print-fingerprint",
+        action="store_true",
+        help="print this code's generation fingerprints as JSON and exit",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -55,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     args = build_parser().parse_args(argv)
+    if args.print_fingerprint:
+        print(json.dumps(build_fingerprints(OrderStateProjection()), sort_keys=True))
+        return 0
     configure_logging(args.log_level)
     settings = OrderStateSettings()
     options = RunOptions(
@@ -67,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         max_tasks=settings.max_tasks,
         source_format=settings.source_format,
         dead_letter_topic=settings.dead_letter_topic,
+        accept_code_change=args.accept_code_change,
     )
     topic = dataclasses.replace(ORDERS, name=settings.orders_topic)
     run_processor(OrderStateProjection(), [topic], settings.kafka, settings.redis, options)
