@@ -1,0 +1,1 @@
+"""Benchmarks of refold on the embedded local stack (``python -m bench``)."""

@@ -1,0 +1,111 @@
+"""End-to-end latency: producer send -> visible in Redis (applied position passed the offset)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from contracts.codec import EventCodec
+from contracts.generations import GenerationRegistry
+from services.producer.simulator import OrderSimulator
+
+__all__ = ["LatencyResult", "measure_latency"]
+
+_POLL_S = 0.005  # visibility is sampled every 5 ms
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyResult:
+    """Latency percentiles in milliseconds over ``events`` paced events."""
+
+    rate: int
+    events: int
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def measure_latency(
+    bootstrap: str, topic: str, registry: GenerationRegistry, generation: int, *,
+    rate: int, seconds: float, seed: int = 99,
+) -> LatencyResult:
+    """Produce at ``rate`` events/s for ``seconds`` and time each event until it is applied.
+
+    The processor must already be running on ``generation`` and caught up.
+    """
+    codec = EventCodec()
+    events = iter(OrderSimulator(int(rate * seconds / 8) + 100, seed=seed, anomaly_rate=0))
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                         "enable.idempotence": True, "linger.ms": 1,
+                         "partitioner": "murmur2_random"})
+    sent: dict[int, float] = {}
+    acked: list[tuple[int, int, float]] = []  # partition, offset, send time
+    visible: dict[tuple[int, int], float] = {}
+    stop = threading.Event()
+
+    def _poll_positions() -> None:
+        seen: dict[int, int] = {}
+        while not stop.is_set():
+            positions, _batch = registry.positions(generation)
+            now = time.monotonic()
+            for (_t, partition), offset in positions.items():
+                if offset > seen.get(partition, 0):
+                    visible[(partition, offset)] = now
+                    seen[partition] = offset
+            time.sleep(_POLL_S)
+
+    poller = threading.Thread(target=_poll_positions, daemon=True)
+    poller.start()
+    start = time.monotonic()
+    total = int(rate * seconds)
+    for index in range(total):
+        due = start + index / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        event_type, event = next(events)
+        sent[index] = time.monotonic()
+
+        def _delivered(err: KafkaError | None, msg: Message, index: int = index) -> None:
+            if err is None:
+                acked.append((msg.partition() or 0, msg.offset() or 0, sent[index]))
+
+        producer.produce(topic, codec.encode(event_type, event, validated=True),
+                         event["order_id"].encode(), on_delivery=_delivered)
+        producer.poll(0)
+    producer.flush(30)
+    deadline = time.monotonic() + 30
+    last = {p: max(o for q, o, _s in acked if q == p) for p, _o, _s in acked}
+    while time.monotonic() < deadline:
+        positions, _batch = registry.positions(generation)
+        if all(positions.get((topic, p), 0) > o for p, o in last.items()):
+            break
+        time.sleep(0.05)
+    time.sleep(0.05)
+    stop.set()
+    poller.join()
+    # An event is visible at the first sample whose position passed its offset.
+    by_partition: dict[int, list[tuple[int, float]]] = {}
+    for (partition, position), when in visible.items():
+        by_partition.setdefault(partition, []).append((position, when))
+    for samples in by_partition.values():
+        samples.sort()
+    latencies = []
+    for partition, offset, sent_at in acked:
+        for position, when in by_partition.get(partition, []):
+            if position > offset:
+                latencies.append((when - sent_at) * 1000)
+                break
+    latencies.sort()
+    return LatencyResult(rate, len(latencies), _percentile(latencies, 0.5),
+                         _percentile(latencies, 0.95), _percentile(latencies, 0.99),
+                         latencies[-1] if latencies else 0.0)
