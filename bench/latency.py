@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from dataclasses import dataclass
@@ -35,18 +36,35 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def measure_latency(
-    bootstrap: str, topic: str, registry: GenerationRegistry, generation: int, *,
-    rate: int, seconds: float, seed: int = 99,
+    bootstrap: str,
+    topic: str,
+    registry: GenerationRegistry,
+    generation: int,
+    *,
+    rate: int,
+    seconds: float,
+    seed: int = 99,
+    order_prefix: str = "lat-",
 ) -> LatencyResult:
     """Produce at ``rate`` events/s for ``seconds`` and time each event until it is applied.
 
     The processor must already be running on ``generation`` and caught up.
     """
     codec = EventCodec()
-    events = iter(OrderSimulator(int(rate * seconds / 8) + 100, seed=seed, anomaly_rate=0))
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
-                         "enable.idempotence": True, "linger.ms": 1,
-                         "partitioner": "murmur2_random"})
+    events = iter(
+        OrderSimulator(
+            int(rate * seconds / 8) + 100, seed=seed, anomaly_rate=0, order_prefix=order_prefix
+        )
+    )
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 1,
+            "partitioner": "murmur2_random",
+        }
+    )
     sent: dict[int, float] = {}
     acked: list[tuple[int, int, float]] = []  # partition, offset, send time
     visible: dict[tuple[int, int], float] = {}
@@ -79,12 +97,18 @@ def measure_latency(
             if err is None:
                 acked.append((msg.partition() or 0, msg.offset() or 0, sent[index]))
 
-        producer.produce(topic, codec.encode(event_type, event, validated=True),
-                         event["order_id"].encode(), on_delivery=_delivered)
+        producer.produce(
+            topic,
+            codec.encode(event_type, event, validated=True),
+            event["order_id"].encode(),
+            on_delivery=_delivered,
+        )
         producer.poll(0)
     producer.flush(30)
     deadline = time.monotonic() + 30
-    last = {p: max(o for q, o, _s in acked if q == p) for p, _o, _s in acked}
+    last: dict[int, int] = {}
+    for partition, offset, _sent in acked:
+        last[partition] = max(offset, last.get(partition, -1))
     while time.monotonic() < deadline:
         positions, _batch = registry.positions(generation)
         if all(positions.get((topic, p), 0) > o for p, o in last.items()):
@@ -94,18 +118,23 @@ def measure_latency(
     stop.set()
     poller.join()
     # An event is visible at the first sample whose position passed its offset.
-    by_partition: dict[int, list[tuple[int, float]]] = {}
-    for (partition, position), when in visible.items():
-        by_partition.setdefault(partition, []).append((position, when))
-    for samples in by_partition.values():
-        samples.sort()
+    by_partition: dict[int, tuple[list[int], list[float]]] = {}
+    for (partition, position), when in sorted(visible.items()):
+        positions_seen, times = by_partition.setdefault(partition, ([], []))
+        positions_seen.append(position)
+        times.append(when)
     latencies = []
     for partition, offset, sent_at in acked:
-        for position, when in by_partition.get(partition, []):
-            if position > offset:
-                latencies.append((when - sent_at) * 1000)
-                break
+        positions_seen, times = by_partition.get(partition, ([], []))
+        index = bisect.bisect_right(positions_seen, offset)  # first position > offset
+        if index < len(times):
+            latencies.append((times[index] - sent_at) * 1000)
     latencies.sort()
-    return LatencyResult(rate, len(latencies), _percentile(latencies, 0.5),
-                         _percentile(latencies, 0.95), _percentile(latencies, 0.99),
-                         latencies[-1] if latencies else 0.0)
+    return LatencyResult(
+        rate,
+        len(latencies),
+        _percentile(latencies, 0.5),
+        _percentile(latencies, 0.95),
+        _percentile(latencies, 0.99),
+        latencies[-1] if latencies else 0.0,
+    )

@@ -9,7 +9,9 @@ source, so a deployment with the jar can switch formats by configuration:
   ``startingOffsets`` (``earliest`` | ``latest`` | ``{"topic":{"0":23,"1":-2}}``, -2 earliest,
   -1 latest, missing partitions earliest), ``maxOffsetsPerTrigger``, ``failOnDataLoss``;
 * refold additions: ``maxTasks`` (coalesce the batch's partition ranges into at most this many
-  Spark tasks; on 2 cores fewer, larger tasks cut the per-batch cost). Consumer-group
+  Spark tasks; on 2 cores fewer, larger tasks cut the per-batch cost) and
+  ``minRecordsPerTask`` (default 25000: a small batch gets fewer tasks, down to one, since every
+  task costs a fixed Python worker round trip; this is what keeps latency low). Consumer-group
   offsets for lag tools are committed by the processor's sink, not here.
 
 Offsets are ``{"topic": {"partition": next_offset}}`` with sorted keys (Spark compares the JSON).
@@ -66,7 +68,9 @@ _ARROW_SCHEMA = pa.schema(
 )
 # Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost.
 _ARROW_ROWS = 10_000
-# Records per consume() call in read(); librdkafka hands over what it has queued.
+# Most records per consume() call in read(). consume(n, timeout) returns only when it has n
+# messages or the timeout passed, so read() never asks for more than its ranges still hold:
+# otherwise the last call of every task would wait out the whole timeout (0.5 s per batch).
 _CONSUME_BATCH = 10_000
 _EARLIEST, _LATEST = -2, -1
 
@@ -90,6 +94,7 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     max_tasks: int | None = None
+    min_records_per_task: int = 25_000
     poll_timeout_s: float = 120.0
 
     @classmethod
@@ -116,6 +121,7 @@ class SourceOptions:
             raise ValueError(msg)
         limit = lowered.get("maxoffsetspertrigger")
         tasks = lowered.get("maxtasks")
+        min_per_task = lowered.get("minrecordspertask")
         return cls(
             kafka=kafka,
             topics=topics,
@@ -123,6 +129,7 @@ class SourceOptions:
             max_offsets_per_trigger=int(limit) if limit else None,
             fail_on_data_loss=_as_bool(lowered.get("failondataloss"), True),
             max_tasks=int(tasks) if tasks else None,
+            min_records_per_task=int(min_per_task) if min_per_task else 25_000,
             poll_timeout_s=float(lowered.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
         )
 
@@ -171,13 +178,21 @@ def cap_offsets(
     return {tp: start.get(tp, e) + shares[tp] if tp in start else e for tp, e in end.items()}
 
 
-def coalesce_ranges(ranges: list[Range], max_tasks: int | None) -> list[tuple[Range, ...]]:
+def coalesce_ranges(
+    ranges: list[Range], max_tasks: int | None, min_records_per_task: int = 0
+) -> list[tuple[Range, ...]]:
     """Group partition ranges into at most ``max_tasks`` tasks of similar record counts.
 
     Each Kafka partition range stays whole in one task (its keys are folded by one writer).
+    With ``min_records_per_task``, a small batch gets fewer tasks (at least one): each task has
+    a fixed cost, so splitting a few thousand records only adds latency.
     """
     if not ranges:
         return []
+    if min_records_per_task > 0:
+        records = sum(r[3] - r[2] for r in ranges)
+        by_size = max(1, records // min_records_per_task)
+        max_tasks = by_size if max_tasks is None else min(max_tasks, by_size)
     if max_tasks is None or max_tasks >= len(ranges):
         return [(r,) for r in ranges]
     bins: list[list[Range]] = [[] for _ in range(max(1, max_tasks))]
@@ -258,7 +273,8 @@ def read_ranges(options: SourceOptions, ranges: tuple[Range, ...]) -> Iterator[p
     deadline = time.monotonic() + options.poll_timeout_s
     try:
         while todo:
-            messages = consumer.consume(_CONSUME_BATCH, timeout=0.5)
+            remaining = sum(e - next_offset[tp] for tp, (_s, e) in todo.items())
+            messages = consumer.consume(max(1, min(_CONSUME_BATCH, remaining)), timeout=0.5)
             if not messages and time.monotonic() > deadline:
                 msg = (
                     f"refold_kafka: no records for {sorted(todo)} within "
@@ -406,7 +422,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self._last_end is None:
             self.initialOffset()  # a fresh query: its first batch starts there
         assert self._last_end is not None  # noqa: S101 - set by initialOffset
-        ends = self.probe.end_offsets(self._partitions())
+        # The cheap mode: Spark asks every trigger, and a record the answer misses by one Fetch
+        # is planned by the next trigger (LogOffsets documents the trade).
+        ends = self.probe.end_offsets(self._partitions(), fresh=False)
         # Never behind what was already planned: an end offset only moves forward.
         ends = {tp: max(e, self._last_end.get(tp, 0)) for tp, e in ends.items()}
         if self.options.max_offsets_per_trigger:
@@ -428,7 +446,10 @@ class KafkaStreamReader(DataSourceStreamReader):
             if e > begin.get((t, p), 0)
         ]
         return [
-            KafkaRangePartition(group) for group in coalesce_ranges(ranges, self.options.max_tasks)
+            KafkaRangePartition(group)
+            for group in coalesce_ranges(
+                ranges, self.options.max_tasks, self.options.min_records_per_task
+            )
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

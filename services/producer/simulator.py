@@ -46,14 +46,22 @@ class OrderSimulator:
         seed: Random seed.
         anomaly_rate: Share of orders that get one event the fold must reject.
         concurrency: Open carts at a time (how interleaved the stream is).
+        order_prefix: Prefix of the order ids (``ord-0000001``...); two simulators that write
+            to the same topic need different prefixes, or their orders collide.
     """
 
     def __init__(
-        self, orders: int, seed: int = 7, anomaly_rate: float = 0.002, concurrency: int = 500
+        self,
+        orders: int,
+        seed: int = 7,
+        anomaly_rate: float = 0.002,
+        concurrency: int = 500,
+        order_prefix: str = "ord-",
     ) -> None:
         self.orders = orders
         self.anomaly_rate = anomaly_rate
         self.concurrency = concurrency
+        self.order_prefix = order_prefix
         self._rng = random.Random(seed)  # noqa: S311 - test data, not security
         self._clock = _BASE_MS
 
@@ -79,7 +87,7 @@ class OrderSimulator:
             if started < self.orders and len(open_carts) < self.concurrency:
                 started += 1
                 cart = _Cart(
-                    order_id=f"ord-{started:07d}",
+                    order_id=f"{self.order_prefix}{started:07d}",
                     currency=rng.choices([c for c, _ in _CURRENCIES], [w for _, w in _CURRENCIES])[
                         0
                     ],

@@ -20,12 +20,19 @@ def live_generation(redis_url, kafka_bootstrap, unique, monkeypatch, tmp_path):
     monkeypatch.setenv("REFOLD_REDIS__KEY_PREFIX", prefix)
     monkeypatch.setenv("REFOLD_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
     client = redis.Redis.from_url(redis_url)
-    settings = (KafkaSettings(bootstrap_servers=kafka_bootstrap),
-                RedisSettings(url=redis_url, key_prefix=prefix))
+    settings = (
+        KafkaSettings(bootstrap_servers=kafka_bootstrap),
+        RedisSettings(url=redis_url, key_prefix=prefix),
+    )
 
     def run(**options):
-        return resolve_run(OrderStateProjection(), [ORDERS], *settings,
-                           RunOptions(checkpoint_root=tmp_path, **options), client)
+        return resolve_run(
+            OrderStateProjection(),
+            [ORDERS],
+            *settings,
+            RunOptions(checkpoint_root=tmp_path, **options),
+            client,
+        )
 
     first = run()
     registry = GenerationRegistry(client, StateLayout("order_state", prefix))
@@ -34,8 +41,10 @@ def live_generation(redis_url, kafka_bootstrap, unique, monkeypatch, tmp_path):
 
 def test_same_code_resumes_and_the_gate_says_compatible(live_generation, capsys):
     run, registry, generation = live_generation
-    assert registry.meta(generation)["code_fingerprint"] == build_fingerprints(
-        OrderStateProjection())["code_fingerprint"]
+    assert (
+        registry.meta(generation)["code_fingerprint"]
+        == build_fingerprints(OrderStateProjection())["code_fingerprint"]
+    )
     assert run().generation == generation
     assert replay(["check", "--processor", "order_state"]) == 0
     assert "compatible" in capsys.readouterr().out

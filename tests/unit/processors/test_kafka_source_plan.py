@@ -60,3 +60,22 @@ def test_options_follow_sparks_kafka_source():
         SourceOptions.parse({"subscribe": "a"})
     with pytest.raises(ValueError, match="subscribe"):
         SourceOptions.parse({"kafka.bootstrap.servers": "h:1"})
+
+
+def test_small_batches_get_fewer_tasks():
+    ranges = [("t", p, 0, 1_000) for p in range(8)]  # 8k records
+    assert len(coalesce_ranges(ranges, 2, min_records_per_task=25_000)) == 1
+    big = [("t", p, 0, 10_000) for p in range(8)]  # 80k records
+    assert len(coalesce_ranges(big, 2, min_records_per_task=25_000)) == 2
+    assert len(coalesce_ranges(big, None, min_records_per_task=25_000)) == 3
+    grouped = coalesce_ranges(ranges, 2, min_records_per_task=25_000)[0]
+    assert sorted(grouped) == sorted(ranges)  # every range kept whole, none lost
+
+
+def test_min_records_per_task_option():
+    opts = SourceOptions.parse({"kafka.bootstrap.servers": "b", "subscribe": "t"})
+    assert opts.min_records_per_task == 25_000
+    opts = SourceOptions.parse(
+        {"kafka.bootstrap.servers": "b", "subscribe": "t", "minRecordsPerTask": "0"}
+    )
+    assert opts.min_records_per_task == 0
