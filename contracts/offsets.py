@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from contracts.errors import RefoldError
 
@@ -185,7 +185,7 @@ class LogOffsets:
         Raises:
             OffsetsError: The broker did not answer within the timeout.
         """
-        return self._list(list(dict.fromkeys(tps)), OffsetSpec.earliest())
+        return self._list(list(dict.fromkeys(tps)), OffsetSpec.earliest())  # type: ignore[no-untyped-call]
 
     def _list(self, tps: list[TopicPartitionKey], spec: OffsetSpec) -> dict[TopicPartitionKey, int]:
         """One batched ListOffsets. LATEST is too low on Tansu (see the module docstring)."""
@@ -234,8 +234,8 @@ class LogOffsets:
         """Measure ``wanted`` afresh and leave every tracked partition assigned at its end."""
         consumer = self._client()
         unknown = [tp for tp in wanted if tp not in self._tracked]
-        lows = self._list(unknown, OffsetSpec.earliest())
-        listed = self._list(unknown, OffsetSpec.latest())
+        lows = self._list(unknown, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+        listed = self._list(unknown, OffsetSpec.latest())  # type: ignore[no-untyped-call]
         positions: dict[TopicPartitionKey, int] = {}
         for tp in wanted:
             if tp in self._tracked:
