@@ -15,7 +15,7 @@ import avro.schema
 from contracts.catalog import SchemaCatalog, SchemaVersion
 from contracts.errors import SchemaIncompatibleError
 
-__all__ = ["CompatibilityProblem", "check_backward_transitive", "check_catalog"]
+__all__ = ["CompatibilityProblem", "check_backward_transitive", "check_catalog", "reader_problem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,8 @@ class CompatibilityProblem:
         )
 
 
-def _compat_problem(reader: SchemaVersion, writer: SchemaVersion) -> CompatibilityProblem | None:
+def reader_problem(reader: SchemaVersion, writer: SchemaVersion) -> CompatibilityProblem | None:
+    """Why ``reader`` cannot read data written with ``writer`` (None: it can)."""
     checker = avro.compatibility.ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
     result = checker.get_compatibility(
         avro.schema.parse(json.dumps(reader.raw)), avro.schema.parse(json.dumps(writer.raw))
@@ -59,7 +60,7 @@ def check_backward_transitive(versions: list[SchemaVersion]) -> list[Compatibili
     problems = []
     for i, reader in enumerate(ordered):
         for writer in ordered[:i]:
-            problem = _compat_problem(reader, writer)
+            problem = reader_problem(reader, writer)
             if problem is not None:
                 problems.append(problem)
     return problems

@@ -16,9 +16,11 @@ import redis
 from tqdm import tqdm
 
 from contracts.errors import RefoldError
+from contracts.generations import GenerationRegistry
 from contracts.logconfig import configure_logging
 from contracts.offsets import LogOffsets
 from contracts.processors import PROCESSORS, processor_spec
+from contracts.state import StateLayout
 from replay.config import ReplaySettings
 from replay.deploy_gate import check_deploy, deployed_fingerprints
 from replay.errors import PlanError
@@ -44,6 +46,7 @@ from replay.plan import (
     parse_scope,
 )
 from replay.rebuild import plan_replay, run_rebuild
+from replay.snapshots import SnapshotStore
 
 __all__ = ["build_parser", "main", "parse_args"]
 
@@ -56,7 +59,7 @@ def _offset(value: str) -> int:
     return number
 
 
-_COMMANDS = ("plan", "status", "rollback", "gc", "diff", "check")
+_COMMANDS = ("plan", "status", "rollback", "gc", "diff", "check", "snapshot")
 
 
 def _add_processor(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -80,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  replay rollback --processor order_state                 # flip readers back\n"
         "  replay gc --processor order_state --execute             # drop retired generations\n"
         "  replay check --processor order_state                    # deploy gate\n"
+        "  replay snapshot --processor order_state                 # snapshot the live state\n"
         "`replay --processor ...` is short for `replay plan --processor ...`. Settings come from "
         "REFOLD_* variables (REFOLD_KAFKA__BOOTSTRAP_SERVERS, REFOLD_REDIS__URL, "
         "REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD).",
@@ -135,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="start at the log start when a target's records are gone",
     )
     plan.add_argument(
+        "--accept-dead-letters",
+        action="store_true",
+        help="do not fail the plan for records with unknown fingerprints or not in Avro "
+        "(the rebuild sends them to the dead-letter topic)",
+    )
+    plan.add_argument(
+        "--scan-limit",
+        type=_offset,
+        default=1_000_000,
+        metavar="N",
+        help="records whose writer schema is checked before the rebuild (default 1000000; "
+        "0 skips the scan)",
+    )
+    plan.add_argument(
         "--export",
         action="store_true",
         help="print the targets as topic,partition,offset CSV (for --from-file "
@@ -174,6 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_processor(check)
     check.add_argument("--json", action="store_true", help="print JSON")
 
+    snap = sub.add_parser(
+        "snapshot",
+        help="copy a generation's state and positions at one instant (the start of later "
+        "rebuilds from an offset, a time or the current position)",
+    )
+    _add_processor(snap)
+    snap.add_argument(
+        "--generation", type=int, help="generation to snapshot (default: the live one)"
+    )
+    snap.add_argument("--list", action="store_true", help="list snapshots instead")
+    snap.add_argument("--json", action="store_true", help="print JSON")
+
     diff = sub.add_parser("diff", help="compare two generations key by key")
     _add_processor(diff)
     diff.add_argument("a", type=int, help="generation A")
@@ -198,6 +228,8 @@ def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.
         settings.redis.key_prefix,
         parse_scope(args.topic),
         allow_data_loss=args.allow_data_loss,
+        scan_limit=args.scan_limit,
+        accept_dead_letters=args.accept_dead_letters,
     )
     if args.export:
         print(plan.export_csv(), end="")
@@ -208,7 +240,12 @@ def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.
         print(plan.render())
     if not args.execute:
         if not args.json:
-            print("\ndry run: nothing changed. Add --execute to rebuild and cut over.")
+            verdict = (
+                "Add --execute to rebuild and cut over."
+                if plan.ready
+                else "The plan fails its checks: --execute would refuse it."
+            )
+            print(f"\ndry run: nothing changed. {verdict}")
         return 0
     with tqdm(
         total=plan.total_events,
@@ -322,6 +359,43 @@ def _cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Re
     return 0
 
 
+def _cmd_snapshot(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
+    registry = GenerationRegistry(client, StateLayout(args.processor, settings.redis.key_prefix))
+    store = SnapshotStore(registry)
+    if args.list:
+        snapshots = store.list(args.generation)
+        if args.json:
+            print(json.dumps([s.as_dict() for s in snapshots], indent=2))
+            return 0
+        if not snapshots:
+            print(
+                f"{args.processor}: no snapshots (`replay snapshot --processor {args.processor}`)"
+            )
+            return 0
+        print(f"{'SNAPSHOT':<10} {'TAKEN':<19} {'KEYS':>8} {'APPLIED':>10}  CODE")
+        for s in snapshots:
+            taken = datetime.fromtimestamp(s.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            print(
+                f"{s.name:<10} {taken:<19} {s.keys:>8} {sum(s.positions.values()):>10}  "
+                f"{s.code_fingerprint}"
+            )
+        return 0
+    generation = args.generation if args.generation is not None else registry.live()
+    if generation is None:
+        print(f"replay: {args.processor} has no live generation yet", file=sys.stderr)
+        return 1
+    snapshot = store.take(generation)
+    if args.json:
+        print(json.dumps(snapshot.as_dict(), indent=2))
+    else:
+        print(
+            f"{args.processor}: snapshot {snapshot.name} taken ({snapshot.keys} keys, "
+            f"{sum(snapshot.positions.values())} records applied). Rebuilds whose targets are "
+            "at or after its positions start from it."
+        )
+    return 0
+
+
 def _cmd_diff(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
     result = diff_generations(
         processor_spec(args.processor), client, settings.redis.key_prefix, args.a, args.b
@@ -356,6 +430,7 @@ _HANDLERS = {
     "gc": _cmd_gc,
     "diff": _cmd_diff,
     "check": _cmd_check,
+    "snapshot": _cmd_snapshot,
 }
 
 

@@ -8,6 +8,7 @@ specs are those of Kafka's ``kafka-consumer-groups --reset-offsets``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -23,8 +24,10 @@ __all__ = [
     "FromFile",
     "FromOffset",
     "PartitionPlan",
+    "PlanCheck",
     "ReplayPlan",
     "ResetSpec",
+    "SeedPoint",
     "ShiftBy",
     "ToCurrent",
     "ToDatetime",
@@ -223,6 +226,8 @@ class PartitionPlan:
         log_start: First retained offset.
         log_end: Offset the next record will get.
         note: Why the target differs from what was asked, if it does.
+        seed_position: Where a seeded rebuild really starts folding (the snapshot's position,
+            at or before the target); None when the new generation starts empty.
     """
 
     topic: str
@@ -232,11 +237,46 @@ class PartitionPlan:
     log_start: int
     log_end: int
     note: str = ""
+    seed_position: int | None = None
+
+    @property
+    def begin(self) -> int:
+        """First offset the new generation folds."""
+        return self.target if self.seed_position is None else self.seed_position
 
     @property
     def events(self) -> int:
         """Records the new generation reprocesses to reach today's log end."""
-        return max(0, self.log_end - self.target)
+        return max(0, self.log_end - self.begin)
+
+
+@dataclass(frozen=True, slots=True)
+class SeedPoint:
+    """A state snapshot a rebuild starts from (see :mod:`replay.snapshots`).
+
+    Attributes:
+        name: ``g<N>/s<S>``.
+        positions: The snapshot's applied positions (next offset per partition).
+        created_at: Unix time it was taken.
+        generation: The generation it was taken from.
+        snapshot: Its id within that generation.
+    """
+
+    name: str
+    positions: Mapping[TopicPartition, int]
+    created_at: float
+    generation: int = 0
+    snapshot: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCheck:
+    """One validation of a plan: passed or not, what was found, what to do about it."""
+
+    name: str
+    ok: bool
+    detail: str
+    action: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,17 +288,47 @@ class ReplayPlan:
     live_generation: int | None
     partitions: tuple[PartitionPlan, ...]
     warnings: tuple[str, ...] = ()
+    seed: SeedPoint | None = None
+    checks: tuple[PlanCheck, ...] = ()
 
     @property
     def total_events(self) -> int:
         """Records to reprocess across partitions."""
         return sum(p.events for p in self.partitions)
 
+    @property
+    def needs_state(self) -> bool:
+        """True when some target is past the log start.
+
+        The records before a target are not folded again, so the new generation must start
+        from a snapshot of the state as of then.
+        """
+        return any(r.target > r.log_start for r in self.partitions)
+
+    @property
+    def ready(self) -> bool:
+        """Every check passed (a plan with failed checks is never executed)."""
+        return all(c.ok for c in self.checks)
+
+    def with_seed(self, seed: SeedPoint) -> ReplayPlan:
+        """The plan started from ``seed``: every partition folds from the snapshot's position."""
+        rows = tuple(
+            dataclasses.replace(
+                r, seed_position=seed.positions.get((r.topic, r.partition), r.log_start)
+            )
+            for r in self.partitions
+        )
+        return dataclasses.replace(self, partitions=rows, seed=seed)
+
+    def with_checks(self, checks: tuple[PlanCheck, ...]) -> ReplayPlan:
+        """The plan with its validation results."""
+        return dataclasses.replace(self, checks=self.checks + checks)
+
     def starting_offsets(self) -> str:
         """The new generation's ``startingOffsets`` in Spark's JSON form (stable key order)."""
         nested: dict[str, dict[str, int]] = {}
         for row in self.partitions:
-            nested.setdefault(row.topic, {})[str(row.partition)] = row.target
+            nested.setdefault(row.topic, {})[str(row.partition)] = row.begin
         return json.dumps(nested, sort_keys=True)
 
     def as_dict(self) -> dict[str, object]:
@@ -277,11 +347,20 @@ class ReplayPlan:
                     "target": r.target,
                     "log_start": r.log_start,
                     "log_end": r.log_end,
+                    "begin": r.begin,
                     "events": r.events,
                     "note": r.note,
                 }
                 for r in self.partitions
             ],
+            "seed": None
+            if self.seed is None
+            else {"snapshot": self.seed.name, "created_at": self.seed.created_at},
+            "checks": [
+                {"name": c.name, "ok": c.ok, "detail": c.detail, "action": c.action}
+                for c in self.checks
+            ],
+            "ready": self.ready,
             "warnings": list(self.warnings),
         }
 
@@ -304,7 +383,19 @@ class ReplayPlan:
                 f"{row.log_end:>10} {row.events:>12}  {row.note}"
             )
         lines.append(f"{'total':<28} {'':>4} {'':>10} {'':>10} {'':>10} {self.total_events:>12}")
+        if self.seed is not None:
+            lines.append(
+                f"seeded from snapshot {self.seed.name}: each partition folds from the "
+                "snapshot's position (at or before its target)"
+            )
         lines.extend(f"warning: {w}" for w in self.warnings)
+        if self.checks:
+            lines.append("checks:")
+            for check in self.checks:
+                mark = "ok  " if check.ok else "FAIL"
+                lines.append(f"  {mark} {check.name:<10} {check.detail}")
+                if check.action and not check.ok:
+                    lines.append(f"       {'':<10} what to do: {check.action}")
         return "\n".join(lines)
 
 
@@ -444,10 +535,4 @@ def build_plan(
             "at the log start instead."
         )
         raise PlanError(msg)
-    warnings = []
-    if any(r.target > r.log_start for r in rows):
-        warnings.append(
-            "the new generation starts empty: records before each target are not folded into "
-            "it. Use --to-earliest for a full rebuild."
-        )
-    return ReplayPlan(processor, spec.describe(), live_generation, tuple(rows), tuple(warnings))
+    return ReplayPlan(processor, spec.describe(), live_generation, tuple(rows))

@@ -21,13 +21,23 @@ from pathlib import Path
 
 import redis
 
+from contracts.codec import EventCodec
 from contracts.generations import GenerationRegistry, Positions
 from contracts.offsets import LogOffsets
 from contracts.processors import ProcessorSpec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
 from replay.errors import PlanError, RebuildError
-from replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, build_plan
+from replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan
+from replay.snapshots import SnapshotStore
+from replay.validate import (
+    REBUILD_STARTUP_S,
+    decode_check,
+    estimate_check,
+    retention_check,
+    scan_fingerprints,
+    state_check,
+)
 
 __all__ = ["RebuildResult", "plan_replay", "processor_topics", "run_rebuild"]
 
@@ -73,8 +83,24 @@ def plan_replay(
     scope: dict[str, set[int] | None] | None = None,
     *,
     allow_data_loss: bool = False,
+    scan_limit: int = 1_000_000,
+    accept_dead_letters: bool = False,
 ) -> ReplayPlan:
-    """Gather log offsets and live positions, then build the plan (reads only).
+    """Gather log offsets and live positions, build the plan and validate it (reads only).
+
+    Args:
+        spec: The processor.
+        reset: Where to start.
+        kafka: Broker settings.
+        client: Redis.
+        key_prefix: Redis key prefix.
+        scope: From :func:`replay.plan.parse_scope`.
+        allow_data_loss: Clamp targets below the log start instead of refusing.
+        scan_limit: Records whose writer fingerprint is checked (0: no scan).
+        accept_dead_letters: Unknown fingerprints and non-Avro records do not fail the plan.
+
+    Returns:
+        The plan, seeded from the best snapshot when it needs one, with its checks.
 
     Raises:
         PlanError: See :func:`replay.plan.build_plan`; also when offsets cannot be read.
@@ -97,7 +123,7 @@ def plan_replay(
         offsets.close()
     live = registry.live()
     current: Positions = registry.positions(live)[0] if live is not None else {}
-    return build_plan(
+    plan = build_plan(
         spec.name,
         reset,
         bounds,
@@ -107,6 +133,40 @@ def plan_replay(
         at_time=at_time,
         allow_data_loss=allow_data_loss,
     )
+    if plan.needs_state:
+        snapshot = SnapshotStore(registry).best_for(
+            {(r.topic, r.partition): r.target for r in plan.partitions},
+            {tp: start for tp, (start, _end) in bounds.items()},
+        )
+        if snapshot is not None:
+            plan = plan.with_seed(
+                SeedPoint(
+                    snapshot.name,
+                    snapshot.positions,
+                    snapshot.created_at,
+                    snapshot.generation,
+                    snapshot.snapshot,
+                )
+            )
+    scan = scan_fingerprints(kafka.as_librdkafka(), plan, scan_limit)
+    rate, measured_by = _measured_rate(registry)
+    return plan.with_checks(
+        (
+            retention_check(plan),
+            state_check(plan, spec.name),
+            decode_check(scan, EventCodec(), accept_dead_letters=accept_dead_letters),
+            estimate_check(plan, rate, measured_by),
+        )
+    )
+
+
+def _measured_rate(registry: GenerationRegistry) -> tuple[float | None, str]:
+    """Records/s of the newest generation whose rebuild was measured."""
+    for info in reversed(registry.list()):
+        rate = info.meta.get("rebuild_rate")
+        if rate:
+            return float(rate), f"measured by the rebuild of g{info.generation}"
+    return None, ""
 
 
 def _lag(positions: Positions, ends: Positions) -> int:
@@ -149,8 +209,21 @@ def run_rebuild(
         The new generation, the previous live one, and timings.
 
     Raises:
+        PlanError: The plan failed a check (see :func:`plan_replay`); nothing was changed.
         RebuildError: The processor failed or did not catch up; readers stay where they were.
     """
+    failed = [c for c in plan.checks if not c.ok]
+    if failed:
+        msg = "the plan failed its checks, nothing was changed: " + "; ".join(
+            f"{c.name}: {c.detail}. What to do: {c.action}" for c in failed
+        )
+        raise PlanError(msg)
+    if plan.needs_state and plan.seed is None:
+        msg = (
+            "the plan starts past the log start but has no snapshot to start from; nothing "
+            "was changed. Plan it with plan_replay(), or use --to-earliest."
+        )
+        raise PlanError(msg)
     client = redis.Redis.from_url(redis_settings.url)
     registry = GenerationRegistry(client, StateLayout(spec.name, redis_settings.key_prefix))
     topics = sorted({row.topic for row in plan.partitions})
@@ -160,8 +233,20 @@ def run_rebuild(
             "reset": plan.spec,
             "topics": topics,
             "starting_offsets": plan.starting_offsets(),
+            "seeded_from": plan.seed.name if plan.seed is not None else "",
         }
     )
+    if plan.seed is not None:
+        store = SnapshotStore(registry)
+        snapshot = next(
+            (s for s in store.list(plan.seed.generation) if s.snapshot == plan.seed.snapshot),
+            None,
+        )
+        if snapshot is None:
+            msg = f"snapshot {plan.seed.name} disappeared (replay gc?); g{generation} is unused"
+            raise RebuildError(msg)
+        copied = store.seed(snapshot, generation)
+        logger.info("g%d seeded from %s (%d keys)", generation, snapshot.name, copied)
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{spec.name}-g{generation}.log"
@@ -184,7 +269,7 @@ def run_rebuild(
     ]
     started = time.monotonic()
     offsets = LogOffsets(kafka.as_librdkafka())
-    starts = {(r.topic, r.partition): r.target for r in plan.partitions}
+    starts = {(r.topic, r.partition): r.begin for r in plan.partitions}
     try:
         tps = list(starts)
         for round_number in range(1, max_rounds + 1):
@@ -221,9 +306,17 @@ def run_rebuild(
             if lag <= lag_threshold:
                 previous = registry.flip(generation)
                 applied = sum(positions.get(tp, starts[tp]) - starts[tp] for tp in tps)
-                return RebuildResult(
-                    generation, previous, applied, time.monotonic() - started, round_number
+                seconds = time.monotonic() - started
+                registry.update_meta(
+                    generation,
+                    {
+                        "rebuild_events": str(applied),
+                        "rebuild_seconds": f"{seconds:.3f}",
+                        # Without the start-up, which the estimate adds back.
+                        "rebuild_rate": f"{applied / max(seconds - REBUILD_STARTUP_S, 1.0):.0f}",
+                    },
                 )
+                return RebuildResult(generation, previous, applied, seconds, round_number)
         msg = (
             f"g{generation} is still more than {lag_threshold} records behind after "
             f"{max_rounds} rounds; readers stay on g{plan.live_generation}. Operator action: "

@@ -8,6 +8,8 @@ from replay.plan import (
     ByDuration,
     FromFile,
     FromOffset,
+    PlanCheck,
+    SeedPoint,
     ShiftBy,
     ToCurrent,
     ToDatetime,
@@ -32,21 +34,53 @@ def test_to_earliest_targets_every_log_start():
         ("other", 0, 0, 5),
     ]
     assert plan.total_events == 145
-    assert plan.warnings == ()
+    assert not plan.needs_state
     assert json.loads(plan.starting_offsets()) == {
         "orders": {"0": 0, "1": 10},
         "other": {"0": 0},
     }
 
 
-def test_from_offset_clamps_down_like_kafka_and_warns_that_the_generation_starts_empty():
+def test_from_offset_clamps_down_like_kafka_and_needs_the_state_as_of_its_targets():
     plan = build_plan("p", FromOffset(60), BOUNDS, CURRENT, 1)
     rows = {(r.topic, r.partition): r for r in plan.partitions}
     assert rows["orders", 0].target == 60
     assert rows["orders", 1].target == 50
     assert "clamped down" in rows["orders", 1].note
     assert rows["other", 0].target == 5
-    assert any("starts empty" in w for w in plan.warnings)
+    assert plan.needs_state
+
+
+def test_a_seeded_plan_folds_from_the_snapshot_positions():
+    plan = build_plan("p", FromOffset(60), BOUNDS, CURRENT, 1)
+    seed = SeedPoint("g1/s2", {("orders", 0): 55, ("orders", 1): 30}, 0.0)
+    seeded = plan.with_seed(seed)
+    rows = {(r.topic, r.partition): r for r in seeded.partitions}
+    assert (rows["orders", 0].target, rows["orders", 0].begin, rows["orders", 0].events) == (
+        60,
+        55,
+        45,
+    )
+    assert rows["other", 0].begin == 0  # not in the snapshot: nothing applied there yet
+    assert json.loads(seeded.starting_offsets()) == {
+        "orders": {"0": 55, "1": 30},
+        "other": {"0": 0},
+    }
+    assert seeded.export_csv().splitlines()[0] == "orders,0,60"  # the targets, as asked
+    assert "seeded from snapshot g1/s2" in seeded.render()
+
+
+def test_failed_checks_make_a_plan_not_ready_and_say_what_to_do():
+    plan = build_plan("p", FromOffset(60), BOUNDS, CURRENT, 1)
+    assert plan.ready  # no checks yet
+    checked = plan.with_checks(
+        (PlanCheck("retention", True, "all retained"), PlanCheck("state", False, "no", "snap"))
+    )
+    assert not checked.ready
+    text = checked.render()
+    assert "FAIL state" in text
+    assert "what to do: snap" in text
+    assert checked.as_dict()["ready"] is False
 
 
 def test_a_target_below_the_log_start_is_refused_unless_data_loss_is_allowed():

@@ -1,0 +1,223 @@
+"""Snapshots, seeded plans and plan checks, on a real broker and a real Redis.
+
+The generations are written by the real fold writer (the processor's write path) without Spark;
+the Spark processor running a seeded rebuild end to end is in tests/spark.
+"""
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka import Producer
+
+from contracts.codec import EventCodec
+from contracts.generations import GenerationRegistry
+from contracts.processors import processor_spec
+from contracts.settings import KafkaSettings, RedisSettings
+from contracts.state import StateLayout
+from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
+from processors.common.projection import fold_all
+from processors.order_state.projection import OrderStateProjection
+from replay.__main__ import main as replay
+from replay.errors import PlanError
+from replay.generations_admin import diff_generations
+from replay.plan import FromFile, FromOffset, ToEarliest
+from replay.rebuild import plan_replay, run_rebuild
+from replay.snapshots import SnapshotError, SnapshotStore
+from services.producer.simulator import OrderSimulator
+from services.reader.state_reader import StateReader
+
+PARTITIONS = 2
+
+
+class World:
+    """A topic holding simulated orders, and one live generation of order_state."""
+
+    def __init__(self, kafka_bootstrap, redis_url, topic, prefix):
+        self.topic = topic
+        self.prefix = prefix
+        self.kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+        self.redis_url = redis_url
+        self.client = redis.Redis.from_url(redis_url)
+        self.registry = GenerationRegistry(self.client, StateLayout("order_state", prefix))
+        self.reader = StateReader(self.client, "order_state", prefix)
+        self.codec = EventCodec()
+        self.events = list(OrderSimulator(120, seed=11, anomaly_rate=0))
+        self.records = self._produce()
+        self.live = self.registry.create({"topics": [topic]}, live=True)
+
+    def _produce(self):
+        producer = Producer({"bootstrap.servers": self.kafka.bootstrap_servers, "linger.ms": 5})
+        records, counts = [], [0] * PARTITIONS
+        for event_type, event in self.events:
+            partition = hash(event["order_id"]) % PARTITIONS
+            value = self.codec.encode(event_type, event)
+            producer.produce(self.topic, value, event["order_id"].encode(), partition=partition)
+            records.append(
+                SourceRecord(
+                    self.topic, partition, counts[partition], event["order_id"].encode(), value
+                )
+            )
+            counts[partition] += 1
+        assert producer.flush(30) == 0
+        return records
+
+    def writer(self, generation):
+        target = FoldTarget(
+            "order_state",
+            generation,
+            self.redis_url,
+            self.prefix,
+            (("bootstrap.servers", self.kafka.bootstrap_servers),),
+            f"{self.topic}.dlq",
+        )
+        return FoldWriter(target, OrderStateProjection())
+
+    def oracle(self, positions):
+        """The fold of every record below ``positions`` (per partition)."""
+        wanted = [
+            (event_type, event)
+            for record, (event_type, event) in zip(self.records, self.events, strict=True)
+            if record.offset < positions.get((record.topic, record.partition), 0)
+        ]
+        return fold_all(OrderStateProjection(), wanted)
+
+    def state(self, generation):
+        return dict(self.reader.scan("orders", generation))
+
+
+@pytest.fixture
+def world(kafka_bootstrap, redis_url, make_topic, unique, monkeypatch, tmp_path):
+    topic = make_topic(partitions=PARTITIONS, prefix="orders")
+    prefix = f"test-{unique}"
+    for key, value in {
+        "REFOLD_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "REFOLD_REDIS__URL": redis_url,
+        "REFOLD_REDIS__KEY_PREFIX": prefix,
+        "REFOLD_STATE_DIR": str(tmp_path),
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(
+        "replay.rebuild.processor_topics", lambda _spec, _registry: [topic], raising=True
+    )
+    return World(kafka_bootstrap, redis_url, topic, prefix)
+
+
+def test_a_snapshot_taken_while_batches_commit_is_consistent(world):
+    """Each snapshot's state equals the oracle fold up to the snapshot's own positions."""
+    store = SnapshotStore(world.registry)
+    writer = world.writer(world.live)
+    chunks = [world.records[i : i + 25] for i in range(0, len(world.records), 25)]
+    writer.apply(chunks[0])
+    done = threading.Event()
+
+    def keep_writing():
+        for chunk in chunks[1:]:
+            writer.apply(chunk)
+            time.sleep(0.01)  # spread the commits so that snapshots land between them
+        done.set()
+
+    thread = threading.Thread(target=keep_writing)
+    thread.start()
+    snapshots = []
+    while not done.is_set() or not snapshots:
+        snapshots.append(store.take(world.live))
+    thread.join()
+    assert len({sum(s.positions.values()) for s in snapshots}) > 1  # taken mid-stream
+    for snapshot in snapshots[:: max(1, len(snapshots) // 4)]:
+        seeded = world.registry.create({"topics": [world.topic]})
+        store.seed(snapshot, seeded)
+        expected = world.oracle(snapshot.positions)
+        assert world.registry.positions(seeded)[0] == snapshot.positions
+        assert world.state(seeded) == expected.states
+        assert world.reader.aggregate("order_totals", seeded).value == dict(expected.aggregate)
+    assert [s.name for s in store.list(world.live)] == [s.name for s in snapshots]
+
+
+def test_a_seeded_plan_starts_at_the_snapshot_and_rebuilds_the_same_state(world):
+    writer = world.writer(world.live)
+    half = len(world.records) // 2
+    writer.apply(world.records[:half])
+    store = SnapshotStore(world.registry)
+    snapshot = store.take(world.live)
+    writer.apply(world.records[half:])  # the live generation moves on
+
+    spec = processor_spec("order_state")
+    targets = dict(snapshot.positions)
+    plan = plan_replay(spec, FromFile(targets, "snap.csv"), world.kafka, world.client, world.prefix)
+    assert plan.seed is not None
+    assert plan.seed.name == snapshot.name
+    assert plan.ready, plan.render()
+    assert plan.total_events == len(world.records) - half
+    assert "seeded from snapshot" in plan.render()
+
+    # What the shadow processor does: start from the seed, fold the rest of the log.
+    rebuilt = world.registry.create({"topics": [world.topic]})
+    store.seed(snapshot, rebuilt)
+    outcome = world.writer(rebuilt).apply(world.records)  # below the seed: skipped
+    assert outcome.skipped == half
+    diff = diff_generations(spec, world.client, world.prefix, world.live, rebuilt)
+    assert diff.identical, diff.render()
+
+
+def test_a_rebuild_that_skips_records_without_a_snapshot_is_refused(world, capsys):
+    world.writer(world.live).apply(world.records)
+    spec = processor_spec("order_state")
+    plan = plan_replay(spec, FromOffset(5), world.kafka, world.client, world.prefix)
+    assert not plan.ready
+    state = next(c for c in plan.checks if c.name == "state")
+    assert not state.ok
+    assert "replay snapshot" in state.action
+    generations = world.registry.list()
+    with pytest.raises(PlanError, match="failed its checks"):
+        run_rebuild(
+            plan,
+            spec,
+            world.kafka,
+            RedisSettings(url=world.redis_url, key_prefix=world.prefix),
+            state_dir=Path(os.environ["REFOLD_STATE_DIR"]),
+        )
+    assert world.registry.list() == generations  # nothing was created
+    assert replay(["--processor", "order_state", "--from-offset", "5", "--execute"]) == 1
+    captured = capsys.readouterr()
+    assert "FAIL state" in captured.out
+    assert "replay snapshot --processor order_state" in captured.err
+
+
+def test_the_decode_check_reports_unknown_fingerprints_and_garbage(world):
+    producer = Producer({"bootstrap.servers": world.kafka.bootstrap_servers})
+    unknown = b"\xc3\x01" + bytes.fromhex("0123456789abcdef") + b"\x00"
+    producer.produce(world.topic, unknown, b"k", partition=0)
+    producer.produce(world.topic, b"{not avro}", b"k", partition=1)
+    assert producer.flush(30) == 0
+    spec = processor_spec("order_state")
+    plan = plan_replay(spec, ToEarliest(), world.kafka, world.client, world.prefix)
+    decode = next(c for c in plan.checks if c.name == "decode")
+    assert not decode.ok
+    assert "unknown fingerprint 0123456789abcdef (1 records)" in decode.detail
+    assert "1 records are not Avro" in decode.detail
+    assert "OrderPlaced v" in decode.detail
+    assert "--accept-dead-letters" in decode.action
+    accepted = plan_replay(
+        spec, ToEarliest(), world.kafka, world.client, world.prefix, accept_dead_letters=True
+    )
+    assert accepted.ready
+    unscanned = plan_replay(
+        spec, ToEarliest(), world.kafka, world.client, world.prefix, scan_limit=0
+    )
+    assert "not scanned" in next(c for c in unscanned.checks if c.name == "decode").detail
+
+
+def test_snapshot_cli_takes_and_lists_snapshots(world, capsys):
+    with pytest.raises(SnapshotError, match="applied nothing"):
+        SnapshotStore(world.registry).take(world.live)
+    world.writer(world.live).apply(world.records)
+    assert replay(["snapshot", "--processor", "order_state"]) == 0
+    assert f"g{world.live}/s1" in capsys.readouterr().out
+    assert replay(["snapshot", "--processor", "order_state", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert f"g{world.live}/s1" in out
+    assert str(len(world.records)) in out
