@@ -164,12 +164,118 @@ class GenerationRegistry:
             raise RefoldError(msg)
         previous = self.live()
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(self.layout.alias, str(generation))
-            if previous is not None and previous != generation:
-                pipe.hset(self.layout.generations, str(previous), "retired")
-            pipe.hset(self.layout.generations, str(generation), "live")
-            pipe.hset(self.keys(generation).meta, "live_since", str(int(time.time() * 1000)))
-            if record_replaced and previous is not None and previous != generation:
-                pipe.hset(self.keys(generation).meta, "replaced", str(previous))
+            self._queue_flip(pipe, generation, previous, record_replaced=record_replaced)
             pipe.execute()
         return previous
+
+    def _queue_flip(
+        self,
+        pipe: redis.client.Pipeline,
+        generation: int,
+        previous: int | None,
+        *,
+        record_replaced: bool,
+    ) -> None:
+        pipe.set(self.layout.alias, str(generation))
+        if previous is not None and previous != generation:
+            pipe.hset(self.layout.generations, str(previous), "retired")
+        pipe.hset(self.layout.generations, str(generation), "live")
+        pipe.hset(self.keys(generation).meta, "live_since", str(int(time.time() * 1000)))
+        if record_replaced and previous is not None and previous != generation:
+            pipe.hset(self.keys(generation).meta, "replaced", str(previous))
+
+    def flip_if_caught_up(
+        self, generation: int, floor: Positions, slack: int = 0
+    ) -> tuple[bool, int | None, Positions]:
+        """Flip to ``generation`` only if readers lose no freshness by it, atomically.
+
+        ``generation`` must be, on every partition, at or past both ``floor`` (e.g. the log end
+        when the rebuild began) and the live generation's applied position, each less
+        ``slack``. The check and the flip are one optimistic transaction (WATCH on the alias and
+        both positions hashes): a batch committed in between makes it check again.
+
+        Returns:
+            ``(flipped, previous live generation, how far behind per partition)``; the last
+            is empty when it flipped.
+        """
+        if self.status(generation) is None:
+            msg = f"{self.layout.processor} has no generation {generation}"
+            raise RefoldError(msg)
+        keys = self.keys(generation)
+        with self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(self.layout.alias, keys.positions)  # type: ignore[no-untyped-call]
+                    raw_live = pipe.get(self.layout.alias)
+                    previous = None if raw_live is None else int(cast("bytes", raw_live))
+                    live_positions: Positions = {}
+                    if previous is not None and previous != generation:
+                        live_keys = self.keys(previous)
+                        pipe.watch(live_keys.positions)  # type: ignore[no-untyped-call]
+                        raw = cast("dict[bytes, bytes]", pipe.hgetall(live_keys.positions))
+                        live_positions = self.parse_positions(raw)[0]
+                    raw = cast("dict[bytes, bytes]", pipe.hgetall(keys.positions))
+                    mine = self.parse_positions(raw)[0]
+                    needed = dict(floor)
+                    for tp, offset in live_positions.items():
+                        needed[tp] = max(offset, needed.get(tp, 0))
+                    behind = {
+                        tp: need - mine.get(tp, 0)
+                        for tp, need in needed.items()
+                        if mine.get(tp, 0) + slack < need
+                    }
+                    if behind:
+                        pipe.unwatch()
+                        return False, previous, behind
+                    pipe.multi()
+                    self._queue_flip(pipe, generation, previous, record_replaced=True)
+                    pipe.execute()
+                    return True, previous, {}
+                except redis.WatchError:
+                    continue
+
+    # -- processing lease: at most one processor per generation ---------------------------
+
+    def lease_owner(self, generation: int) -> str | None:
+        """Who holds ``generation``'s processing lease (``host:pid:nonce``), if anyone."""
+        value = self.client.get(self.keys(generation).lease)
+        return None if value is None else _decode(cast("bytes", value))
+
+    def claim_lease(self, generation: int, owner: str, ttl_ms: int) -> bool:
+        """Take the lease if it is free (SET NX PX)."""
+        return bool(self.client.set(self.keys(generation).lease, owner, nx=True, px=ttl_ms))
+
+    def take_over_lease(self, generation: int, stale_owner: str, owner: str, ttl_ms: int) -> bool:
+        """Replace ``stale_owner``'s lease (a crashed process) by ours, only if still theirs."""
+        return bool(
+            self.client.eval(_TAKE_OVER, 1, self.keys(generation).lease, stale_owner, owner, ttl_ms)
+        )
+
+    def renew_lease(self, generation: int, owner: str, ttl_ms: int) -> bool:
+        """Extend our lease; False when it is no longer ours (expired and taken)."""
+        return bool(self.client.eval(_RENEW, 1, self.keys(generation).lease, owner, ttl_ms))
+
+    def release_lease(self, generation: int, owner: str) -> None:
+        """Drop our lease (no-op when it is not ours)."""
+        self.client.eval(_RELEASE, 1, self.keys(generation).lease, owner)
+
+
+# Compare-and-set scripts for the lease: plain GET/SET would race with another claimant.
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
+end
+return 0
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""

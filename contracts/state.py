@@ -12,6 +12,8 @@ key                                         type    content
 ``<p>:{<proc>.g<N>}:positions``             hash    ``<topic>/<partition>`` -> next offset to
                                                     apply; ``batch_id`` -> last Spark batch
 ``<p>:{<proc>.g<N>}:guard:<topic>/<part>``  string  same offset; WATCHed by the partition's writer
+``<p>:{<proc>.g<N>}:lease``                 string  ``host:pid:nonce`` of the processor running it
+                                                    (expires unless renewed)
 ``<p>:{<proc>.g<N>}:t:<table>:<key>``       string  one entity's state, JSON
 ``<p>:{<proc>.g<N>}:a:<aggregate>``         hash    aggregate counters (integers)
 =========================================  ======  =============================================
@@ -75,6 +77,11 @@ class GenerationKeys:
     def positions(self) -> str:
         """Hash of applied source positions (next offset per partition) and the batch id."""
         return f"{self.base}:positions"
+
+    @property
+    def lease(self) -> str:
+        """The processing lease: at most one processor runs a generation at a time."""
+        return f"{self.base}:lease"
 
     def guard(self, position_field: str) -> str:
         """Per-partition guard key, WATCHed by the partition's writer.

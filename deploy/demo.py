@@ -25,7 +25,7 @@ from contracts.topics import ORDERS, dead_letter_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
 from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
+from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
@@ -183,10 +183,10 @@ def run_demo(orders: int, state_dir: Path) -> int:
                 total=plan.total_events, unit="ev", desc="rebuilding", dynamic_ncols=True
             ) as bar:
 
-                def _progress(done: int, total: int) -> None:
-                    bar.total = total
-                    bar.n = done
-                    bar.refresh()
+                def _progress(progress: RebuildProgress) -> None:
+                    bar.total = progress.total
+                    bar.n = progress.done
+                    bar.set_postfix_str(f"lag {sum(progress.lag.values())}")
 
                 result = run_rebuild(
                     plan, spec, kafka, redis_settings, state_dir=demo_dir, on_progress=_progress

@@ -45,7 +45,7 @@ from replay.plan import (
     parse_offsets_csv,
     parse_scope,
 )
-from replay.rebuild import plan_replay, run_rebuild
+from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 from replay.snapshots import SnapshotStore
 
 __all__ = ["build_parser", "main", "parse_args"]
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  replay snapshot --processor order_state                 # snapshot the live state\n"
         "`replay --processor ...` is short for `replay plan --processor ...`. Settings come from "
         "REFOLD_* variables (REFOLD_KAFKA__BOOTSTRAP_SERVERS, REFOLD_REDIS__URL, "
-        "REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD).",
+        "REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD, REFOLD_REPLAY_TIMEOUT_S).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--log-level", default="WARNING")
@@ -254,11 +254,20 @@ def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.
         disable=args.no_progress,
         dynamic_ncols=True,
     ) as bar:
+        announced = False
 
-        def _progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.n = done
-            bar.refresh()
+        def _progress(progress: RebuildProgress) -> None:
+            nonlocal announced
+            bar.total = progress.total
+            bar.n = progress.done
+            worst = max(progress.lag.items(), key=lambda kv: kv[1], default=None)
+            bar.set_postfix_str(
+                f"lag {sum(progress.lag.values())}"
+                + (f" (most: {worst[0][0]}/{worst[0][1]} {worst[1]})" if worst and worst[1] else "")
+            )
+            if progress.caught_up and not announced:
+                announced = True
+                bar.write("caught up with the log end taken at the start; cutting over")
 
         result = run_rebuild(
             plan,
@@ -267,16 +276,16 @@ def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.
             settings.redis,
             state_dir=settings.state_dir,
             lag_threshold=settings.lag_threshold,
-            max_rounds=settings.max_rounds,
+            timeout_s=settings.replay_timeout_s,
             on_progress=_progress,
         )
     previous = "none" if result.previous is None else f"g{result.previous}"
     print(
-        f"\ng{result.generation} built from {result.events} records in {result.seconds:.1f}s "
-        f"({result.rounds} round(s)); readers now see g{result.generation} "
-        f"(previous: {previous}, kept as retired; `replay rollback` flips back).\n"
-        f"Restart the live processor (`refold process {spec.name}`) so it continues "
-        f"g{result.generation} from its checkpoint."
+        f"\ng{result.generation} built from {result.events} records in {result.seconds:.1f}s; "
+        f"readers now see g{result.generation} (previous: {previous}, kept as retired; "
+        "`replay rollback` flips back).\n"
+        f"A processor running with --generation live (`refold process {spec.name}`) continues "
+        f"g{result.generation} by itself; start one if none is running."
     )
     return 0
 

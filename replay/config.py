@@ -24,5 +24,5 @@ class ReplaySettings(BaseSettings):
     state_dir: Path = Path(".state")
     # Cut over when the shadow generation is this many records behind the log end or less.
     lag_threshold: int = 0
-    # Catch-up rounds before giving up (each round is one availableNow run of the processor).
-    max_rounds: int = 5
+    # Give up a rebuild that has not caught up after this long (readers stay where they are).
+    replay_timeout_s: float = 3600.0

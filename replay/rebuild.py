@@ -1,10 +1,16 @@
-"""Run a replay plan: build a shadow generation, catch it up, flip readers to it.
+"""Run a replay plan: build a shadow generation, catch it up, flip readers to it (Kappa).
 
-The live generation keeps serving (and its processor keeps running) the whole time. The shadow
-generation is built by the processor itself, started as a process (``python -m <module>
---generation N --starting-offsets <plan> --available-now``) with a fresh Spark checkpoint, in
-rounds until it is within ``lag_threshold`` records of the log end; then the alias flips in one
-Redis transaction. The previous generation is kept (retired) for rollback.
+The live generation keeps serving, and its processor keeps processing new events, the whole
+time. The shadow generation (seeded from a snapshot when the plan starts past the log start)
+is built by the processor itself, started as a process (``python -m <module> --generation N
+--starting-offsets <plan>``) with a fresh Spark checkpoint. It runs until it is caught up: on
+every partition at or past the log end taken when the rebuild began *and* at or past what the
+live generation has applied (less ``lag_threshold``). The check and the alias flip are one
+optimistic Redis transaction, so readers never lose freshness and never see a mix.
+
+Then the shadow processor stops; a live processor started with ``--generation live`` notices
+that its generation was retired and continues the new one. The previous generation is kept
+(retired) for ``replay rollback``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from replay.validate import (
     state_check,
 )
 
-__all__ = ["RebuildResult", "plan_replay", "processor_topics", "run_rebuild"]
+__all__ = ["RebuildProgress", "RebuildResult", "plan_replay", "processor_topics", "run_rebuild"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +60,6 @@ class RebuildResult:
     previous: int | None
     events: int
     seconds: float
-    rounds: int
 
 
 def processor_topics(spec: ProcessorSpec, registry: GenerationRegistry) -> list[str]:
@@ -169,15 +174,40 @@ def _measured_rate(registry: GenerationRegistry) -> tuple[float | None, str]:
     return None, ""
 
 
-def _lag(positions: Positions, ends: Positions) -> int:
-    return sum(max(0, end - positions.get(tp, 0)) for tp, end in ends.items())
+@dataclass(frozen=True, slots=True)
+class RebuildProgress:
+    """Where a rebuild is, for progress bars.
+
+    Attributes:
+        done: Records folded since the plan's starting points.
+        total: Records from the starting points to the log end taken at the start.
+        lag: Per partition, records between the shadow's position and the log end now.
+        caught_up: The shadow reached the rebuild's target; the flip is being attempted.
+    """
+
+    done: int
+    total: int
+    lag: dict[tuple[str, int], int]
+    caught_up: bool = False
 
 
 def _done(positions: Positions, starts: Positions, ends: Positions) -> int:
-    """Records applied since the plan's targets, up to ``ends``."""
+    """Records applied since the plan's starting points, up to ``ends``."""
     return sum(
         max(0, min(positions.get(tp, start), ends[tp]) - start) for tp, start in starts.items()
     )
+
+
+def _stop(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """SIGTERM (the processor finishes its batch and lets go of its lease), then SIGKILL."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def run_rebuild(
@@ -188,21 +218,21 @@ def run_rebuild(
     *,
     state_dir: Path,
     lag_threshold: int = 0,
-    max_rounds: int = 5,
-    on_progress: Callable[[int, int], None] | None = None,
+    timeout_s: float = 3600.0,
+    on_progress: Callable[[RebuildProgress], None] | None = None,
     python: str = sys.executable,
 ) -> RebuildResult:
     """Build a new generation from ``plan`` and make it live.
 
     Args:
-        plan: From :func:`plan_replay`.
+        plan: From :func:`plan_replay`; refused unless every check passed.
         spec: The processor.
         kafka: Broker settings (passed to the processor through its environment).
         redis_settings: Redis settings (likewise).
         state_dir: Where checkpoints and the shadow processor's log go.
-        lag_threshold: Flip when at most this many records behind the log end.
-        max_rounds: Catch-up rounds before giving up.
-        on_progress: Called with (records applied so far, records to reach the end).
+        lag_threshold: Flip when at most this many records behind, per partition.
+        timeout_s: Give up (readers stay where they are) after this long.
+        on_progress: Called about twice a second.
         python: Interpreter for the processor process.
 
     Returns:
@@ -210,7 +240,8 @@ def run_rebuild(
 
     Raises:
         PlanError: The plan failed a check (see :func:`plan_replay`); nothing was changed.
-        RebuildError: The processor failed or did not catch up; readers stay where they were.
+        RebuildError: The processor failed or did not catch up in time; readers stay where
+            they were, the shadow generation is left ``building`` for inspection.
     """
     failed = [c for c in plan.checks if not c.ok]
     if failed:
@@ -237,16 +268,7 @@ def run_rebuild(
         }
     )
     if plan.seed is not None:
-        store = SnapshotStore(registry)
-        snapshot = next(
-            (s for s in store.list(plan.seed.generation) if s.snapshot == plan.seed.snapshot),
-            None,
-        )
-        if snapshot is None:
-            msg = f"snapshot {plan.seed.name} disappeared (replay gc?); g{generation} is unused"
-            raise RebuildError(msg)
-        copied = store.seed(snapshot, generation)
-        logger.info("g%d seeded from %s (%d keys)", generation, snapshot.name, copied)
+        _seed(registry, plan.seed, generation)
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{spec.name}-g{generation}.log"
@@ -265,63 +287,79 @@ def run_rebuild(
         str(generation),
         "--starting-offsets",
         plan.starting_offsets(),
-        "--available-now",
     ]
     started = time.monotonic()
-    offsets = LogOffsets(kafka.as_librdkafka())
     starts = {(r.topic, r.partition): r.begin for r in plan.partitions}
+    tps = list(starts)
+    offsets = LogOffsets(kafka.as_librdkafka())
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            command, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
     try:
-        tps = list(starts)
-        for round_number in range(1, max_rounds + 1):
-            ends = offsets.end_offsets(tps)
-            todo = sum(max(0, ends[tp] - starts[tp]) for tp in tps)
-            logger.info(
-                "g%d: catch-up round %d, log end %s",
-                generation,
-                round_number,
-                sum(ends.values()),
-                extra={"generation": generation},
-            )
-            with log_path.open("ab") as log:
-                process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env
-                )
-                while process.poll() is None:
-                    if on_progress is not None:
-                        on_progress(_done(registry.positions(generation)[0], starts, ends), todo)
-                    time.sleep(_POLL_S)
-            if process.returncode != 0:
+        target = offsets.end_offsets(tps)  # the log end when the rebuild began
+        total = sum(max(0, target[tp] - starts[tp]) for tp in tps)
+        logger.info(
+            "g%d: rebuilding %d records", generation, total, extra={"generation": generation}
+        )
+        ends, ends_at = dict(target), time.monotonic()
+        while True:
+            if process.poll() is not None:
                 tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
                 msg = (
-                    f"the processor building g{generation} exited with "
-                    f"{process.returncode}; readers stay on g{plan.live_generation}. "
-                    f"Log {log_path} ends with:\n{tail}"
+                    f"the processor building g{generation} exited with {process.returncode}; "
+                    f"readers stay on g{plan.live_generation}. Log {log_path} ends with:\n{tail}"
                 )
                 raise RebuildError(msg)
-            positions = registry.positions(generation)[0]
-            fresh_ends = offsets.end_offsets(tps)
-            lag = _lag({tp: positions.get(tp, starts[tp]) for tp in tps}, fresh_ends)
-            if on_progress is not None:
-                on_progress(todo, todo)
-            if lag <= lag_threshold:
-                previous = registry.flip(generation)
-                applied = sum(positions.get(tp, starts[tp]) - starts[tp] for tp in tps)
-                seconds = time.monotonic() - started
-                registry.update_meta(
-                    generation,
-                    {
-                        "rebuild_events": str(applied),
-                        "rebuild_seconds": f"{seconds:.3f}",
-                        # Without the start-up, which the estimate adds back.
-                        "rebuild_rate": f"{applied / max(seconds - REBUILD_STARTUP_S, 1.0):.0f}",
-                    },
+            if time.monotonic() - started > timeout_s:
+                msg = (
+                    f"g{generation} did not catch up within {timeout_s:.0f}s; readers stay on "
+                    f"g{plan.live_generation}. Operator action: raise REFOLD_REPLAY_TIMEOUT_S "
+                    "or REFOLD_LAG_THRESHOLD, or rerun when traffic is lower."
                 )
-                return RebuildResult(generation, previous, applied, seconds, round_number)
-        msg = (
-            f"g{generation} is still more than {lag_threshold} records behind after "
-            f"{max_rounds} rounds; readers stay on g{plan.live_generation}. Operator action: "
-            "raise REFOLD_LAG_THRESHOLD or REFOLD_MAX_ROUNDS, or rerun when traffic is lower."
-        )
-        raise RebuildError(msg)
+                raise RebuildError(msg)
+            positions = {
+                tp: o for tp, o in registry.positions(generation)[0].items() if tp in starts
+            }
+            if time.monotonic() - ends_at > 2.0:
+                ends, ends_at = offsets.end_offsets(tps, fresh=False), time.monotonic()
+            reached = all(
+                positions.get(tp, starts[tp]) + lag_threshold >= e for tp, e in target.items()
+            )
+            lag = {tp: max(0, ends[tp] - positions.get(tp, starts[tp])) for tp in tps}
+            if on_progress is not None:
+                on_progress(RebuildProgress(_done(positions, starts, target), total, lag, reached))
+            if reached:
+                flipped, previous, _behind = registry.flip_if_caught_up(
+                    generation, target, lag_threshold
+                )
+                if flipped:
+                    break
+            time.sleep(_POLL_S)
+        cutover_at = time.monotonic()
     finally:
         offsets.close()
+        _stop(process)
+    positions = registry.positions(generation)[0]
+    applied = sum(max(0, positions.get(tp, s) - s) for tp, s in starts.items())
+    seconds = cutover_at - started
+    registry.update_meta(
+        generation,
+        {
+            "rebuild_events": str(applied),
+            "rebuild_seconds": f"{seconds:.3f}",
+            # Without the start-up, which the estimate adds back.
+            "rebuild_rate": f"{applied / max(seconds - REBUILD_STARTUP_S, 1.0):.0f}",
+        },
+    )
+    return RebuildResult(generation, previous, applied, seconds)
+
+
+def _seed(registry: GenerationRegistry, seed: SeedPoint, generation: int) -> None:
+    store = SnapshotStore(registry)
+    snapshot = next((s for s in store.list(seed.generation) if s.snapshot == seed.snapshot), None)
+    if snapshot is None:
+        msg = f"snapshot {seed.name} disappeared (replay gc?); g{generation} is unused"
+        raise RebuildError(msg)
+    copied = store.seed(snapshot, generation)
+    logger.info("g%d seeded from %s (%d keys)", generation, snapshot.name, copied)

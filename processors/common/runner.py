@@ -34,6 +34,7 @@ from contracts.topic_admin import ensure_topics
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic
 from processors.common.fold_writer import FoldTarget
 from processors.common.group_mirror import ConsumerGroupMirror
+from processors.common.lease import GenerationLease
 from processors.common.projection import Projection
 from processors.common.redis_sink import RedisFoldSink
 from processors.errors import ProcessorConfigError
@@ -304,11 +305,50 @@ def run_processor(
 ) -> int:
     """Run until stopped (SIGTERM/SIGINT) or, with ``available_now``, until caught up.
 
+    With ``generation="live"`` the processor follows the live alias: when ``replay`` cuts
+    readers over to a rebuilt generation, this one is retired, and the processor stops its
+    query and continues the new live generation (from its checkpoint or Redis positions) as
+    soon as the rebuild's own processor has let go of it.
+
     Returns:
-        The generation that ran.
+        The generation that ran last.
     """
     client = redis.Redis.from_url(redis_settings.url)
-    run = resolve_run(projection, topics, kafka, redis_settings, options, client)
+    registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
+    following = options.generation == "live" and not options.available_now
+    wait_s = 0.0
+    while True:
+        run = resolve_run(projection, topics, kafka, redis_settings, options, client)
+        lease = GenerationLease(registry, run.generation)
+        lease.acquire(wait_s)
+        try:
+            if spark is None:
+                from processors.common.spark import build_spark_session
+
+                spark = build_spark_session(f"refold-{projection.name}-g{run.generation}")
+            outcome = _run_generation(
+                projection, topics, kafka, options, spark, run, registry, lease, following
+            )
+        finally:
+            lease.release()
+        if outcome != "retired":
+            return run.generation
+        # The rebuild's processor still holds the new generation until it has stopped.
+        wait_s = 300.0
+
+
+def _run_generation(
+    projection: Projection,
+    topics: list[TopicSpec],
+    kafka: KafkaSettings,
+    options: RunOptions,
+    spark: SparkSession,
+    run: ProcessorRun,
+    registry: GenerationRegistry,
+    lease: GenerationLease,
+    following: bool,
+) -> Literal["stopped", "caught_up", "retired"]:
+    """Run one generation's query until a signal, the catch-up target or its retirement."""
     dead_letters = dataclasses.replace(dead_letter_spec(projection.name), name=run.target.dlq_topic)
     ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters])
     logger.info(
@@ -319,26 +359,14 @@ def run_processor(
         run.starting_offsets,
         extra={"processor": projection.name, "generation": run.generation},
     )
-    if spark is None:
-        from processors.common.spark import build_spark_session
-
-        spark = build_spark_session(f"refold-{projection.name}-g{run.generation}")
     mirror = ConsumerGroupMirror(
         kafka.as_librdkafka(), consumer_group(projection.name, run.generation)
     )
     sink = RedisFoldSink(run.target, projection, mirror)
-    catch_up = (
-        _CatchUp(
-            kafka,
-            topics,
-            run,
-            GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix)),
-        )
-        if options.available_now
-        else None
-    )
+    catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
     query = build_query(spark, topics, kafka, run, sink, options)
     stop = threading.Event()
+    outcome: Literal["stopped", "caught_up", "retired"] = "stopped"
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         logger.info("signal %d: stopping the query after the current batch", signum)
@@ -351,8 +379,24 @@ def run_processor(
     try:
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
+            if lease.lost.is_set():
+                msg = (
+                    f"lost the lease of g{run.generation} (another processor took it over "
+                    "after this one stalled); stopping"
+                )
+                raise ProcessorConfigError(msg)
             if catch_up is not None and catch_up.done(query):
                 logger.info("caught up with the log end taken at start; stopping")
+                outcome = "caught_up"
+                break
+            if following and registry.status(run.generation) == "retired":
+                logger.info(
+                    "g%d was retired (readers now see g%s); switching to the live generation",
+                    run.generation,
+                    registry.live(),
+                    extra={"generation": run.generation},
+                )
+                outcome = "retired"
                 break
     finally:
         if query.isActive:
@@ -372,4 +416,4 @@ def run_processor(
         sink.total.rejected,
         sink.total.undecodable,
     )
-    return run.generation
+    return outcome
