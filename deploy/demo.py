@@ -34,6 +34,7 @@ __all__ = ["run_demo", "wait_until_caught_up"]
 
 PROCESSOR = "order_state"
 _CATCH_UP_TIMEOUT_S = 600.0
+_TAKEOVER_TIMEOUT_S = 120.0
 
 
 def _say(text: str) -> None:
@@ -42,6 +43,18 @@ def _say(text: str) -> None:
 
 def _money(minor: int) -> str:
     return f"{minor / 100:,.2f}"
+
+
+def _wait_for_takeover(
+    registry: GenerationRegistry, generation: int, processor: ProcessorProcess
+) -> bool:
+    """Wait until ``processor`` holds ``generation``'s lease (it follows the live alias)."""
+    deadline = time.monotonic() + _TAKEOVER_TIMEOUT_S
+    while time.monotonic() < deadline and processor.alive():
+        if f":{processor.pid}:" in (registry.lease_owner(generation) or ""):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def wait_until_caught_up(
@@ -206,6 +219,15 @@ def run_demo(orders: int, state_dir: Path) -> int:
             )
             print(f"readers now see generation {reader.live_generation()}")
             registry = GenerationRegistry(client, StateLayout(PROCESSOR))
+            taken_over = _wait_for_takeover(registry, result.generation, processor)
+            print(
+                f"the live processor (pid {processor.pid}) "
+                + (
+                    f"followed the alias and now folds generation {result.generation}"
+                    if taken_over
+                    else f"has not taken generation {result.generation} over yet"
+                )
+            )
             for info in registry.list():
                 print(f"  generation {info.generation}: {info.status}")
         finally:
