@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import redis
@@ -23,9 +24,28 @@ from contracts.state import (
     parse_position_field,
 )
 
-__all__ = ["GenerationInfo", "GenerationRegistry", "Positions"]
+__all__ = [
+    "CHECKPOINT_EPOCH_FIELD",
+    "GenerationInfo",
+    "GenerationRegistry",
+    "Positions",
+    "checkpoint_dir",
+]
 
 Positions = dict[tuple[str, int], int]
+
+# Meta field counting in-place resets of a generation. Each reset starts a new Spark checkpoint
+# directory, so no processor, wherever its state directory is, resumes from a stale checkpoint.
+CHECKPOINT_EPOCH_FIELD = "checkpoint_epoch"
+
+
+def checkpoint_dir(root: Path, processor: str, generation: int, epoch: int = 0) -> Path:
+    """A generation's Spark checkpoint directory.
+
+    ``<root>/<processor>/g<N>``, or ``g<N>-reset<E>`` after ``E`` in-place resets.
+    """
+    name = f"g{generation}" if epoch == 0 else f"g{generation}-reset{epoch}"
+    return root / processor / name
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 from contracts.topics import ORDERS
 
-__all__ = ["PROCESSORS", "ProcessorSpec", "processor_spec"]
+__all__ = ["PROCESSORS", "ProcessorSpec", "consumer_group", "processor_spec"]
+
+
+def consumer_group(processor: str, generation: int) -> str:
+    """The Kafka consumer group that mirrors a generation's progress (for lag tooling)."""
+    return f"refold.{processor}.g{generation}"
 
 
 @dataclass(frozen=True, slots=True)

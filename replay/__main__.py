@@ -30,6 +30,7 @@ from replay.generations_admin import (
     generation_status,
     rollback,
 )
+from replay.in_place import reset_in_place
 from replay.plan import (
     ByDuration,
     FromFile,
@@ -168,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--execute", action="store_true", help="build the new generation and cut readers over to it"
     )
+    plan.add_argument(
+        "--in-place",
+        action="store_true",
+        help="with --execute: the classic stop-the-world reset instead: rewind the live "
+        "generation and its consumer group (refused while its processor runs; readers see the "
+        "state emptied and refilled)",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -238,6 +246,16 @@ def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.
         print(json.dumps(plan.as_dict(), indent=2))
     else:
         print(plan.render())
+    if args.execute and args.in_place:
+        done = reset_in_place(plan, settings.kafka, client, settings.redis.key_prefix)
+        seeded = f", restored from snapshot {done.seeded_from}" if done.seeded_from else ""
+        print(
+            f"\n{spec.name} g{done.generation} reset in place: {done.keys_removed} keys removed"
+            f"{seeded}; consumer group {done.group} moved to the targets; checkpoint epoch "
+            f"{done.checkpoint_epoch}. Start the processor (`refold process {spec.name}`) to "
+            "fold again from there."
+        )
+        return 0
     if not args.execute:
         if not args.json:
             verdict = (

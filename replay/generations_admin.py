@@ -179,7 +179,10 @@ def collect_garbage(
         if execute:
             removed = _unlink_pattern(client, registry.keys(info.generation).pattern())
             client.hdel(registry.layout.generations, str(info.generation))
-            shutil.rmtree(checkpoint_root / spec.name / f"g{info.generation}", ignore_errors=True)
+            for path in (checkpoint_root / spec.name).glob(f"g{info.generation}"):
+                shutil.rmtree(path, ignore_errors=True)
+            for path in (checkpoint_root / spec.name).glob(f"g{info.generation}-reset*"):
+                shutil.rmtree(path, ignore_errors=True)
         done.append((info.generation, removed))
     return done
 

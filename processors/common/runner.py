@@ -26,15 +26,21 @@ import redis
 
 from contracts.catalog import default_catalog
 from contracts.fingerprints import code_fingerprint, schema_fingerprints
-from contracts.generations import GenerationRegistry, Positions
+from contracts.generations import (
+    CHECKPOINT_EPOCH_FIELD,
+    GenerationRegistry,
+    Positions,
+    checkpoint_dir,
+)
+from contracts.lease import GenerationLease
 from contracts.offsets import LogOffsets
+from contracts.processors import consumer_group
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import STATE_LAYOUT_VERSION, StateLayout
 from contracts.topic_admin import ensure_topics
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic
 from processors.common.fold_writer import FoldTarget
 from processors.common.group_mirror import ConsumerGroupMirror
-from processors.common.lease import GenerationLease
 from processors.common.projection import Projection
 from processors.common.redis_sink import RedisFoldSink
 from processors.errors import ProcessorConfigError
@@ -48,11 +54,6 @@ __all__ = ["ProcessorRun", "RunOptions", "consumer_group", "run_processor"]
 logger = logging.getLogger(__name__)
 
 GenerationChoice = Literal["live", "new"] | int
-
-
-def consumer_group(processor: str, generation: int) -> str:
-    """The Kafka consumer group that mirrors a generation's progress (for lag tooling)."""
-    return f"refold.{processor}.g{generation}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +184,8 @@ def resolve_run(
             raise ProcessorConfigError(msg)
     if not created:
         _check_fingerprints(registry, projection, generation, options.accept_code_change)
-    checkpoint = options.checkpoint_root / projection.name / f"g{generation}"
+    epoch = int(registry.meta(generation).get(CHECKPOINT_EPOCH_FIELD, "0"))
+    checkpoint = checkpoint_dir(options.checkpoint_root, projection.name, generation, epoch)
     if created and checkpoint.exists():
         # A new generation starts from scratch; a checkpoint left by an earlier stack (e.g. a
         # wiped Redis) would make Spark skip events this generation never folded.

@@ -20,16 +20,22 @@ import threading
 import time
 import uuid
 
+from contracts.errors import RefoldError
 from contracts.generations import GenerationRegistry
-from processors.errors import ProcessorConfigError
 
-__all__ = ["LEASE_TTL_MS", "GenerationLease", "lease_holder_alive"]
+__all__ = ["LEASE_TTL_MS", "GenerationLease", "LeaseHeldError", "lease_holder_alive"]
 
 logger = logging.getLogger(__name__)
 
 LEASE_TTL_MS = 15_000
 _RENEW_S = 2.0  # well inside the TTL, also while Spark starts or a batch runs long
 _POLL_S = 0.25
+
+
+class LeaseHeldError(RefoldError):
+    """Another live process runs this generation."""
+
+    code = "LEASE_HELD"
 
 
 def _owner_id() -> str:
@@ -71,7 +77,7 @@ class GenerationLease:
         """Take the lease, waiting up to ``wait_s`` for its holder to let go.
 
         Raises:
-            ProcessorConfigError: Another live process still holds it after ``wait_s``.
+            LeaseHeldError: Another live process still holds it after ``wait_s``.
         """
         deadline = time.monotonic() + wait_s
         announced = False
@@ -95,7 +101,7 @@ class GenerationLease:
                     "processors on one generation are refused. Stop the other one, or wait "
                     f"{LEASE_TTL_MS // 1000}s if it died on another host."
                 )
-                raise ProcessorConfigError(msg)
+                raise LeaseHeldError(msg)
             if not announced:
                 logger.info("waiting for g%d's lease, held by %s", self.generation, holder)
                 announced = True

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer
+from confluent_kafka.admin import AdminClient
 
 from contracts.codec import EventCodec
 from contracts.generations import GenerationRegistry
-from contracts.processors import processor_spec
+from contracts.lease import GenerationLease
+from contracts.processors import consumer_group, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
 from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
@@ -24,6 +26,7 @@ from processors.order_state.projection import OrderStateProjection
 from replay.__main__ import main as replay
 from replay.errors import PlanError
 from replay.generations_admin import diff_generations
+from replay.in_place import reset_in_place
 from replay.plan import FromFile, FromOffset, ToEarliest
 from replay.rebuild import plan_replay, run_rebuild
 from replay.snapshots import SnapshotError, SnapshotStore
@@ -221,3 +224,72 @@ def test_snapshot_cli_takes_and_lists_snapshots(world, capsys):
     out = capsys.readouterr().out
     assert f"g{world.live}/s1" in out
     assert str(len(world.records)) in out
+
+
+def _group_offsets(world, group):
+    admin = AdminClient({"bootstrap.servers": world.kafka.bootstrap_servers})
+    request = [ConsumerGroupTopicPartitions(group)]
+    result = next(iter(admin.list_consumer_group_offsets(request).values())).result()
+    return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}
+
+
+def test_in_place_reset_is_refused_while_a_processor_holds_the_generation(world, capsys):
+    world.writer(world.live).apply(world.records)
+    before = world.state(world.live)
+    lease = GenerationLease(world.registry, world.live)
+    lease.acquire(0)  # this process stands for a running processor
+    try:
+        argv = ["--processor", "order_state", "--to-earliest", "--in-place", "--execute"]
+        assert replay(argv) == 1
+        assert "being processed by" in capsys.readouterr().err
+    finally:
+        lease.release()
+    assert world.state(world.live) == before
+
+
+def test_in_place_reset_is_refused_while_the_consumer_group_has_live_members(world):
+    world.writer(world.live).apply(world.records)
+    before = world.state(world.live)
+    group = consumer_group("order_state", world.live)
+    member = Consumer(
+        {
+            "bootstrap.servers": world.kafka.bootstrap_servers,
+            "group.id": group,
+            "session.timeout.ms": 6000,  # tansu.md: joins are held for session.timeout.ms/2
+            "heartbeat.interval.ms": 1000,
+            "enable.auto.commit": False,
+        }
+    )
+    member.subscribe([world.topic])
+    try:
+        deadline = time.monotonic() + 60
+        while not member.assignment():
+            assert time.monotonic() < deadline, "the member never joined"
+            member.poll(0.2)
+        spec = processor_spec("order_state")
+        plan = plan_replay(spec, ToEarliest(), world.kafka, world.client, world.prefix)
+        with pytest.raises(PlanError, match=f"refused to move consumer group {group}"):
+            reset_in_place(plan, world.kafka, world.client, world.prefix)
+    finally:
+        member.close()
+    assert world.state(world.live) == before
+
+
+def test_in_place_reset_rewinds_state_group_and_checkpoint(world):
+    writer = world.writer(world.live)
+    writer.apply(world.records)
+    spec = processor_spec("order_state")
+    plan = plan_replay(spec, ToEarliest(), world.kafka, world.client, world.prefix)
+    done = reset_in_place(plan, world.kafka, world.client, world.prefix)
+    assert done.generation == world.live
+    assert done.keys_removed > len(world.oracle({}).states)
+    assert world.state(world.live) == {}
+    assert world.registry.positions(world.live)[0] == {(world.topic, p): 0 for p in range(2)}
+    assert _group_offsets(world, done.group) == {(world.topic, p): 0 for p in range(2)}
+    assert done.checkpoint_epoch == 1
+    assert world.registry.meta(world.live)["checkpoint_epoch"] == "1"
+    # Folding again from the start rebuilds the same state, exactly once.
+    outcome = world.writer(world.live).apply(world.records)
+    assert outcome.skipped == 0
+    expected = world.oracle({(world.topic, p): 10**9 for p in range(2)})
+    assert world.state(world.live) == expected.states

@@ -1,0 +1,137 @@
+"""The classic, stop-the-world reset: rewind the live generation itself (``--in-place``).
+
+What ``kafka-consumer-groups --reset-offsets --execute`` does, for a stateful processor: the
+generation's consumer group is moved to the plan's targets (refused by the broker while the
+group has members, as Kafka does), its state is emptied (or restored from the plan's snapshot),
+its applied positions are set to where folding starts again, and its Spark checkpoint epoch is
+bumped so no processor resumes from a checkpoint of before the reset.
+
+Refused while a processor holds the generation's lease (refold's own processors do not join
+the consumer group, so the lease is how they show up as members). Readers keep reading the
+generation throughout and see it emptied and refilled: prefer the online rebuild (without
+``--in-place``) wherever readers matter.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from redis.typing import EncodableT, FieldT
+
+from contracts.generations import CHECKPOINT_EPOCH_FIELD, GenerationRegistry
+from contracts.lease import lease_holder_alive
+from contracts.processors import consumer_group
+from contracts.settings import KafkaSettings
+from contracts.state import StateLayout, position_field
+from replay.errors import PlanError, ReplayError
+from replay.plan import ReplayPlan
+from replay.snapshots import SnapshotStore
+
+__all__ = ["InPlaceResult", "reset_in_place"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_PARTS = ("t:", "a:", "guard:")
+_UNLINK_CHUNK = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class InPlaceResult:
+    """What an in-place reset did."""
+
+    generation: int
+    group: str
+    keys_removed: int
+    checkpoint_epoch: int
+    seeded_from: str | None
+
+
+def _move_group(kafka: KafkaSettings, group: str, plan: ReplayPlan) -> None:
+    """Commit the targets to the group; the broker refuses while the group has members."""
+    admin = AdminClient(dict(kafka.as_librdkafka().items()))
+    partitions = [TopicPartition(r.topic, r.partition, r.begin) for r in plan.partitions]
+    futures = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, partitions)])
+    try:
+        for future in futures.values():
+            result = future.result()
+            for tp in result.topic_partitions or []:
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else exc
+        msg = (
+            f"the broker refused to move consumer group {group}: {error}. The group has "
+            "live members (as with Kafka's reset tool, stop every consumer of the group "
+            "first); nothing was changed."
+        )
+        raise PlanError(msg) from exc
+
+
+def reset_in_place(
+    plan: ReplayPlan, kafka: KafkaSettings, client: redis.Redis, key_prefix: str
+) -> InPlaceResult:
+    """Rewind the live generation to ``plan`` (see the module docstring).
+
+    Raises:
+        PlanError: No live generation, a failed plan check, a processor holds the lease, or
+            the broker refused to move the group; nothing was changed in any of these cases.
+    """
+    failed = [c for c in plan.checks if not c.ok]
+    if failed:
+        msg = "the plan failed its checks, nothing was changed: " + "; ".join(
+            f"{c.name}: {c.detail}. What to do: {c.action}" for c in failed
+        )
+        raise PlanError(msg)
+    generation = plan.live_generation
+    if generation is None:
+        msg = f"{plan.processor} has no live generation to reset in place"
+        raise PlanError(msg)
+    registry = GenerationRegistry(client, StateLayout(plan.processor, key_prefix))
+    holder = registry.lease_owner(generation)
+    if holder is not None and lease_holder_alive(holder):
+        msg = (
+            f"{plan.processor} g{generation} is being processed by {holder}: an in-place reset "
+            "needs its processor stopped (it is a member of the generation). Stop it, or "
+            "rebuild online without --in-place; nothing was changed."
+        )
+        raise PlanError(msg)
+    group = consumer_group(plan.processor, generation)
+    _move_group(kafka, group, plan)
+
+    keys = registry.keys(generation)
+    removed = 0
+    batch: list[str] = []
+    for raw in client.scan_iter(match=f"{keys.base}:*", count=1_000):
+        name = raw.decode() if isinstance(raw, bytes) else str(raw)
+        rest = name[len(keys.base) + 1 :]
+        if rest == "positions" or rest.startswith(_STATE_PARTS):
+            batch.append(name)
+        if len(batch) >= _UNLINK_CHUNK:
+            removed += int(client.unlink(*batch))
+            batch = []
+    if batch:
+        removed += int(client.unlink(*batch))
+    seeded_from = None
+    if plan.seed is not None:
+        store = SnapshotStore(registry)
+        snapshot = next(
+            (s for s in store.list(plan.seed.generation) if s.snapshot == plan.seed.snapshot), None
+        )
+        if snapshot is None:
+            msg = f"snapshot {plan.seed.name} disappeared; g{generation} is now empty"
+            raise ReplayError(msg)
+        store.seed(snapshot, generation)
+        seeded_from = snapshot.name
+    # Folding restarts at each partition's begin: record it where the processor resumes from.
+    positions: dict[FieldT, EncodableT] = {
+        position_field(r.topic, r.partition): r.begin for r in plan.partitions
+    }
+    client.hset(keys.positions, mapping=positions)
+    epoch = int(client.hincrby(keys.meta, CHECKPOINT_EPOCH_FIELD, 1))
+    registry.update_meta(generation, {"reset_in_place": plan.spec})
+    logger.info("g%d reset in place (%s), checkpoint epoch %d", generation, plan.spec, epoch)
+    return InPlaceResult(generation, group, removed, epoch, seeded_from)
