@@ -38,6 +38,7 @@ from processors.common.fold_writer import FoldTarget
 from services.producer.simulator import OrderSimulator
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
+SOURCE_FORMAT = os.environ.get("REFOLD_SOURCE_FORMAT", "")
 
 
 def _produce(bootstrap: str, topic: str, events: int) -> int:
@@ -86,6 +87,7 @@ def _env(
         "REFOLD_STATE_DIR": str(state),
         "REFOLD_ORDERS_TOPIC": topic,
         "REFOLD_DEAD_LETTER_TOPIC": f"{topic}.dlq",
+        **({"REFOLD_SOURCE_FORMAT": SOURCE_FORMAT} if SOURCE_FORMAT else {}),
         **extra,
     }
 
@@ -197,22 +199,29 @@ def _latency(
 
 
 def _table(
-    base: BaselineResult, spark: dict[str, float], latency: LatencyResult | None, events: int
+    base: BaselineResult | None,
+    spark: dict[str, float] | None,
+    latency: LatencyResult | None,
+    events: int,
 ) -> str:
-    ratio = spark["rate_steady"] / base.rate if base.rate else 0.0
-    rows = [
-        ("events", f"{events:,}"),
-        ("machine", f"{os.cpu_count()} cores, Python {platform.python_version()}"),
-        (f"baseline: plain Python, {base.processes} processes", f"{base.rate:,.0f} ev/s"),
-        ("spark processor, steady state (after batch 0)", f"{spark['rate_steady']:,.0f} ev/s"),
-        (
-            "spark processor, incl. start-up",
-            f"{spark['rate_wall']:,.0f} ev/s "
-            f"({spark['wall_s']:.1f} s; batch 0: {spark['batch0_events']:,.0f} events, "
-            f"done {spark['batch0_s']:.1f} s after start)",
-        ),
-        ("spark / baseline (steady)", f"{ratio:.0%}"),
-    ]
+    rows = [("machine", f"{os.cpu_count()} cores, Python {platform.python_version()}")]
+    if base is not None and spark is not None:
+        ratio = spark["rate_steady"] / base.rate if base.rate else 0.0
+        rows += [
+            ("events", f"{events:,}"),
+            (f"baseline: plain Python, {base.processes} processes", f"{base.rate:,.0f} ev/s"),
+            (
+                "spark processor, steady state (after batch 0)",
+                f"{spark['rate_steady']:,.0f} ev/s",
+            ),
+            (
+                "spark processor, incl. start-up",
+                f"{spark['rate_wall']:,.0f} ev/s "
+                f"({spark['wall_s']:.1f} s; batch 0: {spark['batch0_events']:,.0f} events, "
+                f"done {spark['batch0_s']:.1f} s after start)",
+            ),
+            ("spark / baseline (steady)", f"{ratio:.0%}"),
+        ]
     if latency is not None:
         rows.append(
             (
@@ -245,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         "--trigger", default="100 milliseconds", help="processing-time trigger of the latency run"
     )
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument(
+        "--skip-throughput",
+        action="store_true",
+        help="only the latency run (no backlog, baseline or catch-up)",
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="refold-bench-") as tmp:
@@ -260,24 +274,27 @@ def main(argv: list[str] | None = None) -> int:
                     dead_letter_spec("order_state"),
                 ],
             )
-            events = _produce(stack.bootstrap_servers, topic, args.events)
-            offsets = LogOffsets(kafka)
-            ends = offsets.end_offsets([(topic, p) for p in range(ORDERS.partitions)])
-            offsets.close()
-            print(f"backlog: {sum(ends.values()):,} events in {len(ends)} partitions")
-
-            target = FoldTarget(
-                "order_state",
-                1,
-                stack.redis_url,
-                "bench-baseline",
-                tuple(kafka.items()),
-                f"{topic}.dlq",
-            )
-            print(f"baseline: {args.processes} plain Python processes ...", flush=True)
-            base = run_baseline(stack.bootstrap_servers, target, ends, args.processes)
-            print(f"baseline: {base.rate:,.0f} events/s")
-            spark = _spark_catch_up(stack, topic, sum(ends.values()), state)
+            base: BaselineResult | None = None
+            spark: dict[str, float] | None = None
+            events = 0
+            if not args.skip_throughput:
+                events = _produce(stack.bootstrap_servers, topic, args.events)
+                offsets = LogOffsets(kafka)
+                ends = offsets.end_offsets([(topic, p) for p in range(ORDERS.partitions)])
+                offsets.close()
+                print(f"backlog: {sum(ends.values()):,} events in {len(ends)} partitions")
+                target = FoldTarget(
+                    "order_state",
+                    1,
+                    stack.redis_url,
+                    "bench-baseline",
+                    tuple(kafka.items()),
+                    f"{topic}.dlq",
+                )
+                print(f"baseline: {args.processes} plain Python processes ...", flush=True)
+                base = run_baseline(stack.bootstrap_servers, target, ends, args.processes)
+                print(f"baseline: {base.rate:,.0f} events/s")
+                spark = _spark_catch_up(stack, topic, sum(ends.values()), state)
             latency = None
             if not args.skip_latency:
                 print(
@@ -293,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "events": events,
                 "cores": os.cpu_count(),
-                "baseline": {**asdict(base), "rate": base.rate},
+                "baseline": {**asdict(base), "rate": base.rate} if base else None,
                 "spark": spark,
                 "latency": asdict(latency) if latency else None,
                 "trigger": args.trigger,

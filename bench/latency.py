@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from services.producer.simulator import OrderSimulator
 __all__ = ["LatencyResult", "measure_latency"]
 
 _POLL_S = 0.005  # visibility is sampled every 5 ms
+_TICK_S = 0.005  # the producer sends what is due every 5 ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,10 @@ def measure_latency(
     visible: dict[tuple[int, int], float] = {}
     stop = threading.Event()
 
+    def _acked(index: int, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            acked.append((msg.partition() or 0, msg.offset() or 0, sent[index]))
+
     def _poll_positions() -> None:
         seen: dict[int, int] = {}
         while not stop.is_set():
@@ -81,29 +87,30 @@ def measure_latency(
                     seen[partition] = offset
             time.sleep(_POLL_S)
 
+    # Encoded up front and sent in 5 ms ticks: on 2 cores the load generator competes with the
+    # system under test, so it does as little as possible while the clock runs.
+    total = int(rate * seconds)
+    payloads = []
+    for _ in range(total):
+        event_type, event = next(events)
+        payloads.append(
+            (codec.encode(event_type, event, validated=True), event["order_id"].encode())
+        )
     poller = threading.Thread(target=_poll_positions, daemon=True)
     poller.start()
+
     start = time.monotonic()
-    total = int(rate * seconds)
-    for index in range(total):
-        due = start + index / rate
-        delay = due - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        event_type, event = next(events)
-        sent[index] = time.monotonic()
-
-        def _delivered(err: KafkaError | None, msg: Message, index: int = index) -> None:
-            if err is None:
-                acked.append((msg.partition() or 0, msg.offset() or 0, sent[index]))
-
-        producer.produce(
-            topic,
-            codec.encode(event_type, event, validated=True),
-            event["order_id"].encode(),
-            on_delivery=_delivered,
-        )
+    index = 0
+    while index < total:
+        now = time.monotonic()
+        due = min(total, int((now - start) * rate) + 1)
+        for i in range(index, due):
+            value, key = payloads[i]
+            sent[i] = now
+            producer.produce(topic, value, key, on_delivery=functools.partial(_acked, i))
+        index = due
         producer.poll(0)
+        time.sleep(_TICK_S)
     producer.flush(30)
     deadline = time.monotonic() + 30
     last: dict[int, int] = {}

@@ -464,6 +464,56 @@ class KafkaStreamReader(DataSourceStreamReader):
             self._probe = None
 
 
+RANGES_SCHEMA = "topic string, partition int, start_offset long, end_offset long"
+_RANGES_ARROW = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("start_offset", pa.int64()),
+        ("end_offset", pa.int64()),
+    ]
+)
+
+
+class KafkaRangesStreamReader(KafkaStreamReader):
+    """Same offsets and planning; ``read`` yields the task's ranges instead of their records.
+
+    For a sink that reads the records itself, in the same Python worker that folds them (see
+    :func:`read_ranges`): the records then never cross from a Python worker to the JVM and back.
+    """
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """One row per Kafka partition range of the task (executor)."""
+        assert isinstance(partition, KafkaRangePartition)  # noqa: S101 - Spark hands ours back
+        ranges = partition.ranges
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([r[0] for r in ranges], pa.string()),
+                pa.array([r[1] for r in ranges], pa.int32()),
+                pa.array([r[2] for r in ranges], pa.int64()),
+                pa.array([r[3] for r in ranges], pa.int64()),
+            ],
+            schema=_RANGES_ARROW,
+        )
+
+
+class KafkaRangesDataSource(DataSource):
+    """``format("refold_kafka_ranges")``: micro-batches of offset ranges, not of records."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return "refold_kafka_ranges"
+
+    def schema(self) -> str:
+        """One row per Kafka partition range ``[start_offset, end_offset)``."""
+        return RANGES_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        """The micro-batch reader."""
+        return KafkaRangesStreamReader(SourceOptions.parse(self.options))
+
+
 class KafkaDataSource(DataSource):
     """``spark.readStream.format("refold_kafka")``: see the module docstring."""
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from processors.common.fold_writer import BatchOutcome, FoldTarget, FoldWriter, SourceRecord
 from processors.common.group_mirror import ConsumerGroupMirror
+from processors.common.kafka_source import SourceOptions, read_ranges
 from processors.common.projection import Projection
 
 if TYPE_CHECKING:
@@ -54,10 +55,35 @@ def _writer(target: FoldTarget, projection: Projection) -> FoldWriter:
     return writer
 
 
+def _records_of_ranges(
+    target: FoldTarget, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """Read the records of the ranges rows (``refold_kafka_ranges``) in this worker."""
+    ranges = tuple(
+        (t, p, s, e)
+        for batch in batches
+        for t, p, s, e in zip(
+            batch.column("topic").to_pylist(),
+            batch.column("partition").to_pylist(),
+            batch.column("start_offset").to_pylist(),
+            batch.column("end_offset").to_pylist(),
+            strict=True,
+        )
+    )
+    options = SourceOptions(kafka=target.kafka, topics=tuple(sorted({r[0] for r in ranges})))
+    yield from read_ranges(options, ranges)
+
+
 def _fold_task(
-    target: FoldTarget, projection: Projection, batch_id: int, batches: Iterator[pa.RecordBatch]
+    target: FoldTarget,
+    projection: Projection,
+    batch_id: int,
+    ranges: bool,
+    batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """Executor side: collect the task's records, apply them, yield one outcome row."""
+    if ranges:
+        batches = _records_of_ranges(target, batches)
     records: list[SourceRecord] = []
     for batch in batches:
         # Only the columns the fold needs: converting `timestamp` to datetimes costs ~2 us a row.
@@ -114,7 +140,8 @@ class RedisFoldSink:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch; idempotent per batch (re-execution changes nothing)."""
         started = time.perf_counter()
-        task = functools.partial(_fold_task, self.target, self.projection, batch_id)
+        ranges = "start_offset" in df.columns  # refold_kafka_ranges: the task reads the records
+        task = functools.partial(_fold_task, self.target, self.projection, batch_id, ranges)
         outcome = BatchOutcome()
         for row in df.mapInArrow(task, OUTCOME_SCHEMA).collect():
             outcome.merge(

@@ -225,7 +225,7 @@ def build_query(
     )
     for key, value in kafka.as_librdkafka().items():
         reader = reader.option(f"kafka.{key}", value)
-    if options.source_format == "refold_kafka" and options.max_tasks:
+    if options.source_format.startswith("refold_kafka") and options.max_tasks:
         reader = reader.option("maxTasks", str(options.max_tasks))
     if options.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
