@@ -4,7 +4,9 @@ One run, on a private local stack, over the same pre-produced order events:
 1. baseline: plain Python, one process per core, each assigned its own partitions, doing the
    same decode -> fold -> exactly-once Redis write (FoldWriter) as the processor;
 2. the Spark order_state processor catching up on the same backlog (its own generation);
-3. end-to-end latency (send -> applied in Redis) of the Spark processor at a steady rate.
+3. ``replay --to-earliest --execute`` of that processor: rebuild throughput of the shadow
+   generation, and the cutover (the alias flip) as a reader sees it;
+4. end-to-end latency (send -> applied in Redis) of the Spark processor at a steady rate.
 Prints a table and writes ``bench/results/latest.json``.
 """
 
@@ -26,15 +28,17 @@ from tqdm import tqdm
 
 from bench.baseline import BaselineResult, run_baseline
 from bench.latency import LatencyResult, measure_latency
+from bench.rebuild import measure_rebuild
 from contracts.codec import EventCodec
 from contracts.generations import GenerationRegistry
 from contracts.offsets import LogOffsets
 from contracts.state import StateLayout
 from contracts.topic_admin import ensure_topics
-from contracts.topics import ORDERS, TopicSpec, dead_letter_spec
+from contracts.topics import ORDERS, TopicSpec, dead_letter_spec, effects_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
 from processors.common.fold_writer import FoldTarget
+from processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
 from services.producer.simulator import OrderSimulator
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
@@ -87,6 +91,7 @@ def _env(
         "REFOLD_STATE_DIR": str(state),
         "REFOLD_ORDERS_TOPIC": topic,
         "REFOLD_DEAD_LETTER_TOPIC": f"{topic}.dlq",
+        "REFOLD_NOTIFICATIONS_TOPIC": f"{topic}.notifications",
         **({"REFOLD_SOURCE_FORMAT": SOURCE_FORMAT} if SOURCE_FORMAT else {}),
         **extra,
     }
@@ -201,6 +206,7 @@ def _latency(
 def _table(
     base: BaselineResult | None,
     spark: dict[str, float] | None,
+    rebuild: dict[str, float] | None,
     latency: LatencyResult | None,
     events: int,
 ) -> str:
@@ -221,6 +227,20 @@ def _table(
                 f"done {spark['batch0_s']:.1f} s after start)",
             ),
             ("spark / baseline (steady)", f"{ratio:.0%}"),
+        ]
+    if spark is not None and rebuild is not None:
+        ratio = rebuild["rate_steady"] / spark["rate_steady"] if spark["rate_steady"] else 0.0
+        rows += [
+            ("replay rebuild, steady state (after batch 0)", f"{rebuild['rate_steady']:,.0f} ev/s"),
+            (
+                "replay rebuild, incl. start-up",
+                f"{rebuild['rate_wall']:,.0f} ev/s ({rebuild['wall_s']:.1f} s)",
+            ),
+            ("rebuild / live processor (steady)", f"{ratio:.0%}"),
+            (
+                "cutover: flip transaction / gap seen by a reader",
+                f"{rebuild['flip_ms']:.1f} ms / {rebuild['reader_gap_ms']:.2f} ms",
+            ),
         ]
     if latency is not None:
         rows.append(
@@ -254,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "--trigger", default="100 milliseconds", help="processing-time trigger of the latency run"
     )
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--skip-rebuild", action="store_true", help="no replay run")
     parser.add_argument(
         "--skip-throughput",
         action="store_true",
@@ -272,10 +293,12 @@ def main(argv: list[str] | None = None) -> int:
                     TopicSpec(topic, ORDERS.partitions, "order_id", ORDERS.event_types),
                     TopicSpec(f"{topic}.dlq", 1, "(key)", ("(any)",)),
                     dead_letter_spec("order_state"),
+                    effects_spec(DEFAULT_NOTIFICATIONS_TOPIC),
                 ],
             )
             base: BaselineResult | None = None
             spark: dict[str, float] | None = None
+            rebuild: dict[str, float] | None = None
             events = 0
             if not args.skip_throughput:
                 events = _produce(stack.bootstrap_servers, topic, args.events)
@@ -295,6 +318,16 @@ def main(argv: list[str] | None = None) -> int:
                 base = run_baseline(stack.bootstrap_servers, target, ends, args.processes)
                 print(f"baseline: {base.rate:,.0f} events/s")
                 spark = _spark_catch_up(stack, topic, sum(ends.values()), state)
+                if not args.skip_rebuild:
+                    print("replay: rebuilding the same backlog into a new generation ...")
+                    rebuild = measure_rebuild(
+                        stack.bootstrap_servers,
+                        stack.redis_url,
+                        "bench-spark",
+                        _env(stack.bootstrap_servers, stack.redis_url, "bench-spark", state, topic),
+                        state,
+                        batch=200_000,
+                    )
             latency = None
             if not args.skip_latency:
                 print(
@@ -302,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 latency = _latency(stack, state, args.rate, args.latency_seconds, args.trigger)
-    table = _table(base, spark, latency, events)
+    table = _table(base, spark, rebuild, latency, events)
     print("\n" + table)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(
@@ -312,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cores": os.cpu_count(),
                 "baseline": {**asdict(base), "rate": base.rate} if base else None,
                 "spark": spark,
+                "rebuild": rebuild,
                 "latency": asdict(latency) if latency else None,
                 "trigger": args.trigger,
             },

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ORDERS", "TOPICS", "TopicSpec", "dead_letter_spec", "dead_letter_topic"]
+__all__ = ["ORDERS", "TOPICS", "TopicSpec", "dead_letter_spec", "dead_letter_topic", "effects_spec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,11 @@ TOPICS: dict[str, TopicSpec] = {spec.name: spec for spec in (ORDERS,)}
 def dead_letter_topic(processor: str) -> str:
     """The dead-letter topic of a processor: ``<processor>.dlq``."""
     return f"{processor}.dlq"
+
+
+def effects_spec(name: str) -> TopicSpec:
+    """An output topic of side effects (JSON records keyed by entity)."""
+    return TopicSpec(name, 4, "(entity key)", ("(side effect)",))
 
 
 def dead_letter_spec(processor: str) -> TopicSpec:

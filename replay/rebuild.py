@@ -60,6 +60,7 @@ class RebuildResult:
     previous: int | None
     events: int
     seconds: float
+    flip_ms: float = 0.0  # the successful check-and-flip transaction
 
 
 def processor_topics(spec: ProcessorSpec, registry: GenerationRegistry) -> list[str]:
@@ -330,10 +331,12 @@ def run_rebuild(
             if on_progress is not None:
                 on_progress(RebuildProgress(_done(positions, starts, target), total, lag, reached))
             if reached:
+                flip_started = time.perf_counter()
                 flipped, previous, _behind = registry.flip_if_caught_up(
                     generation, target, lag_threshold
                 )
                 if flipped:
+                    flip_ms = (time.perf_counter() - flip_started) * 1000
                     break
             time.sleep(_POLL_S)
         cutover_at = time.monotonic()
@@ -352,7 +355,7 @@ def run_rebuild(
             "rebuild_rate": f"{applied / max(seconds - REBUILD_STARTUP_S, 1.0):.0f}",
         },
     )
-    return RebuildResult(generation, previous, applied, seconds)
+    return RebuildResult(generation, previous, applied, seconds, flip_ms)
 
 
 def _seed(registry: GenerationRegistry, seed: SeedPoint, generation: int) -> None:

@@ -35,7 +35,13 @@ from redis.typing import EncodableT, FieldT
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError
 from contracts.state import BATCH_ID_FIELD, GenerationKeys, StateLayout, position_field
-from processors.common.projection import EventRejectedError, Projection, State
+from processors.common.projection import (
+    EventRejectedError,
+    Projection,
+    SideEffect,
+    State,
+    effects_of,
+)
 from processors.errors import DeadLetterError, SinkConflictError
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter", "SourceRecord"]
@@ -78,9 +84,14 @@ class FoldTarget:
     dlq_topic: str
 
     @property
+    def layout(self) -> StateLayout:
+        """The processor's Redis keys."""
+        return StateLayout(self.processor, self.key_prefix)
+
+    @property
     def keys(self) -> GenerationKeys:
         """The generation's Redis keys."""
-        return StateLayout(self.processor, self.key_prefix).generation(self.generation)
+        return self.layout.generation(self.generation)
 
 
 @dataclass(slots=True)
@@ -93,6 +104,8 @@ class BatchOutcome:
     rejected: int = 0
     undecodable: int = 0
     positions: dict[str, int] = field(default_factory=dict)
+    effects: int = 0
+    suppressed: int = 0
 
     def merge(self, other: BatchOutcome) -> None:
         """Add another outcome (from another task) into this one."""
@@ -102,6 +115,8 @@ class BatchOutcome:
         self.rejected += other.rejected
         self.undecodable += other.undecodable
         self.positions.update(other.positions)
+        self.effects += other.effects
+        self.suppressed += other.suppressed
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +143,7 @@ class FoldWriter:
         self.codec = codec or EventCodec()
         self._redis: redis.Redis | None = None
         self._producer: Producer | None = None
+        self._has_effects = getattr(projection, "effects", None) is not None
 
     @property
     def redis(self) -> redis.Redis:
@@ -237,16 +253,32 @@ class FoldWriter:
             for e, raw in zip(entities, loaded, strict=True)
         }
         states = dict(before)
+        effects: list[tuple[SourceRecord, SideEffect]] = []
         for record, event_type, data, entity in pending:
             try:
-                states[entity] = self.projection.apply(states[entity], event_type, data)
+                previous = states[entity]
+                states[entity] = new = self.projection.apply(previous, event_type, data)
                 outcome.applied += 1
             except EventRejectedError as exc:
                 dead.append(_DeadLetter(record, "rejected", str(exc)))
+                continue
+            if self._has_effects:
+                effects.extend(
+                    (record, e)
+                    for e in effects_of(self.projection, event_type, data, previous, new)
+                )
         outcome.rejected = sum(d.reason == "rejected" for d in dead)
         outcome.undecodable = len(dead) - outcome.rejected
         if dead:
             self._send_dead_letters(dead, batch_id)
+        if effects:
+            # The generation knows whether it is being rebuilt: its effects happened already.
+            status = pipe.hget(self.target.layout.generations, str(self.target.generation))
+            if status in (b"building", "building"):
+                outcome.suppressed = len(effects)
+            else:
+                self._send_effects(effects)
+                outcome.effects = len(effects)
         changed = {e: s for e, s in states.items() if s is not None and s != before[e]}
         delta: Counter[str] = Counter()
         for entity, state in changed.items():
@@ -276,6 +308,37 @@ class FoldWriter:
         pipe.execute()
         outcome.positions = new_pos
         return outcome
+
+    def _send_effects(self, effects: Sequence[tuple[SourceRecord, SideEffect]]) -> None:
+        """Produce side effects and wait for the acknowledgements (before the commit)."""
+        producer = self._dead_letter_producer()
+        failures: list[str] = []
+
+        def _delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failures.append(err.str())
+
+        for record, effect in effects:
+            producer.produce(
+                effect.topic,
+                json.dumps(effect.value, separators=(",", ":")).encode(),
+                effect.key.encode(),
+                headers=[
+                    ("refold.origin.topic", record.topic.encode()),
+                    ("refold.origin.partition", str(record.partition).encode()),
+                    ("refold.origin.offset", str(record.offset).encode()),
+                    ("refold.processor", self.target.processor.encode()),
+                    ("refold.generation", str(self.target.generation).encode()),
+                ],
+                on_delivery=_delivered,
+            )
+        remaining = producer.flush(30)
+        if remaining or failures:
+            msg = (
+                f"{len(failures) or remaining} of {len(effects)} side effects not acknowledged "
+                f"({'; '.join(failures[:3]) or 'timeout'}); batch not applied"
+            )
+            raise DeadLetterError(msg)
 
     def _send_dead_letters(self, dead: Iterable[_DeadLetter], batch_id: int | None) -> None:
         producer = self._dead_letter_producer()

@@ -14,7 +14,15 @@ from typing import Any, Protocol
 
 from contracts.errors import RefoldError
 
-__all__ = ["EventRejectedError", "FoldResult", "Projection", "State", "fold_all"]
+__all__ = [
+    "EventRejectedError",
+    "FoldResult",
+    "Projection",
+    "SideEffect",
+    "State",
+    "effects_of",
+    "fold_all",
+]
 
 State = dict[str, Any]
 
@@ -25,10 +33,28 @@ class EventRejectedError(RefoldError):
     code = "EVENT_REJECTED"
 
 
+@dataclass(frozen=True, slots=True)
+class SideEffect:
+    """Something a fold asks of the outside world: a JSON record on an output topic.
+
+    A projection that has side effects defines ``effects(event_type, event, before, after)``
+    returning them for one applied event, and ``effect_topics`` naming the topics (created at
+    start). The sink produces them before it commits the state, like dead letters: at least
+    once, with the origin record in the headers for consumers that deduplicate. A generation
+    that ``replay`` is building does not produce them (they were produced when the events were
+    first folded); it counts them as suppressed.
+    """
+
+    topic: str
+    key: str
+    value: Mapping[str, Any]
+
+
 class Projection(Protocol):
     """A pure fold of events into one state per entity, plus integer aggregates.
 
-    Implementations must be picklable (shipped to Spark executors) and deterministic.
+    Implementations must be picklable (shipped to Spark executors) and deterministic. Side
+    effects are optional (see :class:`SideEffect`).
     """
 
     @property
@@ -70,6 +96,18 @@ class Projection(Protocol):
         aggregate always equals the sum over all entities.
         """
         ...
+
+
+def effects_of(
+    projection: Projection,
+    event_type: str,
+    event: Mapping[str, Any],
+    before: State | None,
+    after: State,
+) -> list[SideEffect]:
+    """The side effects of one applied event (none when the projection declares none)."""
+    effects = getattr(projection, "effects", None)
+    return [] if effects is None else list(effects(event_type, event, before, after))
 
 
 @dataclass(slots=True)

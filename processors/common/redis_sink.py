@@ -29,7 +29,8 @@ __all__ = ["OUTCOME_SCHEMA", "RedisFoldSink"]
 logger = logging.getLogger(__name__)
 
 OUTCOME_SCHEMA = (
-    "records long, applied long, skipped long, rejected long, undecodable long, positions string"
+    "records long, applied long, skipped long, rejected long, undecodable long, "
+    "effects long, suppressed long, positions string"
 )
 _OUTCOME_ARROW = pa.schema(
     [
@@ -38,6 +39,8 @@ _OUTCOME_ARROW = pa.schema(
         ("skipped", pa.int64()),
         ("rejected", pa.int64()),
         ("undecodable", pa.int64()),
+        ("effects", pa.int64()),
+        ("suppressed", pa.int64()),
         ("positions", pa.string()),
     ]
 )
@@ -109,6 +112,8 @@ def _fold_task(
                 "skipped": outcome.skipped,
                 "rejected": outcome.rejected,
                 "undecodable": outcome.undecodable,
+                "effects": outcome.effects,
+                "suppressed": outcome.suppressed,
                 "positions": json.dumps(outcome.positions),
             }
         ],
@@ -152,6 +157,8 @@ class RedisFoldSink:
                     row.rejected,
                     row.undecodable,
                     json.loads(row.positions),
+                    row.effects,
+                    row.suppressed,
                 )
             )
         self.last_outcome = outcome
@@ -161,14 +168,16 @@ class RedisFoldSink:
         elapsed = time.perf_counter() - started
         if outcome.records:
             logger.info(
-                "batch %d: %d records, %d applied, %d skipped, %d rejected, %d undecodable "
-                "in %.2fs (%.0f/s)",
+                "batch %d: %d records, %d applied, %d skipped, %d rejected, %d undecodable, "
+                "%d side effects (%d suppressed while replaying) in %.2fs (%.0f/s)",
                 batch_id,
                 outcome.records,
                 outcome.applied,
                 outcome.skipped,
                 outcome.rejected,
                 outcome.undecodable,
+                outcome.effects,
+                outcome.suppressed,
                 elapsed,
                 outcome.records / max(elapsed, 1e-9),
                 extra={

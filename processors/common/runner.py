@@ -38,7 +38,7 @@ from contracts.processors import consumer_group
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import STATE_LAYOUT_VERSION, StateLayout
 from contracts.topic_admin import ensure_topics
-from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic
+from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
 from processors.common.fold_writer import FoldTarget
 from processors.common.group_mirror import ConsumerGroupMirror
 from processors.common.projection import Projection
@@ -352,7 +352,8 @@ def _run_generation(
 ) -> Literal["stopped", "caught_up", "retired"]:
     """Run one generation's query until a signal, the catch-up target or its retirement."""
     dead_letters = dataclasses.replace(dead_letter_spec(projection.name), name=run.target.dlq_topic)
-    ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters])
+    effect_topics = [effects_spec(t) for t in getattr(projection, "effect_topics", ())]
+    ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters, *effect_topics])
     logger.info(
         "starting %s generation %d (checkpoint %s, starting offsets %s)",
         projection.name,

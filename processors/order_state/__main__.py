@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         accept_code_change=args.accept_code_change,
     )
     topic = dataclasses.replace(ORDERS, name=settings.orders_topic)
-    run_processor(OrderStateProjection(), [topic], settings.kafka, settings.redis, options)
+    projection = OrderStateProjection(settings.notifications_topic)
+    run_processor(projection, [topic], settings.kafka, settings.redis, options)
     return 0
 
 

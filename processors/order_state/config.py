@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.topics import ORDERS, dead_letter_topic
+from processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
 
 __all__ = ["OrderStateSettings"]
 
@@ -26,6 +27,8 @@ class OrderStateSettings(BaseSettings):
     # Topic names are overridable so tests and staging can run on their own topics.
     orders_topic: str = ORDERS.name
     dead_letter_topic: str = dead_letter_topic("order_state")
+    # Shipping notices (the processor's side effect; not produced while replay rebuilds).
+    notifications_topic: str = DEFAULT_NOTIFICATIONS_TOPIC
     # 200k records per micro-batch: big enough to amortise Spark's 0.3-0.9 s fixed cost per
     # batch during catch-up, small enough to bound executor memory.
     max_offsets_per_trigger: int = 200_000

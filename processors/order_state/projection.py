@@ -8,12 +8,12 @@ Lifecycle: ``placed`` -> (lines added/removed) -> ``paid`` -> ``shipped``; ``pla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from processors.common.projection import EventRejectedError, State
+from processors.common.projection import EventRejectedError, SideEffect, State
 
-__all__ = ["OrderStateProjection"]
+__all__ = ["DEFAULT_NOTIFICATIONS_TOPIC", "OrderStateProjection"]
 
 _OPEN = "placed"
 _REVENUE_STATUSES = frozenset({"paid", "shipped"})
@@ -38,8 +38,44 @@ def _with_lines(state: State, lines: dict[str, dict[str, int]], at: int) -> Stat
     }
 
 
+DEFAULT_NOTIFICATIONS_TOPIC = "order_state.notifications"
+
+
 class OrderStateProjection:
-    """Folds ``commerce.orders`` events into order states (table ``orders``)."""
+    """Folds ``commerce.orders`` events into order states (table ``orders``).
+
+    Side effect: when an order becomes ``shipped``, a shipping notice for the customer goes to
+    ``notifications_topic`` (not while ``replay`` rebuilds a generation).
+
+    Args:
+        notifications_topic: Output topic of the shipping notices.
+    """
+
+    def __init__(self, notifications_topic: str = DEFAULT_NOTIFICATIONS_TOPIC) -> None:
+        self.notifications_topic = notifications_topic
+
+    @property
+    def effect_topics(self) -> tuple[str, ...]:
+        """Topics the side effects go to."""
+        return (self.notifications_topic,)
+
+    def effects(
+        self, event_type: str, event: Mapping[str, Any], before: State | None, after: State
+    ) -> Iterable[SideEffect]:
+        """A shipping notice when an order becomes shipped."""
+        del event_type, event  # the states say it all
+        if after["status"] != "shipped" or (before is not None and before["status"] == "shipped"):
+            return ()
+        notice = {
+            "type": "order-shipped",
+            "order_id": after["order_id"],
+            "customer_id": after["customer_id"],
+            "carrier": after.get("carrier"),
+            "total_minor": after["total_minor"],
+            "currency": after["currency"],
+            "shipped_at": after["updated_at"],
+        }
+        return (SideEffect(self.notifications_topic, after["order_id"], notice),)
 
     name = "order_state"
     table = "orders"

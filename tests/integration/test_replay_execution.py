@@ -4,6 +4,7 @@ The generations are written by the real fold writer (the processor's write path)
 the Spark processor running a seeded rebuild end to end is in tests/spark.
 """
 
+import json
 import os
 import threading
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from contracts.codec import EventCodec
@@ -68,7 +69,7 @@ class World:
         assert producer.flush(30) == 0
         return records
 
-    def writer(self, generation):
+    def writer(self, generation, projection=None):
         target = FoldTarget(
             "order_state",
             generation,
@@ -77,7 +78,7 @@ class World:
             (("bootstrap.servers", self.kafka.bootstrap_servers),),
             f"{self.topic}.dlq",
         )
-        return FoldWriter(target, OrderStateProjection())
+        return FoldWriter(target, projection or OrderStateProjection())
 
     def oracle(self, positions):
         """The fold of every record below ``positions`` (per partition)."""
@@ -293,3 +294,47 @@ def test_in_place_reset_rewinds_state_group_and_checkpoint(world):
     assert outcome.skipped == 0
     expected = world.oracle({(world.topic, p): 10**9 for p in range(2)})
     assert world.state(world.live) == expected.states
+
+
+def _notices(world, topic):
+    consumer = Consumer(
+        {
+            "bootstrap.servers": world.kafka.bootstrap_servers,
+            "group.id": "test-notices",
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(4)])
+    notices, done = [], set()
+    deadline = time.monotonic() + 30
+    while len(done) < 4 and time.monotonic() < deadline:
+        for message in consumer.consume(1000, timeout=0.5):
+            if message.error() is not None:
+                done.add(message.partition())
+                continue
+            headers = dict(message.headers() or [])
+            notices.append((json.loads(message.value()), int(headers["refold.generation"])))
+    consumer.close()
+    return notices
+
+
+def test_side_effects_go_out_live_and_are_suppressed_while_replaying(world, make_topic):
+    notifications = make_topic(partitions=4, prefix="notices")
+    projection = OrderStateProjection(notifications)
+    shipped = sorted(
+        k
+        for k, s in world.oracle({(world.topic, p): 10**9 for p in range(2)}).states.items()
+        if s["status"] == "shipped"
+    )
+    assert shipped
+    live = world.writer(world.live, projection).apply(world.records)
+    assert (live.effects, live.suppressed) == (len(shipped), 0)
+
+    rebuilding = world.registry.create({"topics": [world.topic]})  # what replay creates
+    shadow = world.writer(rebuilding, projection).apply(world.records)
+    assert (shadow.effects, shadow.suppressed) == (0, len(shipped))
+
+    notices = _notices(world, notifications)
+    assert sorted(n["order_id"] for n, _g in notices) == shipped
+    assert {g for _n, g in notices} == {world.live}
+    assert all(n["type"] == "order-shipped" for n, _g in notices)

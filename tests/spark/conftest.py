@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from contracts.offsets import LogOffsets
 
+from contracts.offsets import LogOffsets
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.topics import ORDERS, TopicSpec
 from deploy.processes import ProcessorProcess
@@ -76,6 +76,7 @@ def world(kafka_bootstrap, redis_url, make_topic, unique, tmp_path) -> OrdersWor
         "REFOLD_STATE_DIR": str(tmp_path),
         "REFOLD_ORDERS_TOPIC": name,
         "REFOLD_DEAD_LETTER_TOPIC": dlq,
+        "REFOLD_NOTIFICATIONS_TOPIC": f"{name}.notifications",
         # Small batches: several micro-batches per test, and crash points between them.
         "REFOLD_MAX_OFFSETS_PER_TRIGGER": "5000",
     }
