@@ -19,7 +19,7 @@ from contracts.errors import RefoldError
 from contracts.generations import GenerationRegistry
 from contracts.logconfig import configure_logging
 from contracts.offsets import LogOffsets
-from contracts.processors import PROCESSORS, processor_spec
+from contracts.processors import PROCESSORS, ProcessorSpec, processor_spec
 from contracts.state import StateLayout
 from replay.config import ReplaySettings
 from replay.deploy_gate import check_deploy, deployed_fingerprints
@@ -94,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     plan = sub.add_parser("plan", help="plan a rebuild (dry run) or run it with --execute")
-    _add_processor(plan)
+    which = plan.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--processor",
+        action="append",
+        choices=sorted(PROCESSORS),
+        help="the processor (repeatable)",
+    )
+    which.add_argument("--all", action="store_true", help="every processor")
     spec = plan.add_mutually_exclusive_group(required=True)
     spec.add_argument(
         "--to-earliest",
@@ -227,7 +234,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
-    spec = processor_spec(args.processor)
+    names = sorted(PROCESSORS) if args.all else list(dict.fromkeys(args.processor))
+    if args.json and len(names) > 1:
+        print("replay: --json takes one processor", file=sys.stderr)
+        return 2
+    for name in names:
+        code = _plan_one(processor_spec(name), args, settings, client)
+        if code:
+            return code
+    return 0
+
+
+def _plan_one(
+    spec: ProcessorSpec, args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis
+) -> int:
     plan = plan_replay(
         spec,
         _reset_spec(args),

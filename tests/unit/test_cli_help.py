@@ -63,3 +63,13 @@ def test_processor_generation_argument():
     assert parse(["--generation", "4"]).generation == 4
     with pytest.raises(SystemExit):
         parse(["--generation", "latest"])
+
+
+def test_replay_takes_several_processors_or_all(capsys):
+    args = replay_args(["--all", "--to-earliest"])
+    assert (args.command, args.all, args.processor) == ("plan", True, None)
+    args = replay_args(["--processor", "order_state", "--processor", "order_state", "--to-current"])
+    assert args.processor == ["order_state", "order_state"]
+    with pytest.raises(SystemExit):
+        replay_args(["--all", "--processor", "order_state", "--to-earliest"])
+    assert "not allowed with" in capsys.readouterr().err
