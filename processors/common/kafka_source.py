@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -256,8 +256,10 @@ class _Columns:
         )
 
 
-def read_ranges(options: SourceOptions, ranges: tuple[Range, ...]) -> Iterator[pa.RecordBatch]:
-    """Read exactly the records of ``ranges`` as Arrow batches (executor side).
+def read_messages(options: SourceOptions, ranges: tuple[Range, ...]) -> Iterator[list[Message]]:
+    """Read exactly the records of ``ranges``, in chunks of confluent-kafka messages (executor).
+
+    Every message yielded is a record of a range, in offset order per partition.
 
     Raises:
         RuntimeError: Records below a range's start are gone (with ``failOnDataLoss``), a
@@ -269,7 +271,6 @@ def read_ranges(options: SourceOptions, ranges: tuple[Range, ...]) -> Iterator[p
     consumer = _consumer(options.kafka)
     consumer.assign([TopicPartition(t, p, s) for (t, p), (s, _e) in todo.items()])
     next_offset = {tp: s for tp, (s, _e) in todo.items()}
-    columns = _Columns()
     deadline = time.monotonic() + options.poll_timeout_s
     try:
         while todo:
@@ -281,6 +282,7 @@ def read_ranges(options: SourceOptions, ranges: tuple[Range, ...]) -> Iterator[p
                     f"{options.poll_timeout_s:.0f}s (expected up to {dict(todo)})"
                 )
                 raise RuntimeError(msg)
+            chunk = []
             for message in messages:
                 tp = (message.topic() or "", message.partition() or 0)
                 if tp not in todo:
@@ -301,27 +303,41 @@ def read_ranges(options: SourceOptions, ranges: tuple[Range, ...]) -> Iterator[p
                 if offset > next_offset[tp] and next_offset[tp] == start:
                     _on_gap(options, tp, start, offset)
                 next_offset[tp] = offset + 1
-                ts_type, ts_ms = message.timestamp()
-                columns.key.append(message.key())
-                columns.value.append(message.value())
-                columns.topic.append(tp[0])
-                columns.partition.append(tp[1])
-                columns.offset.append(offset)
-                columns.timestamp.append(ts_ms * 1000 if ts_ms >= 0 else None)
-                columns.timestamp_type.append(ts_type)
+                chunk.append(message)
                 if offset + 1 >= end:
                     _finish(consumer, todo, tp)
-                if len(columns) >= _ARROW_ROWS:
-                    yield columns.to_batch()
-                    columns = _Columns()
+            if chunk:
+                yield chunk
             if messages:
                 deadline = time.monotonic() + options.poll_timeout_s
-        if len(columns):
-            yield columns.to_batch()
     finally:
         # A reused consumer must not keep prefetching, nor keep partitions paused.
         consumer.resume([TopicPartition(t, p) for t, p, _s, _e in ranges])
         consumer.unassign()
+
+
+def read_ranges(options: SourceOptions, ranges: tuple[Range, ...]) -> Iterator[pa.RecordBatch]:
+    """Read exactly the records of ``ranges`` as Arrow batches (executor side).
+
+    Raises:
+        RuntimeError: See :func:`read_messages`.
+    """
+    columns = _Columns()
+    for chunk in read_messages(options, ranges):
+        for message in chunk:
+            ts_type, ts_ms = message.timestamp()
+            columns.key.append(message.key())
+            columns.value.append(message.value())
+            columns.topic.append(message.topic() or "")
+            columns.partition.append(message.partition() or 0)
+            columns.offset.append(int(message.offset() or 0))
+            columns.timestamp.append(ts_ms * 1000 if ts_ms >= 0 else None)
+            columns.timestamp_type.append(ts_type)
+            if len(columns) >= _ARROW_ROWS:
+                yield columns.to_batch()
+                columns = _Columns()
+    if len(columns):
+        yield columns.to_batch()
 
 
 def _finish(

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from processors.common.fold_writer import BatchOutcome, FoldTarget, FoldWriter, SourceRecord
 from processors.common.group_mirror import ConsumerGroupMirror
-from processors.common.kafka_source import SourceOptions, read_ranges
+from processors.common.kafka_source import SourceOptions, read_messages
 from processors.common.projection import Projection
 
 if TYPE_CHECKING:
@@ -58,10 +58,11 @@ def _writer(target: FoldTarget, projection: Projection) -> FoldWriter:
     return writer
 
 
-def _records_of_ranges(
-    target: FoldTarget, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """Read the records of the ranges rows (``refold_kafka_ranges``) in this worker."""
+def _records_of_ranges(target: FoldTarget, batches: Iterator[pa.RecordBatch]) -> list[SourceRecord]:
+    """Read the records of the ranges rows (``refold_kafka_ranges``) in this worker.
+
+    Straight from confluent-kafka messages to :class:`SourceRecord`: no Arrow in between.
+    """
     ranges = tuple(
         (t, p, s, e)
         for batch in batches
@@ -74,7 +75,11 @@ def _records_of_ranges(
         )
     )
     options = SourceOptions(kafka=target.kafka, topics=tuple(sorted({r[0] for r in ranges})))
-    yield from read_ranges(options, ranges)
+    return [
+        SourceRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value())  # type: ignore[arg-type]
+        for chunk in read_messages(options, ranges)
+        for m in chunk
+    ]
 
 
 def _fold_task(
@@ -86,20 +91,21 @@ def _fold_task(
 ) -> Iterator[pa.RecordBatch]:
     """Executor side: collect the task's records, apply them, yield one outcome row."""
     if ranges:
-        batches = _records_of_ranges(target, batches)
-    records: list[SourceRecord] = []
-    for batch in batches:
-        # Only the columns the fold needs: converting `timestamp` to datetimes costs ~2 us a row.
-        records.extend(
-            map(
-                SourceRecord,
-                batch.column("topic").to_pylist(),
-                batch.column("partition").to_pylist(),
-                batch.column("offset").to_pylist(),
-                batch.column("key").to_pylist(),
-                batch.column("value").to_pylist(),
+        records = _records_of_ranges(target, batches)
+    else:
+        records = []
+        for batch in batches:
+            # Only the columns the fold needs: timestamps as datetimes cost ~2 us a row.
+            records.extend(
+                map(
+                    SourceRecord,
+                    batch.column("topic").to_pylist(),
+                    batch.column("partition").to_pylist(),
+                    batch.column("offset").to_pylist(),
+                    batch.column("key").to_pylist(),
+                    batch.column("value").to_pylist(),
+                )
             )
-        )
     if not records:
         return
     # No sort: the source hands each partition's records over in offset order.

@@ -70,8 +70,9 @@ class RunOptions:
         trigger_interval: Processing-time trigger; keeps the idle ``latestOffset`` calls cheap.
         max_offsets_per_trigger: Cap on records per micro-batch (None: no cap).
         max_tasks: Spark tasks per micro-batch; on 2 cores fewer, larger tasks are faster.
-        source_format: ``refold_kafka`` (the Python source) or ``kafka`` (Spark's JVM source,
-            where its jar is available).
+        source_format: ``refold_kafka_ranges`` (the Python source planning offset ranges; each
+            task reads its records in the worker that folds them), ``refold_kafka`` (the same
+            source yielding records) or ``kafka`` (Spark's JVM source, where its jar exists).
         dead_letter_topic: Default ``<processor>.dlq``.
         accept_code_change: Resume a generation whose code fingerprint differs (and record
             the new one) instead of refusing.
@@ -84,7 +85,7 @@ class RunOptions:
     trigger_interval: str = "250 milliseconds"
     max_offsets_per_trigger: int | None = 200_000
     max_tasks: int | None = 2
-    source_format: str = "refold_kafka"
+    source_format: str = "refold_kafka_ranges"
     dead_letter_topic: str | None = None
     accept_code_change: bool = False
 
