@@ -3,7 +3,8 @@
 Runs ``replay --to-earliest --execute`` (the library calls behind it) over the backlog the Spark
 catch-up run folded, while a reader thread resolves the live generation in a tight loop. The
 cutover a reader sees is the gap between its last read of the old generation and its first read
-of the new one; the flip itself is one Redis transaction.
+of the new one (it reads every millisecond, so the gap includes up to ~1 ms of its own sleep);
+the flip itself is one Redis transaction.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from replay.plan import ToEarliest
 from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 
 __all__ = ["measure_rebuild"]
+
+_READ_EVERY_S = 0.001
 
 
 def measure_rebuild(
@@ -49,28 +52,26 @@ def measure_rebuild(
     reads: list[tuple[float, int]] = []
     stop = threading.Event()
 
-    def _read_alias() -> None:
+    def _read_alias() -> None:  # a reader resolving the live generation every millisecond
         reader = redis.Redis.from_url(redis_url)
         while not stop.is_set():
             live = reader.get(registry.layout.alias)
             reads.append((time.perf_counter(), int(live or 0)))
+            time.sleep(_READ_EVERY_S)
 
     samples: list[tuple[float, int]] = []
     thread = threading.Thread(target=_read_alias, daemon=True)
+    thread.start()
     with tqdm(total=plan.total_events, unit="ev", desc="rebuild", dynamic_ncols=True) as bar:
 
         def _progress(progress: RebuildProgress) -> None:
             samples.append((time.monotonic(), progress.done))
             bar.n = progress.done
             bar.refresh()
-            near = progress.caught_up or progress.done >= 0.9 * progress.total
-            if near and not thread.is_alive() and not stop.is_set():
-                thread.start()  # only around the cutover: the loop costs a core
 
         result = run_rebuild(plan, spec, kafka, settings, state_dir=state, on_progress=_progress)
     stop.set()
-    if thread.is_alive():
-        thread.join()
+    thread.join()
     old = [t for t, g in reads if g == result.previous]
     new = [t for t, g in reads if g == result.generation]
     gap_ms = (min(new) - max(old)) * 1000 if old and new else float("nan")
