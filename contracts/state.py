@@ -107,6 +107,16 @@ class GenerationKeys:
         """SCAN pattern matching every key of this generation."""
         return f"{self.base}:*"
 
+    def is_state_key(self, name: str) -> bool:
+        """True for the keys that make up the state: tables, aggregates, positions, guards.
+
+        (Not the meta hash, the lease, nor snapshots.)
+        """
+        if not name.startswith(self.base + ":"):
+            return False
+        rest = name[len(self.base) + 1 :]
+        return rest == "positions" or rest.startswith(("t:", "a:", "guard:"))
+
 
 @dataclass(frozen=True, slots=True)
 class StateLayout:

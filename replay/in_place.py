@@ -35,7 +35,6 @@ __all__ = ["InPlaceResult", "reset_in_place"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_PARTS = ("t:", "a:", "guard:")
 _UNLINK_CHUNK = 1_000
 
 
@@ -105,10 +104,9 @@ def reset_in_place(
     keys = registry.keys(generation)
     removed = 0
     batch: list[str] = []
-    for raw in client.scan_iter(match=f"{keys.base}:*", count=1_000):
+    for raw in client.scan_iter(match=keys.pattern(), count=1_000):
         name = raw.decode() if isinstance(raw, bytes) else str(raw)
-        rest = name[len(keys.base) + 1 :]
-        if rest == "positions" or rest.startswith(_STATE_PARTS):
+        if keys.is_state_key(name):
             batch.append(name)
         if len(batch) >= _UNLINK_CHUNK:
             removed += int(client.unlink(*batch))

@@ -40,9 +40,6 @@ __all__ = ["Snapshot", "SnapshotError", "SnapshotStore"]
 
 logger = logging.getLogger(__name__)
 
-# The parts of a generation's keyspace that make up its state (after ``<base>:``).
-_STATE_PARTS = ("t:", "a:", "guard:")
-_POSITIONS = "positions"
 _COPY_CHUNK = 1_000  # DUMP/RESTORE pairs per pipeline round trip when seeding
 
 
@@ -89,11 +86,6 @@ class Snapshot:
             "code_fingerprint": self.code_fingerprint,
             "positions": {position_field(t, p): o for (t, p), o in sorted(self.positions.items())},
         }
-
-
-def _is_state_key(base: str, key: str) -> bool:
-    rest = key[len(base) + 1 :]
-    return rest == _POSITIONS or rest.startswith(_STATE_PARTS)
 
 
 class SnapshotStore:
@@ -152,7 +144,7 @@ class SnapshotStore:
                         )
                         raise SnapshotError(msg)
                     # Listed after WATCH: a commit that adds keys after this aborts the copy.
-                    names = [k for k in self._scan(f"{keys.base}:*") if _is_state_key(keys.base, k)]
+                    names = [k for k in self._scan(keys.pattern()) if keys.is_state_key(k)]
                     snapshot = int(self.client.incr(self._sequence(generation)))
                     target = self._snapshot_base(generation, snapshot)
                     info = Snapshot(

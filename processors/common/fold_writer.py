@@ -126,6 +126,17 @@ class _DeadLetter:
     detail: str
 
 
+def _await_acks(producer: Producer, failures: list[str], what: str) -> None:
+    """Flush, and fail the batch (before its commit) unless every record was acknowledged."""
+    remaining = producer.flush(30)
+    if remaining or failures:
+        msg = (
+            f"{len(failures) or remaining} of {what} not acknowledged "
+            f"({'; '.join(failures[:3]) or 'timeout'}); batch not applied"
+        )
+        raise DeadLetterError(msg)
+
+
 class FoldWriter:
     """Applies record batches of one processor generation to Redis, exactly once in effect.
 
@@ -309,6 +320,16 @@ class FoldWriter:
         outcome.positions = new_pos
         return outcome
 
+    def _origin_headers(self, record: SourceRecord) -> list[tuple[str, str | bytes | None]]:
+        """Where a dead letter or side effect comes from (consumers deduplicate on these)."""
+        return [
+            ("refold.origin.topic", record.topic.encode()),
+            ("refold.origin.partition", str(record.partition).encode()),
+            ("refold.origin.offset", str(record.offset).encode()),
+            ("refold.processor", self.target.processor.encode()),
+            ("refold.generation", str(self.target.generation).encode()),
+        ]
+
     def _send_effects(self, effects: Sequence[tuple[SourceRecord, SideEffect]]) -> None:
         """Produce side effects and wait for the acknowledgements (before the commit)."""
         producer = self._dead_letter_producer()
@@ -323,22 +344,10 @@ class FoldWriter:
                 effect.topic,
                 json.dumps(effect.value, separators=(",", ":")).encode(),
                 effect.key.encode(),
-                headers=[
-                    ("refold.origin.topic", record.topic.encode()),
-                    ("refold.origin.partition", str(record.partition).encode()),
-                    ("refold.origin.offset", str(record.offset).encode()),
-                    ("refold.processor", self.target.processor.encode()),
-                    ("refold.generation", str(self.target.generation).encode()),
-                ],
+                headers=self._origin_headers(record),
                 on_delivery=_delivered,
             )
-        remaining = producer.flush(30)
-        if remaining or failures:
-            msg = (
-                f"{len(failures) or remaining} of {len(effects)} side effects not acknowledged "
-                f"({'; '.join(failures[:3]) or 'timeout'}); batch not applied"
-            )
-            raise DeadLetterError(msg)
+        _await_acks(producer, failures, f"{len(effects)} side effects")
 
     def _send_dead_letters(self, dead: Iterable[_DeadLetter], batch_id: int | None) -> None:
         producer = self._dead_letter_producer()
@@ -354,11 +363,7 @@ class FoldWriter:
             headers: list[tuple[str, str | bytes | None]] = [
                 ("refold.reason", letter.reason.encode()),
                 ("refold.error", letter.detail.encode()[:2000]),
-                ("refold.origin.topic", record.topic.encode()),
-                ("refold.origin.partition", str(record.partition).encode()),
-                ("refold.origin.offset", str(record.offset).encode()),
-                ("refold.processor", self.target.processor.encode()),
-                ("refold.generation", str(self.target.generation).encode()),
+                *self._origin_headers(record),
             ]
             producer.produce(
                 self.target.dlq_topic,
@@ -378,10 +383,4 @@ class FoldWriter:
                     "batch_id": batch_id,
                 },
             )
-        remaining = producer.flush(30)
-        if remaining or failures:
-            msg = (
-                f"{len(failures) or remaining} of {count} dead letters to {self.target.dlq_topic} "
-                f"not acknowledged ({'; '.join(failures[:3]) or 'timeout'}); batch not applied"
-            )
-            raise DeadLetterError(msg)
+        _await_acks(producer, failures, f"{count} dead letters to {self.target.dlq_topic}")
