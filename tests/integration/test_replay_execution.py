@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,15 @@ from replay.__main__ import main as replay
 from replay.errors import PlanError
 from replay.generations_admin import diff_generations
 from replay.in_place import reset_in_place
-from replay.plan import FromFile, FromOffset, ToEarliest
+from replay.plan import (
+    ByDuration,
+    FromFile,
+    FromOffset,
+    ToDatetime,
+    ToEarliest,
+    parse_datetime,
+    parse_duration,
+)
 from replay.rebuild import plan_replay, run_rebuild
 from replay.snapshots import SnapshotError, SnapshotStore
 from services.producer.simulator import OrderSimulator
@@ -338,3 +347,30 @@ def test_side_effects_go_out_live_and_are_suppressed_while_replaying(world, make
     assert sorted(n["order_id"] for n, _g in notices) == shipped
     assert {g for _n, g in notices} == {world.live}
     assert all(n["type"] == "order-shipped" for n, _g in notices)
+
+
+def test_time_specs_resolve_against_record_timestamps(
+    kafka_bootstrap, redis_url, make_topic, unique, monkeypatch
+):
+    topic = make_topic(partitions=2, prefix="timed")
+    monkeypatch.setattr("replay.rebuild.processor_topics", lambda _spec, _registry: [topic])
+    base = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    for i in range(40):  # partition 0: a record a second; partition 1: one every 10 s
+        producer.produce(topic, b"x", timestamp=base + i * 1000, partition=0)
+        producer.produce(topic, b"y", timestamp=base + i * 10_000, partition=1)
+    assert producer.flush(30) == 0
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    client = redis.Redis.from_url(redis_url)
+    spec = processor_spec("order_state")
+
+    def targets(reset):
+        plan = plan_replay(spec, reset, kafka, client, f"test-{unique}", scan_limit=0)
+        return {r.partition: r.target for r in plan.partitions}
+
+    when = datetime(2026, 1, 1, 0, 0, 25, tzinfo=UTC)
+    assert targets(ToDatetime(when)) == {0: 25, 1: 3}
+    assert targets(ToDatetime(parse_datetime("2026-01-01T01:00:25+01:00"))) == {0: 25, 1: 3}
+    now = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)  # 5 min after the first record
+    assert targets(ByDuration(parse_duration("PT4M50S"), now)) == {0: 10, 1: 1}
+    assert targets(ByDuration(parse_duration("PT1M"), now)) == {0: 40, 1: 24}
