@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from redis.typing import EncodableT, FieldT
 
 from contracts.generations import CHECKPOINT_EPOCH_FIELD, GenerationRegistry
-from contracts.lease import lease_holder_alive
+from contracts.lease import GenerationLease, LeaseHeldError
 from contracts.processors import consumer_group
 from contracts.settings import KafkaSettings
 from contracts.state import StateLayout, position_field
@@ -70,37 +70,11 @@ def _move_group(kafka: KafkaSettings, group: str, plan: ReplayPlan) -> None:
         raise PlanError(msg) from exc
 
 
-def reset_in_place(
-    plan: ReplayPlan, kafka: KafkaSettings, client: redis.Redis, key_prefix: str
-) -> InPlaceResult:
-    """Rewind the live generation to ``plan`` (see the module docstring).
-
-    Raises:
-        PlanError: No live generation, a failed plan check, a processor holds the lease, or
-            the broker refused to move the group; nothing was changed in any of these cases.
-    """
-    failed = [c for c in plan.checks if not c.ok]
-    if failed:
-        msg = "the plan failed its checks, nothing was changed: " + "; ".join(
-            f"{c.name}: {c.detail}. What to do: {c.action}" for c in failed
-        )
-        raise PlanError(msg)
-    generation = plan.live_generation
-    if generation is None:
-        msg = f"{plan.processor} has no live generation to reset in place"
-        raise PlanError(msg)
-    registry = GenerationRegistry(client, StateLayout(plan.processor, key_prefix))
-    holder = registry.lease_owner(generation)
-    if holder is not None and lease_holder_alive(holder):
-        msg = (
-            f"{plan.processor} g{generation} is being processed by {holder}: an in-place reset "
-            "needs its processor stopped (it is a member of the generation). Stop it, or "
-            "rebuild online without --in-place; nothing was changed."
-        )
-        raise PlanError(msg)
-    group = consumer_group(plan.processor, generation)
-    _move_group(kafka, group, plan)
-
+def _reset_state(
+    registry: GenerationRegistry, generation: int, plan: ReplayPlan
+) -> tuple[int, str | None]:
+    """Empty the generation's state (or restore the plan's snapshot); set where folding resumes."""
+    client = registry.client
     keys = registry.keys(generation)
     removed = 0
     batch: list[str] = []
@@ -129,7 +103,48 @@ def reset_in_place(
         position_field(r.topic, r.partition): r.begin for r in plan.partitions
     }
     client.hset(keys.positions, mapping=positions)
-    epoch = int(client.hincrby(keys.meta, CHECKPOINT_EPOCH_FIELD, 1))
-    registry.update_meta(generation, {"reset_in_place": plan.spec})
+    return removed, seeded_from
+
+
+def reset_in_place(
+    plan: ReplayPlan, kafka: KafkaSettings, client: redis.Redis, key_prefix: str
+) -> InPlaceResult:
+    """Rewind the live generation to ``plan`` (see the module docstring).
+
+    Raises:
+        PlanError: No live generation, a failed plan check, a processor holds the lease, or
+            the broker refused to move the group; nothing was changed in any of these cases.
+    """
+    failed = [c for c in plan.checks if not c.ok]
+    if failed:
+        msg = "the plan failed its checks, nothing was changed: " + "; ".join(
+            f"{c.name}: {c.detail}. What to do: {c.action}" for c in failed
+        )
+        raise PlanError(msg)
+    generation = plan.live_generation
+    if generation is None:
+        msg = f"{plan.processor} has no live generation to reset in place"
+        raise PlanError(msg)
+    registry = GenerationRegistry(client, StateLayout(plan.processor, key_prefix))
+    # The reset holds the generation's lease itself: no processor can start in the middle.
+    lease = GenerationLease(registry, generation)
+    try:
+        lease.acquire(0)
+    except LeaseHeldError as exc:
+        msg = (
+            f"{plan.processor} g{generation} is being processed by "
+            f"{registry.lease_owner(generation)}: an in-place reset needs its processor stopped "
+            "(it is a member of the generation). Stop it, or rebuild online without "
+            "--in-place; nothing was changed."
+        )
+        raise PlanError(msg) from exc
+    try:
+        group = consumer_group(plan.processor, generation)
+        _move_group(kafka, group, plan)
+        removed, seeded_from = _reset_state(registry, generation, plan)
+        epoch = int(client.hincrby(registry.keys(generation).meta, CHECKPOINT_EPOCH_FIELD, 1))
+        registry.update_meta(generation, {"reset_in_place": plan.spec})
+    finally:
+        lease.release()
     logger.info("g%d reset in place (%s), checkpoint epoch %d", generation, plan.spec, epoch)
     return InPlaceResult(generation, group, removed, epoch, seeded_from)
