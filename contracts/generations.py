@@ -26,10 +26,12 @@ from contracts.state import (
 
 __all__ = [
     "CHECKPOINT_EPOCH_FIELD",
+    "RESET_PENDING_FIELD",
     "GenerationInfo",
     "GenerationRegistry",
     "Positions",
     "checkpoint_dir",
+    "checkpoint_root",
 ]
 
 Positions = dict[tuple[str, int], int]
@@ -37,6 +39,14 @@ Positions = dict[tuple[str, int], int]
 # Meta field counting in-place resets of a generation. Each reset starts a new Spark checkpoint
 # directory, so no processor, wherever its state directory is, resumes from a stale checkpoint.
 CHECKPOINT_EPOCH_FIELD = "checkpoint_epoch"
+# Meta field set while an in-place reset rewrites a generation (its reset spec); a processor
+# refuses to start the generation until the reset that set it has finished.
+RESET_PENDING_FIELD = "reset_in_place_pending"
+
+
+def checkpoint_root(state_dir: Path) -> Path:
+    """Where processors started with ``state_dir`` keep their Spark checkpoints."""
+    return state_dir / "checkpoints"
 
 
 def checkpoint_dir(root: Path, processor: str, generation: int, epoch: int = 0) -> Path:
@@ -205,7 +215,12 @@ class GenerationRegistry:
             pipe.hset(self.keys(generation).meta, "replaced", str(previous))
 
     def flip_if_caught_up(
-        self, generation: int, floor: Positions, slack: int = 0
+        self,
+        generation: int,
+        floor: Positions,
+        slack: int = 0,
+        *,
+        starts: Positions | None = None,
     ) -> tuple[bool, int | None, Positions]:
         """Flip to ``generation`` only if readers lose no freshness by it, atomically.
 
@@ -213,6 +228,8 @@ class GenerationRegistry:
         when the rebuild began) and the live generation's applied position, each less
         ``slack``. The check and the flip are one optimistic transaction (WATCH on the alias and
         both positions hashes): a batch committed in between makes it check again.
+        ``starts`` is where the generation began on partitions it has written nothing for (a
+        partition with no records past its starting point never gets a position).
 
         Returns:
             ``(flipped, previous live generation, how far behind per partition)``; the last
@@ -235,7 +252,7 @@ class GenerationRegistry:
                         raw = cast("dict[bytes, bytes]", pipe.hgetall(live_keys.positions))
                         live_positions = self.parse_positions(raw)[0]
                     raw = cast("dict[bytes, bytes]", pipe.hgetall(keys.positions))
-                    mine = self.parse_positions(raw)[0]
+                    mine = {**(starts or {}), **self.parse_positions(raw)[0]}
                     needed = dict(floor)
                     for tp, offset in live_positions.items():
                         needed[tp] = max(offset, needed.get(tp, 0))

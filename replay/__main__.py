@@ -16,7 +16,7 @@ import redis
 from tqdm import tqdm
 
 from contracts.errors import RefoldError
-from contracts.generations import GenerationRegistry
+from contracts.generations import GenerationRegistry, checkpoint_root
 from contracts.logconfig import configure_logging
 from contracts.offsets import LogOffsets
 from contracts.processors import PROCESSORS, ProcessorSpec, processor_spec
@@ -392,7 +392,7 @@ def _cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Re
         processor_spec(args.processor),
         client,
         settings.redis.key_prefix,
-        settings.state_dir / "checkpoints",
+        checkpoint_root(settings.state_dir),
         execute=args.execute,
     )
     if not removed:

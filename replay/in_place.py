@@ -22,14 +22,14 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient
 from redis.typing import EncodableT, FieldT
 
-from contracts.generations import CHECKPOINT_EPOCH_FIELD, GenerationRegistry
+from contracts.generations import CHECKPOINT_EPOCH_FIELD, RESET_PENDING_FIELD, GenerationRegistry
 from contracts.lease import GenerationLease, LeaseHeldError
 from contracts.processors import consumer_group
 from contracts.settings import KafkaSettings
 from contracts.state import StateLayout, position_field
-from replay.errors import PlanError, ReplayError
+from replay.errors import PlanError
 from replay.plan import ReplayPlan
-from replay.snapshots import SnapshotStore
+from replay.snapshots import Snapshot, SnapshotStore
 
 __all__ = ["InPlaceResult", "reset_in_place"]
 
@@ -70,10 +70,24 @@ def _move_group(kafka: KafkaSettings, group: str, plan: ReplayPlan) -> None:
         raise PlanError(msg) from exc
 
 
+def _seed_snapshot(registry: GenerationRegistry, plan: ReplayPlan) -> Snapshot | None:
+    """The plan's snapshot, looked up before anything is deleted."""
+    if plan.seed is None:
+        return None
+    store = SnapshotStore(registry)
+    snapshot = next(
+        (s for s in store.list(plan.seed.generation) if s.snapshot == plan.seed.snapshot), None
+    )
+    if snapshot is None:
+        msg = f"snapshot {plan.seed.name} disappeared (replay gc?); nothing was changed"
+        raise PlanError(msg)
+    return snapshot
+
+
 def _reset_state(
-    registry: GenerationRegistry, generation: int, plan: ReplayPlan
-) -> tuple[int, str | None]:
-    """Empty the generation's state (or restore the plan's snapshot); set where folding resumes."""
+    registry: GenerationRegistry, generation: int, plan: ReplayPlan, snapshot: Snapshot | None
+) -> int:
+    """Empty the generation's state (or restore ``snapshot``); set where folding resumes."""
     client = registry.client
     keys = registry.keys(generation)
     removed = 0
@@ -87,23 +101,14 @@ def _reset_state(
             batch = []
     if batch:
         removed += int(client.unlink(*batch))
-    seeded_from = None
-    if plan.seed is not None:
-        store = SnapshotStore(registry)
-        snapshot = next(
-            (s for s in store.list(plan.seed.generation) if s.snapshot == plan.seed.snapshot), None
-        )
-        if snapshot is None:
-            msg = f"snapshot {plan.seed.name} disappeared; g{generation} is now empty"
-            raise ReplayError(msg)
-        store.seed(snapshot, generation)
-        seeded_from = snapshot.name
+    if snapshot is not None:
+        SnapshotStore(registry).seed(snapshot, generation)
     # Folding restarts at each partition's begin: record it where the processor resumes from.
     positions: dict[FieldT, EncodableT] = {
         position_field(r.topic, r.partition): r.begin for r in plan.partitions
     }
     client.hset(keys.positions, mapping=positions)
-    return removed, seeded_from
+    return removed
 
 
 def reset_in_place(
@@ -139,12 +144,20 @@ def reset_in_place(
         )
         raise PlanError(msg) from exc
     try:
+        snapshot = _seed_snapshot(registry, plan)
         group = consumer_group(plan.processor, generation)
         _move_group(kafka, group, plan)
-        removed, seeded_from = _reset_state(registry, generation, plan)
-        epoch = int(client.hincrby(registry.keys(generation).meta, CHECKPOINT_EPOCH_FIELD, 1))
+        # From here the generation is half reset until the marker goes: a processor that
+        # starts after a crash of this reset (its lease expired) refuses it, and the new
+        # epoch means no processor resumes the checkpoint of before the reset.
+        meta = registry.keys(generation).meta
+        client.hset(meta, RESET_PENDING_FIELD, plan.spec)
+        epoch = int(client.hincrby(meta, CHECKPOINT_EPOCH_FIELD, 1))
+        removed = _reset_state(registry, generation, plan, snapshot)
         registry.update_meta(generation, {"reset_in_place": plan.spec})
+        client.hdel(meta, RESET_PENDING_FIELD)
     finally:
         lease.release()
+    seeded_from = snapshot.name if snapshot is not None else None
     logger.info("g%d reset in place (%s), checkpoint epoch %d", generation, plan.spec, epoch)
     return InPlaceResult(generation, group, removed, epoch, seeded_from)

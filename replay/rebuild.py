@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 import redis
 
 from contracts.codec import EventCodec
-from contracts.generations import GenerationRegistry, Positions
+from contracts.generations import GenerationRegistry, Positions, checkpoint_dir, checkpoint_root
 from contracts.offsets import LogOffsets
 from contracts.processors import ProcessorSpec
 from contracts.settings import KafkaSettings, RedisSettings
@@ -268,6 +269,12 @@ def run_rebuild(
             "seeded_from": plan.seed.name if plan.seed is not None else "",
         }
     )
+    stale = checkpoint_dir(checkpoint_root(state_dir), spec.name, generation)
+    if stale.exists():
+        # A new generation's number can repeat after Redis lost its registry while the state
+        # directory survived; resuming that checkpoint would skip the plan's records.
+        logger.warning("removing stale checkpoint %s of the new generation", stale)
+        shutil.rmtree(stale)
     if plan.seed is not None:
         _seed(registry, plan.seed, generation)
     logs = state_dir / "logs"
@@ -333,7 +340,7 @@ def run_rebuild(
             if reached:
                 flip_started = time.perf_counter()
                 flipped, previous, _behind = registry.flip_if_caught_up(
-                    generation, target, lag_threshold
+                    generation, target, lag_threshold, starts=starts
                 )
                 if flipped:
                     flip_ms = (time.perf_counter() - flip_started) * 1000
@@ -341,8 +348,8 @@ def run_rebuild(
             time.sleep(_POLL_S)
         cutover_at = time.monotonic()
     finally:
-        offsets.close()
         _stop(process)
+        offsets.close()
     positions = registry.positions(generation)[0]
     applied = sum(max(0, positions.get(tp, s) - s) for tp, s in starts.items())
     seconds = cutover_at - started

@@ -247,6 +247,16 @@ class SnapshotStore:
                         )
                         copied += 1
                 pipe.execute()
+        if copied != snapshot.keys:
+            # Keys vanished under us (a concurrent `replay gc`, an eviction policy): the seed
+            # would be a partial state that still claims the snapshot's positions.
+            msg = (
+                f"snapshot {snapshot.name} has {copied} of its {snapshot.keys} keys left; "
+                f"g{generation} is incomplete and must not be used. Operator action: take a "
+                "new snapshot (`replay snapshot`) or rebuild --to-earliest; check that Redis "
+                "does not evict keys (maxmemory-policy noeviction)."
+            )
+            raise SnapshotError(msg)
         self.registry.update_meta(generation, {"seeded_from": snapshot.name})
         return copied
 

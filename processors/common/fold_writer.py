@@ -283,11 +283,8 @@ class FoldWriter:
         if dead:
             self._send_dead_letters(dead, batch_id)
         if effects:
-            # The generation knows whether it is being rebuilt: its effects happened already.
-            status = pipe.hget(self.target.layout.generations, str(self.target.generation))
-            if status in (b"building", "building"):
-                outcome.suppressed = len(effects)
-            else:
+            effects, outcome.suppressed = self._unsuppressed(pipe, effects)
+            if effects:
                 self._send_effects(effects)
                 outcome.effects = len(effects)
         changed = {e: s for e, s in states.items() if s is not None and s != before[e]}
@@ -319,6 +316,37 @@ class FoldWriter:
         pipe.execute()
         outcome.positions = new_pos
         return outcome
+
+    def _unsuppressed(
+        self, pipe: Pipeline, effects: list[tuple[SourceRecord, SideEffect]]
+    ) -> tuple[list[tuple[SourceRecord, SideEffect]], int]:
+        """The effects to send, and how many were suppressed because they happened already.
+
+        A generation being rebuilt (``building``) knows it is replaying: the effects of records
+        the live generation has already applied were produced then, and are suppressed. Those
+        of records past the live generation's positions are sent, or a cutover would lose the
+        effects of the records the shadow applied ahead of the live processor. Near the
+        cutover both may send one (same origin headers): at least once, never lost. With no
+        live generation to compare with, a rebuild suppresses them all.
+        """
+        layout = self.target.layout
+        status = pipe.hget(layout.generations, str(self.target.generation))
+        if status not in (b"building", "building"):
+            return effects, 0
+        raw_live = pipe.get(layout.alias)
+        live = None if raw_live is None else int(cast("bytes", raw_live))
+        if live is None or live == self.target.generation:
+            return [], len(effects)
+        fields = sorted({position_field(r.topic, r.partition) for r, _e in effects})
+        live_keys = layout.generation(live)
+        raw = cast("list[bytes | None]", pipe.hmget(live_keys.positions, fields))
+        live_pos = {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+        send = [
+            (r, e)
+            for r, e in effects
+            if r.offset >= live_pos.get(position_field(r.topic, r.partition), 0)
+        ]
+        return send, len(effects) - len(send)
 
     def _origin_headers(self, record: SourceRecord) -> list[tuple[str, str | bytes | None]]:
         """Where a dead letter or side effect comes from (consumers deduplicate on these)."""

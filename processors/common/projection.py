@@ -41,8 +41,8 @@ class SideEffect:
     returning them for one applied event, and ``effect_topics`` naming the topics (created at
     start). The sink produces them before it commits the state, like dead letters: at least
     once, with the origin record in the headers for consumers that deduplicate. A generation
-    that ``replay`` is building does not produce them (they were produced when the events were
-    first folded); it counts them as suppressed.
+    that ``replay`` is building does not produce those of records the live generation has
+    already applied (they were produced then); it counts them as suppressed.
     """
 
     topic: str

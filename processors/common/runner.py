@@ -28,6 +28,7 @@ from contracts.catalog import default_catalog
 from contracts.fingerprints import code_fingerprint, schema_fingerprints
 from contracts.generations import (
     CHECKPOINT_EPOCH_FIELD,
+    RESET_PENDING_FIELD,
     GenerationRegistry,
     Positions,
     checkpoint_dir,
@@ -184,6 +185,14 @@ def resolve_run(
             msg = f"{projection.name} has no generation {generation}; see `replay status`"
             raise ProcessorConfigError(msg)
     if not created:
+        pending = registry.meta(generation).get(RESET_PENDING_FIELD)
+        if pending:
+            msg = (
+                f"{projection.name} g{generation} is half reset: an in-place reset ({pending}) "
+                "did not finish. Operator action: run that `replay --in-place --execute` "
+                "again, or rebuild online and flip to the new generation."
+            )
+            raise ProcessorConfigError(msg)
         _check_fingerprints(registry, projection, generation, options.accept_code_change)
     epoch = int(registry.meta(generation).get(CHECKPOINT_EPOCH_FIELD, "0"))
     checkpoint = checkpoint_dir(options.checkpoint_root, projection.name, generation, epoch)
@@ -321,10 +330,17 @@ def run_processor(
     following = options.generation == "live" and not options.available_now
     wait_s = 0.0
     while True:
-        run = resolve_run(projection, topics, kafka, redis_settings, options, client)
-        lease = GenerationLease(registry, run.generation)
+        picked = resolve_run(projection, topics, kafka, redis_settings, options, client)
+        lease = GenerationLease(registry, picked.generation)
         lease.acquire(wait_s)
         try:
+            # Resolved again under the lease: while it waited, the previous holder went on
+            # committing, and an in-place reset may have moved the checkpoint epoch.
+            exact = dataclasses.replace(options, generation=picked.generation)
+            run = resolve_run(projection, topics, kafka, redis_settings, exact, client)
+            if options.generation == "live" and registry.live() != run.generation:
+                logger.info("g%d is no longer live; picking again", run.generation)
+                continue
             if spark is None:
                 from processors.common.spark import build_spark_session
 

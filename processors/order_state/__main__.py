@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 
+from contracts.generations import checkpoint_root
 from contracts.logconfig import configure_logging
 from contracts.topics import ORDERS
 from processors.common.runner import (
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = OrderStateSettings()
     options = RunOptions(
         generation=args.generation,
-        checkpoint_root=settings.state_dir / "checkpoints",
+        checkpoint_root=checkpoint_root(settings.state_dir),
         starting_offsets=args.starting_offsets,
         available_now=args.available_now,
         trigger_interval=settings.trigger_interval,

@@ -4,6 +4,7 @@ The generations are written by the real fold writer (the processor's write path)
 the Spark processor running a seeded rebuild end to end is in tests/spark.
 """
 
+import dataclasses
 import json
 import os
 import threading
@@ -22,8 +23,11 @@ from contracts.lease import GenerationLease
 from contracts.processors import consumer_group, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
+from contracts.topics import ORDERS
 from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
 from processors.common.projection import fold_all
+from processors.common.runner import RunOptions, resolve_run
+from processors.errors import ProcessorConfigError
 from processors.order_state.projection import OrderStateProjection
 from replay.__main__ import main as replay
 from replay.errors import PlanError
@@ -176,6 +180,16 @@ def test_a_seeded_plan_starts_at_the_snapshot_and_rebuilds_the_same_state(world)
     assert diff.identical, diff.render()
 
 
+def test_seeding_from_a_snapshot_that_lost_keys_fails_loudly(world):
+    world.writer(world.live).apply(world.records)
+    store = SnapshotStore(world.registry)
+    snapshot = store.take(world.live)
+    copied = f"{world.registry.keys(world.live).base}:snap:{snapshot.snapshot}:*"
+    world.client.delete(next(world.client.scan_iter(match=copied, count=1000)))
+    with pytest.raises(SnapshotError, match="keys left"):
+        store.seed(snapshot, world.registry.create({"topics": [world.topic]}))
+
+
 def test_a_rebuild_that_skips_records_without_a_snapshot_is_refused(world, capsys):
     world.writer(world.live).apply(world.records)
     spec = processor_spec("order_state")
@@ -305,6 +319,39 @@ def test_in_place_reset_rewinds_state_group_and_checkpoint(world):
     assert world.state(world.live) == expected.states
 
 
+def test_a_processor_refuses_a_generation_whose_in_place_reset_did_not_finish(
+    world, monkeypatch, tmp_path
+):
+    world.writer(world.live).apply(world.records)
+    spec = processor_spec("order_state")
+    plan = plan_replay(spec, ToEarliest(), world.kafka, world.client, world.prefix)
+
+    def crash(*_args):
+        msg = "the reset died here"
+        raise RuntimeError(msg)
+
+    with monkeypatch.context() as patch:
+        patch.setattr("replay.in_place._reset_state", crash)
+        with pytest.raises(RuntimeError, match="died"):
+            reset_in_place(plan, world.kafka, world.client, world.prefix)
+    run = {
+        "projection": OrderStateProjection(),
+        "topics": [dataclasses.replace(ORDERS, name=world.topic, partitions=PARTITIONS)],
+        "kafka": world.kafka,
+        "redis_settings": RedisSettings(url=world.redis_url, key_prefix=world.prefix),
+        "options": RunOptions(checkpoint_root=tmp_path / "checkpoints"),
+        "client": world.client,
+    }
+    with pytest.raises(ProcessorConfigError, match="half reset"):
+        resolve_run(**run)
+    assert world.registry.meta(world.live)["checkpoint_epoch"] == "1"
+    # Running the reset again finishes it, and the processor starts from the rewound positions.
+    reset_in_place(plan, world.kafka, world.client, world.prefix)
+    resumed = resolve_run(**run)
+    assert resumed.checkpoint.name == f"g{world.live}-reset2"
+    assert json.loads(resumed.starting_offsets) == {world.topic: {"0": 0, "1": 0}}
+
+
 def _notices(world, topic):
     consumer = Consumer(
         {
@@ -347,6 +394,49 @@ def test_side_effects_go_out_live_and_are_suppressed_while_replaying(world, make
     assert sorted(n["order_id"] for n, _g in notices) == shipped
     assert {g for _n, g in notices} == {world.live}
     assert all(n["type"] == "order-shipped" for n, _g in notices)
+
+
+def test_a_rebuild_sends_the_effects_of_records_the_live_generation_has_not_applied(
+    world, make_topic
+):
+    """At the cutover the shadow is ahead of the live processor: those effects must go out."""
+    notifications = make_topic(partitions=4, prefix="notices")
+    projection = OrderStateProjection(notifications)
+    half = {(world.topic, p): sum(r.partition == p for r in world.records) // 2 for p in range(2)}
+    early = [r for r in world.records if r.offset < half[(r.topic, r.partition)]]
+    everything = {(world.topic, p): 10**9 for p in range(2)}
+
+    def shipped(positions):
+        return {k for k, s in world.oracle(positions).states.items() if s["status"] == "shipped"}
+
+    live = world.writer(world.live, projection).apply(early)
+    assert live.effects == len(shipped(half)) > 0
+    shadow = world.writer(world.registry.create({"topics": [world.topic]}), projection)
+    outcome = shadow.apply(world.records)
+    # Orders ship once: those shipped by the first half went out from the live generation.
+    assert (outcome.suppressed, outcome.effects) == (
+        len(shipped(half)),
+        len(shipped(everything) - shipped(half)),
+    )
+    notices = _notices(world, notifications)
+    assert {n["order_id"] for n, _g in notices} == shipped(everything)
+    assert {n["order_id"] for n, g in notices if g != world.live} == (
+        shipped(everything) - shipped(half)
+    )
+
+
+def test_a_partition_with_nothing_to_replay_does_not_hold_the_cutover_back(world):
+    """A shadow starting at a partition's end never writes a position there (log start == end)."""
+    world.writer(world.live).apply(world.records)
+    ends = {(world.topic, p): sum(r.partition == p for r in world.records) for p in range(2)}
+    shadow = world.registry.create({"topics": [world.topic]})
+    world.writer(shadow).apply([r for r in world.records if r.partition == 0])
+    flipped, _previous, behind = world.registry.flip_if_caught_up(shadow, ends)
+    assert not flipped
+    assert behind == {(world.topic, 1): ends[(world.topic, 1)]}
+    starts = {(world.topic, 0): 0, (world.topic, 1): ends[(world.topic, 1)]}
+    assert world.registry.flip_if_caught_up(shadow, ends, starts=starts) == (True, world.live, {})
+    assert world.registry.live() == shadow
 
 
 def test_time_specs_resolve_against_record_timestamps(
