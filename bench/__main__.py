@@ -13,6 +13,7 @@ Prints a table and writes ``bench/results/latest.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -280,9 +281,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the latency run (no backlog, baseline or catch-up)",
     )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="keep the stack's and processors' state and logs here (default: a temporary "
+        "directory, removed at the end)",
+    )
     args = parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="refold-bench-") as tmp:
+    if args.work_dir is not None:
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        contextlib.nullcontext(str(args.work_dir))
+        if args.work_dir is not None
+        else tempfile.TemporaryDirectory(prefix="refold-bench-")
+    ) as tmp:
         state = Path(tmp)
         with LocalStack(state / "stack", free_port(), free_port()) as stack:
             topic = "bench.orders"

@@ -52,6 +52,7 @@ def _worker(
         }
     )
     writer = FoldWriter(target, OrderStateProjection())
+    writer.connect()  # as the processor's workers do, while the records come
     ends = {(t, p): e for t, p, e in ranges}
     started = time.monotonic()
     consumer.assign([TopicPartition(t, p, 0) for t, p, _e in ranges])

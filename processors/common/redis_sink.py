@@ -55,6 +55,7 @@ def _writer(target: FoldTarget, projection: Projection) -> FoldWriter:
     writer = _WRITERS.get(key)
     if writer is None:
         writer = _WRITERS[key] = FoldWriter(target, projection)
+        writer.connect()
     return writer
 
 
@@ -90,6 +91,7 @@ def _fold_task(
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """Executor side: collect the task's records, apply them, yield one outcome row."""
+    writer = _writer(target, projection)  # first: a new one connects while the records come
     if ranges:
         records = _records_of_ranges(target, batches)
     else:
@@ -109,7 +111,7 @@ def _fold_task(
     if not records:
         return
     # No sort: the source hands each partition's records over in offset order.
-    outcome = _writer(target, projection).apply(records, batch_id)
+    outcome = writer.apply(records, batch_id)
     yield pa.RecordBatch.from_pylist(
         [
             {

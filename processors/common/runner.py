@@ -356,6 +356,24 @@ def run_processor(
         wait_s = 300.0
 
 
+def _log_progress(query: StreamingQuery, after: int) -> int:
+    """Log Spark's phase timings of the batches since ``after`` (DEBUG); returns the last id."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return after
+    for progress in query.recentProgress:
+        if progress["batchId"] > after and progress["numInputRows"]:
+            after = progress["batchId"]
+            durations = ", ".join(f"{k} {v}" for k, v in sorted(progress["durationMs"].items()))
+            logger.debug(
+                "batch %d: %d rows; Spark phases (ms): %s",
+                after,
+                progress["numInputRows"],
+                durations,
+                extra={"batch_id": after},
+            )
+    return after
+
+
 def _run_generation(
     projection: Projection,
     topics: list[TopicSpec],
@@ -396,9 +414,11 @@ def _run_generation(
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous_handlers[signum] = signal.signal(signum, _on_signal)
+    logged_batch = -1
     try:
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
+            logged_batch = _log_progress(query, logged_batch)
             if lease.lost.is_set():
                 msg = (
                     f"lost the lease of g{run.generation} (another processor took it over "

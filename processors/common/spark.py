@@ -32,6 +32,7 @@ def build_spark_session(app_name: str, master: str | None = None) -> SparkSessio
         .master(master or os.environ.get("REFOLD_SPARK_MASTER", "local[2]"))
         # No UI: nothing to look at in tests and demos, and it saves a port and memory.
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         # Tiny batches: the default 200 shuffle partitions would be 200 empty tasks.
         .config("spark.sql.shuffle.partitions", "2")
         # Python workers are reused, so per-process Kafka/Redis clients survive across tasks.

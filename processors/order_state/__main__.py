@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 from contracts.generations import checkpoint_root
@@ -66,7 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print this code's generation fingerprints as JSON and exit",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("REFOLD_LOG_LEVEL", "INFO"),
+        help="DEBUG adds Spark's phase timings per batch (default: $REFOLD_LOG_LEVEL or INFO)",
+    )
     return parser
 
 
