@@ -11,12 +11,17 @@ Two ways to ask for the end (:meth:`LogOffsets.end_offsets`):
 
 * ``fresh=True`` (default): counts every record acknowledged before the call. The partitions are
   assigned a little below their end and the call waits until each has answered a Fetch that
-  was sent after the call began; costs one round trip plus, on Tansu, one batch.
-* ``fresh=False``: for a long-lived caller (the Spark driver asks every trigger). The consumer
-  stays assigned at the high watermark and keeps long-polling, so the cached watermark trails
-  the log by about one Fetch (at most ``fetch.wait.max.ms`` when idle). A call drains what the
-  poll brought in and skips the backlog by seeking to the watermark; it measures afresh when
-  the local queue grew so large that librdkafka may have stopped fetching.
+  was sent after the call began; costs one round trip plus, on Tansu, one batch. Nothing stays
+  assigned afterwards.
+* ``fresh=False``: for a caller that asks often (the Spark driver asks every trigger). One
+  batched ListOffsets LATEST, which on Kafka is the end; on Tansu it trails the end by the
+  newest batch, and only a partition whose listed value has not moved since the previous
+  call (an idle one, whose newest batch would otherwise wait) is measured on the fetch path,
+  once per value. So a busy log costs no Fetch at all, and an idle one a single Fetch.
+
+Nothing tails the log: on Tansu every Fetch costs the broker time in proportion to the number
+of batches in the partition (measured: ~1 us per batch), so a consumer kept polling at the end
+of a log written in small batches grew to a whole core of broker CPU within a minute.
 
 Lifecycle: one :class:`LogOffsets` per process and thread (not thread-safe, not picklable); its
 consumer is created on first use, never joins a group and never commits.
@@ -41,15 +46,12 @@ logger = logging.getLogger(__name__)
 
 TopicPartitionKey = tuple[str, int]
 
-# librdkafka's queue limits for the probe. It stops fetching a partition while the consumer
-# queue holds at least this many messages or bytes, which would freeze the cached watermark;
-# small limits also bound the probe's memory. See _refresh for how a full queue is detected.
+# librdkafka's queue limits for the probe: small, since it needs one record per partition.
 _QUEUED_MIN_MESSAGES: Final = 20_000
 _QUEUED_MAX_KBYTES: Final = 8_192
 
 _TUNING: Final[dict[str, Any]] = {
-    # Short long-polls: an idle partition answers within this, which bounds the staleness of
-    # the cached watermark (and the wait for an empty partition's end-of-partition event).
+    # An empty partition answers the probe (end-of-partition) after this long-poll.
     "fetch.wait.max.ms": 100,
     # librdkafka's 1 s default would delay fetching after the queue was full for that long.
     "fetch.queue.backoff.ms": 10,
@@ -114,8 +116,11 @@ class LogOffsets:
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._metadata: Consumer | None = None
-        # Partitions kept assigned at their high watermark, with the last watermark seen.
+        # Per partition: the best known end, the last ListOffsets LATEST answer, and the answer
+        # at which the end was last measured on the fetch path (see the module docstring).
         self._tracked: dict[TopicPartitionKey, int] = {}
+        self._listed: dict[TopicPartitionKey, int] = {}
+        self._exact_at: dict[TopicPartitionKey, int] = {}
 
     def __enter__(self) -> LogOffsets:
         return self
@@ -206,14 +211,14 @@ class LogOffsets:
     def end_offsets(
         self, tps: Iterable[TopicPartitionKey], fresh: bool = True
     ) -> dict[TopicPartitionKey, int]:
-        """The log end (high watermark) of each partition, read from the fetch path.
+        """The log end (high watermark) of each partition.
 
         Args:
             tps: ``(topic, partition)`` pairs.
-            fresh: True: count every record acknowledged before the call (one round trip).
-                False: the cheap mode for a caller that asks often; the answer trails the log
-                by about one Fetch (see the module docstring). The first call for a partition
-                is always fresh.
+            fresh: True: count every record acknowledged before the call (one round trip on
+                the fetch path). False: the cheap mode for a caller that asks often; on Tansu
+                the answer may trail the log by its newest batch until the next call (see
+                the module docstring). The first call for a partition is always fresh.
 
         Returns:
             The high watermark of each pair (the offset the next record will get).
@@ -231,103 +236,72 @@ class LogOffsets:
         return {tp: self._tracked[tp] for tp in wanted}
 
     def _probe(self, wanted: list[TopicPartitionKey]) -> None:
-        """Measure ``wanted`` afresh and leave every tracked partition assigned at its end."""
+        """Measure ``wanted`` afresh on the fetch path; nothing stays assigned afterwards."""
         consumer = self._client()
         unknown = [tp for tp in wanted if tp not in self._tracked]
         lows = self._list(unknown, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
         listed = self._list(unknown, OffsetSpec.latest())  # type: ignore[no-untyped-call]
         positions: dict[TopicPartitionKey, int] = {}
         for tp in wanted:
-            if tp in self._tracked:
-                low, high = self._cached(tp)
-                low, high = max(low, 0), max(high, self._tracked[tp])
-            else:
-                low, high = lows[tp], listed[tp]
+            low, high = (0, self._tracked[tp]) if tp in self._tracked else (lows[tp], listed[tp])
             # Kafka: `high` is the end, so `high - 1` is the last record. Tansu's listed LATEST
             # is the newest batch's base + 1, so `high - 1` is that batch's first record. Either
             # way a record exists there (unless the log is empty) and the first Fetch returns
             # it at once, with the watermark; starting at the end would wait for a long-poll.
+            # (A position below the log start restarts at the start: auto.offset.reset.)
             positions[tp] = max(low, high - 1)
-        keep = {tp: self._cached_end(tp, default=end) for tp, end in self._tracked.items()}
-        assignment = {**keep, **positions}
         # A full assign() starts a new fetch version for every partition: librdkafka drops
         # queued records and responses of older versions, so each record or end-of-partition
         # event received below answers a Fetch sent after this call began.
-        consumer.assign([TopicPartition(t, p, o) for (t, p), o in sorted(assignment.items())])
-        self._tracked = dict(keep)
-        waiting = set(wanted)
-        last_seen: dict[TopicPartitionKey, int] = {}
-        deadline = time.monotonic() + self._timeout
-        while waiting:
-            if time.monotonic() > deadline:
-                msg = f"no fetch answer for {sorted(waiting)} within {self._timeout:.0f}s"
-                raise OffsetsError(msg)
-            for message in consumer.consume(_DRAIN_BATCH, timeout=0.05):
-                tp = (message.topic() or "", message.partition() or 0)
-                error = message.error()
-                if error is None:
-                    last_seen[tp] = int(message.offset() or 0)
-                elif error.code() != _EOF:
-                    self._raise_unless_transient(error, tp)
-                    continue
-                waiting.discard(tp)
-        for tp in wanted:
-            end = self._cached_end(tp, default=-1)
-            if end < last_seen.get(tp, -1) + 1:  # cannot happen: the answer carried it
-                msg = f"{tp[0]}/{tp[1]}: no high watermark after a fetch (got {end})"
-                raise OffsetsError(msg)
-            self._tracked[tp] = end
-        self._skip_backlog(last_seen)
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
+        try:
+            waiting = set(wanted)
+            last_seen: dict[TopicPartitionKey, int] = {}
+            deadline = time.monotonic() + self._timeout
+            while waiting:
+                if time.monotonic() > deadline:
+                    msg = f"no fetch answer for {sorted(waiting)} within {self._timeout:.0f}s"
+                    raise OffsetsError(msg)
+                for message in consumer.consume(_DRAIN_BATCH, timeout=0.05):
+                    tp = (message.topic() or "", message.partition() or 0)
+                    error = message.error()
+                    if error is None:
+                        last_seen[tp] = int(message.offset() or 0)
+                    elif error.code() != _EOF:
+                        self._raise_unless_transient(error, tp)
+                        continue
+                    waiting.discard(tp)
+            for tp in wanted:
+                end = self._cached_end(tp, default=-1)
+                if end < last_seen.get(tp, -1) + 1:  # cannot happen: the answer carried it
+                    msg = f"{tp[0]}/{tp[1]}: no high watermark after a fetch (got {end})"
+                    raise OffsetsError(msg)
+                self._tracked[tp] = end
+        finally:
+            consumer.unassign()
+        self._listed.update(listed)
+        self._exact_at.update({tp: listed[tp] for tp in unknown})
 
     def _refresh(self, wanted: list[TopicPartitionKey]) -> None:
-        """The cheap mode: drain the long-poll's records, check that fetching never stopped."""
+        """The cheap mode: ListOffsets, and the fetch path only where the log looks idle."""
         unknown = [tp for tp in wanted if tp not in self._tracked]
         if unknown:
             self._probe(unknown)
-        consumer = self._client()
-        count = size = 0
-        last_seen: dict[TopicPartitionKey, int] = {}
-        while True:
-            messages = consumer.consume(_DRAIN_BATCH, timeout=0)
-            for message in messages:
-                tp = (message.topic() or "", message.partition() or 0)
-                error = message.error()
-                if error is None:
-                    count += 1
-                    size += len(message.value() or b"") + len(message.key() or b"")
-                    last_seen[tp] = int(message.offset() or 0)
-                elif error.code() != _EOF:
-                    self._raise_unless_transient(error, tp)
-            if len(messages) < _DRAIN_BATCH:
-                break
-        # librdkafka stops fetching while its queue is over either limit, so the cached
-        # watermark could be old. The queue only grows between calls, so if it stayed below
-        # half the limits fetching never stopped; otherwise measure afresh.
-        if count >= _QUEUED_MIN_MESSAGES // 2 or size >= _QUEUED_MAX_KBYTES * 1024 // 2:
-            self._probe(sorted({*self._tracked, *wanted}))
-            return
-        for tp in list(self._tracked):
-            end = self._cached_end(tp, default=-1)
-            if end < 0:  # the cache was reset (partition moved): measure it afresh
-                self._probe([tp])
-            else:
-                self._tracked[tp] = end
-        self._skip_backlog(last_seen)
-
-    def _skip_backlog(self, last_seen: Mapping[TopicPartitionKey, int]) -> None:
-        """Seek partitions that are behind their watermark to it: only the watermark matters.
-
-        Only partitions that just delivered a record are moved: their fetcher is active (seek
-        works) and answered since the last seek, so seeking does not starve it of answers.
-        """
-        consumer = self._client()
-        for tp, offset in last_seen.items():
-            end = self._tracked.get(tp)
-            if end is not None and offset + 1 < end:
-                try:
-                    consumer.seek(TopicPartition(tp[0], tp[1], end))
-                except KafkaException as exc:  # the long-poll then reads the backlog: harmless
-                    logger.debug("offset probe: cannot seek %s/%d: %s", tp[0], tp[1], exc)
+        known = [tp for tp in wanted if tp not in unknown]
+        listed = self._list(known, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        idle = []
+        for tp in known:
+            value = listed[tp]
+            if value != self._listed.get(tp):
+                # The log moved. On Tansu `value` trails the end by the newest batch; the
+                # batch is picked up by a later call (once more arrives, or once it is idle).
+                self._listed[tp] = value
+                self._tracked[tp] = max(self._tracked[tp], value)
+            elif self._exact_at.get(tp) != value:
+                idle.append(tp)
+        if idle:
+            self._probe(idle)
+            self._exact_at.update({tp: listed[tp] for tp in idle})
 
     def _cached(self, tp: TopicPartitionKey) -> tuple[int, int]:
         """Watermarks of the last Fetch answer; -1001 (OFFSET_INVALID) before any."""
@@ -361,8 +335,6 @@ class LogOffsets:
             OffsetsError: No answer within the timeout, or a broker error.
         """
         consumer = self._client()
-        # Replaces the probe's assignment; the next end_offsets() call measures afresh.
-        self._tracked = {}
         consumer.assign([TopicPartition(topic, partition, offset)])
         deadline = time.monotonic() + self._timeout
         try:
@@ -414,7 +386,7 @@ class LogOffsets:
 
     def close(self) -> None:
         """Close the consumer (it never joined a group, so nothing else happens)."""
-        self._tracked = {}
+        self._tracked, self._listed, self._exact_at = {}, {}, {}
         self._admin = None  # AdminClient has no close(); dropping it ends its threads
         if self._consumer is not None:
             self._consumer.close()

@@ -59,7 +59,7 @@ def preload_worker_modules() -> list[str]:
     for name in _PRELOAD:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a worker then imports it itself and reports why
+        except Exception:  # a worker then imports it itself and reports why
             failed.append(name)
     return failed
 
