@@ -20,13 +20,13 @@ producer lazily, in the process that calls :meth:`apply` (a Spark executor's Pyt
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
+import orjson
 import redis
 from confluent_kafka import KafkaError, Message, Producer
 from redis.client import Pipeline
@@ -269,7 +269,7 @@ class FoldWriter:
         table_keys = [keys.table(self.projection.table, e) for e in entities]
         loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
         before: dict[str, State | None] = {
-            e: None if raw is None else json.loads(raw)
+            e: None if raw is None else orjson.loads(raw)
             for e, raw in zip(entities, loaded, strict=True)
         }
         states = dict(before)
@@ -306,10 +306,7 @@ class FoldWriter:
         pipe.multi()
         if changed:
             pipe.mset(
-                {
-                    keys.table(self.projection.table, e): json.dumps(s, separators=(",", ":"))
-                    for e, s in changed.items()
-                }
+                {keys.table(self.projection.table, e): orjson.dumps(s) for e, s in changed.items()}
             )
         aggregate_key = keys.aggregate(self.projection.aggregate)
         for name, amount in sorted(delta.items()):
@@ -379,7 +376,7 @@ class FoldWriter:
         for record, effect in effects:
             producer.produce(
                 effect.topic,
-                json.dumps(effect.value, separators=(",", ":")).encode(),
+                orjson.dumps(effect.value),
                 effect.key.encode(),
                 headers=self._origin_headers(record),
                 on_delivery=_delivered,

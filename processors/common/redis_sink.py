@@ -49,6 +49,11 @@ _OUTCOME_ARROW = pa.schema(
 # connection and the dead-letter producer survive from task to task.
 _WRITERS: dict[tuple[FoldTarget, str], FoldWriter] = {}
 
+# Records per FoldWriter.apply (one Redis transaction) inside a task: big enough that the
+# per-transaction round trips do not matter, small enough that the next chunk arrives while
+# this one folds.
+_APPLY_CHUNK = 25_000
+
 
 def _writer(target: FoldTarget, projection: Projection) -> FoldWriter:
     key = (target, projection.name)
@@ -59,8 +64,10 @@ def _writer(target: FoldTarget, projection: Projection) -> FoldWriter:
     return writer
 
 
-def _records_of_ranges(target: FoldTarget, batches: Iterator[pa.RecordBatch]) -> list[SourceRecord]:
-    """Read the records of the ranges rows (``refold_kafka_ranges``) in this worker.
+def _record_chunks_of_ranges(
+    target: FoldTarget, batches: Iterator[pa.RecordBatch]
+) -> Iterator[list[SourceRecord]]:
+    """Read the records of the ranges rows (``refold_kafka_ranges``) in this worker, in chunks.
 
     Straight from confluent-kafka messages to :class:`SourceRecord`: no Arrow in between.
     """
@@ -76,11 +83,39 @@ def _records_of_ranges(target: FoldTarget, batches: Iterator[pa.RecordBatch]) ->
         )
     )
     options = SourceOptions(kafka=target.kafka, topics=tuple(sorted({r[0] for r in ranges})))
-    return [
-        SourceRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value())  # type: ignore[arg-type]
-        for chunk in read_messages(options, ranges)
-        for m in chunk
-    ]
+    pending: list[SourceRecord] = []
+    for chunk in read_messages(options, ranges):
+        pending.extend(
+            SourceRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value())  # type: ignore[arg-type]
+            for m in chunk
+        )
+        if len(pending) >= _APPLY_CHUNK:
+            yield pending
+            pending = []
+    if pending:
+        yield pending
+
+
+def _record_chunks_of_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[list[SourceRecord]]:
+    """The records of Spark rows (``refold_kafka`` / ``kafka`` source columns), in chunks."""
+    pending: list[SourceRecord] = []
+    for batch in batches:
+        # Only the columns the fold needs: timestamps as datetimes cost ~2 us a row.
+        pending.extend(
+            map(
+                SourceRecord,
+                batch.column("topic").to_pylist(),
+                batch.column("partition").to_pylist(),
+                batch.column("offset").to_pylist(),
+                batch.column("key").to_pylist(),
+                batch.column("value").to_pylist(),
+            )
+        )
+        if len(pending) >= _APPLY_CHUNK:
+            yield pending
+            pending = []
+    if pending:
+        yield pending
 
 
 def _fold_task(
@@ -90,28 +125,22 @@ def _fold_task(
     ranges: bool,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """Executor side: collect the task's records, apply them, yield one outcome row."""
+    """Executor side: read the task's records and apply them chunk by chunk; one outcome row.
+
+    Each chunk is one guarded transaction (its partitions' positions move with it), so a
+    retried task skips what an earlier attempt applied. Meanwhile the consumer keeps fetching
+    the next records in the background: reading overlaps folding, as in the baseline.
+    """
     writer = _writer(target, projection)  # first: a new one connects while the records come
-    if ranges:
-        records = _records_of_ranges(target, batches)
-    else:
-        records = []
-        for batch in batches:
-            # Only the columns the fold needs: timestamps as datetimes cost ~2 us a row.
-            records.extend(
-                map(
-                    SourceRecord,
-                    batch.column("topic").to_pylist(),
-                    batch.column("partition").to_pylist(),
-                    batch.column("offset").to_pylist(),
-                    batch.column("key").to_pylist(),
-                    batch.column("value").to_pylist(),
-                )
-            )
-    if not records:
+    chunks = (
+        _record_chunks_of_ranges(target, batches) if ranges else _record_chunks_of_rows(batches)
+    )
+    outcome = BatchOutcome()
+    for records in chunks:
+        # No sort: the source hands each partition's records over in offset order.
+        outcome.merge(writer.apply(records, batch_id))
+    if not outcome.records:
         return
-    # No sort: the source hands each partition's records over in offset order.
-    outcome = writer.apply(records, batch_id)
     yield pa.RecordBatch.from_pylist(
         [
             {

@@ -23,16 +23,15 @@ def _reject(reason: str) -> EventRejectedError:
     return EventRejectedError(reason)
 
 
-def _total(lines: Mapping[str, Mapping[str, int]]) -> int:
-    return sum(line["qty"] * line["unit_price_minor"] for line in lines.values())
-
-
-def _with_lines(state: State, lines: dict[str, dict[str, int]], at: int) -> State:
+def _with_lines(
+    state: State, lines: dict[str, dict[str, int]], items: int, total_minor: int, at: int
+) -> State:
+    # Line dicts are never changed once built: a new state shares the unchanged ones.
     return {
         **state,
         "lines": lines,
-        "items": sum(line["qty"] for line in lines.values()),
-        "total_minor": _total(lines),
+        "items": items,
+        "total_minor": total_minor,
         "updated_at": at,
         "events": state["events"] + 1,
     }
@@ -103,18 +102,33 @@ class OrderStateProjection:
         status = state["status"]
         if event_type == "OrderLineAdded":
             self._require(status == _OPEN, event_type, status)
-            lines = {k: dict(v) for k, v in state["lines"].items()}
-            line = lines.setdefault(event["sku"], {"qty": 0, "unit_price_minor": 0})
-            line["qty"] += event["qty"]
-            line["unit_price_minor"] = event["unit_price_minor"]
-            return _with_lines(state, lines, event["added_at"])
+            lines = dict(state["lines"])
+            old = lines.get(event["sku"])
+            qty = event["qty"] + (old["qty"] if old is not None else 0)
+            line = lines[event["sku"]] = {"qty": qty, "unit_price_minor": event["unit_price_minor"]}
+            # Re-pricing a line re-prices its earlier quantity too (the line total is qty x price).
+            old_total = old["qty"] * old["unit_price_minor"] if old is not None else 0
+            return _with_lines(
+                state,
+                lines,
+                state["items"] + event["qty"],
+                state["total_minor"] - old_total + qty * line["unit_price_minor"],
+                event["added_at"],
+            )
         if event_type == "OrderLineRemoved":
             self._require(status == _OPEN, event_type, status)
             if event["sku"] not in state["lines"]:
                 msg = f"OrderLineRemoved: order {state['order_id']} has no line {event['sku']}"
                 raise _reject(msg)
-            lines = {k: dict(v) for k, v in state["lines"].items() if k != event["sku"]}
-            return _with_lines(state, lines, event["removed_at"])
+            lines = dict(state["lines"])
+            gone = lines.pop(event["sku"])
+            return _with_lines(
+                state,
+                lines,
+                state["items"] - gone["qty"],
+                state["total_minor"] - gone["qty"] * gone["unit_price_minor"],
+                event["removed_at"],
+            )
         if event_type == "OrderPaid":
             self._require(status == _OPEN, event_type, status)
             if (
@@ -177,7 +191,13 @@ class OrderStateProjection:
             "paid_minor": 0,
             "events": 0,
         }
-        return _with_lines(base, lines, event["placed_at"])
+        return _with_lines(
+            base,
+            lines,
+            sum(line["qty"] for line in lines.values()),
+            sum(line["qty"] * line["unit_price_minor"] for line in lines.values()),
+            event["placed_at"],
+        )
 
     @staticmethod
     def _moved(state: State, status: str, at: int, **changes: Any) -> State:
