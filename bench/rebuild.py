@@ -1,10 +1,12 @@
 """Replay: rebuild throughput of a shadow generation, and the cutover as a reader sees it.
 
 Runs ``replay --to-earliest --execute`` (the library calls behind it) over the backlog the Spark
-catch-up run folded, while a reader thread resolves the live generation in a tight loop. The
-cutover a reader sees is the gap between its last read of the old generation and its first read
-of the new one (it reads every millisecond, so the gap includes up to ~1 ms of its own sleep);
-the flip itself is one Redis transaction.
+catch-up run folded, while a reader thread resolves the live generation. The cutover a reader
+sees is the gap between its last read of the old generation and its first read of the new one
+(it reads every millisecond around the cutover, so the gap includes up to ~1 ms of its own
+sleep); the flip itself is one Redis transaction. Until the rebuild reports that it caught up
+the reader reads every 20 ms only: a thousand reads a second would take CPU from the rebuild
+being measured, on a machine whose two cores are already busy.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 
 __all__ = ["measure_rebuild"]
 
-_READ_EVERY_S = 0.001
+_READ_EVERY_S = 0.001  # around the cutover
+_READ_SLOWLY_S = 0.02  # while the rebuild catches up
 
 
 def measure_rebuild(
@@ -51,13 +54,14 @@ def measure_rebuild(
     plan = plan_replay(spec, ToEarliest(), kafka, client, prefix, scan_limit=0)
     reads: list[tuple[float, int]] = []
     stop = threading.Event()
+    near_cutover = threading.Event()
 
-    def _read_alias() -> None:  # a reader resolving the live generation every millisecond
+    def _read_alias() -> None:  # a reader resolving the live generation
         reader = redis.Redis.from_url(redis_url)
         while not stop.is_set():
             live = reader.get(registry.layout.alias)
             reads.append((time.perf_counter(), int(live or 0)))
-            time.sleep(_READ_EVERY_S)
+            time.sleep(_READ_EVERY_S if near_cutover.is_set() else _READ_SLOWLY_S)
 
     samples: list[tuple[float, int]] = []
     thread = threading.Thread(target=_read_alias, daemon=True)
@@ -68,6 +72,9 @@ def measure_rebuild(
             samples.append((time.monotonic(), progress.done))
             bar.n = progress.done
             bar.refresh()
+            if progress.caught_up and not near_cutover.is_set():
+                near_cutover.set()  # the flip follows this call: read every millisecond
+                time.sleep(2 * _READ_SLOWLY_S)
 
         result = run_rebuild(plan, spec, kafka, settings, state_dir=state, on_progress=_progress)
     stop.set()
