@@ -197,9 +197,13 @@ def _latency(
             seed=1,
             order_prefix="warm-",
         )
-        return measure_latency(
-            stack.bootstrap_servers, topic, registry, live, rate=rate, seconds=seconds
-        )
+        try:
+            return measure_latency(
+                stack.bootstrap_servers, topic, registry, live, rate=rate, seconds=seconds
+            )
+        except RuntimeError as exc:
+            msg = f"{exc}; its log ends with:\n{process.log_tail()}"
+            raise RuntimeError(msg) from exc
     finally:
         process.stop()
 

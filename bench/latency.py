@@ -144,11 +144,17 @@ def measure_latency(
         if index < len(times):
             latencies.append((times[index] - sent_at) * 1000)
     latencies.sort()
+    if not latencies:
+        msg = (
+            f"none of the {len(acked)} acknowledged events became visible in Redis within 30 s "
+            "of the last send: the processor is not applying them"
+        )
+        raise RuntimeError(msg)
     return LatencyResult(
         rate,
         len(latencies),
         _percentile(latencies, 0.5),
         _percentile(latencies, 0.95),
         _percentile(latencies, 0.99),
-        latencies[-1] if latencies else 0.0,
+        latencies[-1],
     )
