@@ -7,6 +7,8 @@ flips readers to it) and the reader (which resolves the live one). Only standard
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,10 @@ __all__ = [
     "Positions",
     "checkpoint_dir",
     "checkpoint_root",
+    "remove_stale_checkpoint",
 ]
+
+logger = logging.getLogger(__name__)
 
 Positions = dict[tuple[str, int], int]
 
@@ -47,6 +52,17 @@ RESET_PENDING_FIELD = "reset_in_place_pending"
 def checkpoint_root(state_dir: Path) -> Path:
     """Where processors started with ``state_dir`` keep their Spark checkpoints."""
     return state_dir / "checkpoints"
+
+
+def remove_stale_checkpoint(path: Path) -> None:
+    """Remove what is at a new generation's checkpoint path before its first run.
+
+    A generation number repeats when Redis lost the registry while the state directory
+    survived; Spark resuming that checkpoint would skip records the generation never folded.
+    """
+    if path.exists():
+        logger.warning("removing stale checkpoint %s of a new generation", path)
+        shutil.rmtree(path)
 
 
 def checkpoint_dir(root: Path, processor: str, generation: int, epoch: int = 0) -> Path:

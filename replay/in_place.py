@@ -70,20 +70,6 @@ def _move_group(kafka: KafkaSettings, group: str, plan: ReplayPlan) -> None:
         raise PlanError(msg) from exc
 
 
-def _seed_snapshot(registry: GenerationRegistry, plan: ReplayPlan) -> Snapshot | None:
-    """The plan's snapshot, looked up before anything is deleted."""
-    if plan.seed is None:
-        return None
-    store = SnapshotStore(registry)
-    snapshot = next(
-        (s for s in store.list(plan.seed.generation) if s.snapshot == plan.seed.snapshot), None
-    )
-    if snapshot is None:
-        msg = f"snapshot {plan.seed.name} disappeared (replay gc?); nothing was changed"
-        raise PlanError(msg)
-    return snapshot
-
-
 def _reset_state(
     registry: GenerationRegistry, generation: int, plan: ReplayPlan, snapshot: Snapshot | None
 ) -> int:
@@ -144,7 +130,11 @@ def reset_in_place(
         )
         raise PlanError(msg) from exc
     try:
-        snapshot = _seed_snapshot(registry, plan)
+        snapshot = (
+            SnapshotStore(registry).get(plan.seed.generation, plan.seed.snapshot)
+            if plan.seed is not None
+            else None
+        )
         group = consumer_group(plan.processor, generation)
         _move_group(kafka, group, plan)
         # From here the generation is half reset until the marker goes: a processor that

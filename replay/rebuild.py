@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +28,13 @@ from pathlib import Path
 import redis
 
 from contracts.codec import EventCodec
-from contracts.generations import GenerationRegistry, Positions, checkpoint_dir, checkpoint_root
+from contracts.generations import (
+    GenerationRegistry,
+    Positions,
+    checkpoint_dir,
+    checkpoint_root,
+    remove_stale_checkpoint,
+)
 from contracts.offsets import LogOffsets
 from contracts.processors import ProcessorSpec
 from contracts.settings import KafkaSettings, RedisSettings
@@ -259,6 +264,8 @@ def run_rebuild(
         raise PlanError(msg)
     client = redis.Redis.from_url(redis_settings.url)
     registry = GenerationRegistry(client, StateLayout(spec.name, redis_settings.key_prefix))
+    store = SnapshotStore(registry)
+    seed = store.get(plan.seed.generation, plan.seed.snapshot) if plan.seed is not None else None
     topics = sorted({row.topic for row in plan.partitions})
     generation = registry.create(
         {
@@ -269,14 +276,10 @@ def run_rebuild(
             "seeded_from": plan.seed.name if plan.seed is not None else "",
         }
     )
-    stale = checkpoint_dir(checkpoint_root(state_dir), spec.name, generation)
-    if stale.exists():
-        # A new generation's number can repeat after Redis lost its registry while the state
-        # directory survived; resuming that checkpoint would skip the plan's records.
-        logger.warning("removing stale checkpoint %s of the new generation", stale)
-        shutil.rmtree(stale)
-    if plan.seed is not None:
-        _seed(registry, plan.seed, generation)
+    remove_stale_checkpoint(checkpoint_dir(checkpoint_root(state_dir), spec.name, generation))
+    if seed is not None:
+        copied = store.seed(seed, generation)
+        logger.info("g%d seeded from %s (%d keys)", generation, seed.name, copied)
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{spec.name}-g{generation}.log"
@@ -363,13 +366,3 @@ def run_rebuild(
         },
     )
     return RebuildResult(generation, previous, applied, seconds, flip_ms)
-
-
-def _seed(registry: GenerationRegistry, seed: SeedPoint, generation: int) -> None:
-    store = SnapshotStore(registry)
-    snapshot = next((s for s in store.list(seed.generation) if s.snapshot == seed.snapshot), None)
-    if snapshot is None:
-        msg = f"snapshot {seed.name} disappeared (replay gc?); g{generation} is unused"
-        raise RebuildError(msg)
-    copied = store.seed(snapshot, generation)
-    logger.info("g%d seeded from %s (%d keys)", generation, snapshot.name, copied)

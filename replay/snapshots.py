@@ -206,6 +206,20 @@ class SnapshotStore:
                 )
         return sorted(result, key=lambda s: (s.created_at, s.generation, s.snapshot))
 
+    def get(self, generation: int, snapshot: int) -> Snapshot:
+        """One snapshot, looked up before anything is changed.
+
+        Raises:
+            SnapshotError: It is gone (``replay gc`` removed its generation, or it was deleted).
+        """
+        found = next((s for s in self.list(generation) if s.snapshot == snapshot), None)
+        if found is None:
+            msg = (
+                f"snapshot g{generation}/s{snapshot} disappeared (replay gc?); nothing was changed"
+            )
+            raise SnapshotError(msg)
+        return found
+
     def best_for(self, targets: Positions, log_starts: Positions | None = None) -> Snapshot | None:
         """The newest snapshot a rebuild from ``targets`` can start from.
 

@@ -64,10 +64,10 @@ def _writer(target: FoldTarget, projection: Projection) -> FoldWriter:
     return writer
 
 
-def _record_chunks_of_ranges(
+def _records_of_ranges(
     target: FoldTarget, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[list[SourceRecord]]:
-    """Read the records of the ranges rows (``refold_kafka_ranges``) in this worker, in chunks.
+    """Read the records of the ranges rows (``refold_kafka_ranges``) in this worker.
 
     Straight from confluent-kafka messages to :class:`SourceRecord`: no Arrow in between.
     """
@@ -83,25 +83,18 @@ def _record_chunks_of_ranges(
         )
     )
     options = SourceOptions(kafka=target.kafka, topics=tuple(sorted({r[0] for r in ranges})))
-    pending: list[SourceRecord] = []
     for chunk in read_messages(options, ranges):
-        pending.extend(
+        yield [
             SourceRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value())  # type: ignore[arg-type]
             for m in chunk
-        )
-        if len(pending) >= _APPLY_CHUNK:
-            yield pending
-            pending = []
-    if pending:
-        yield pending
+        ]
 
 
-def _record_chunks_of_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[list[SourceRecord]]:
-    """The records of Spark rows (``refold_kafka`` / ``kafka`` source columns), in chunks."""
-    pending: list[SourceRecord] = []
+def _records_of_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[list[SourceRecord]]:
+    """The records of Spark rows (``refold_kafka`` / ``kafka`` source columns)."""
     for batch in batches:
         # Only the columns the fold needs: timestamps as datetimes cost ~2 us a row.
-        pending.extend(
+        yield list(
             map(
                 SourceRecord,
                 batch.column("topic").to_pylist(),
@@ -111,6 +104,13 @@ def _record_chunks_of_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[list[S
                 batch.column("value").to_pylist(),
             )
         )
+
+
+def _in_chunks(parts: Iterator[list[SourceRecord]]) -> Iterator[list[SourceRecord]]:
+    """Regroup ``parts`` into lists of at least ``_APPLY_CHUNK`` records (the last: the rest)."""
+    pending: list[SourceRecord] = []
+    for part in parts:
+        pending.extend(part)
         if len(pending) >= _APPLY_CHUNK:
             yield pending
             pending = []
@@ -132,11 +132,9 @@ def _fold_task(
     the next records in the background: reading overlaps folding, as in the baseline.
     """
     writer = _writer(target, projection)  # first: a new one connects while the records come
-    chunks = (
-        _record_chunks_of_ranges(target, batches) if ranges else _record_chunks_of_rows(batches)
-    )
+    parts = _records_of_ranges(target, batches) if ranges else _records_of_rows(batches)
     outcome = BatchOutcome()
-    for records in chunks:
+    for records in _in_chunks(parts):
         # No sort: the source hands each partition's records over in offset order.
         outcome.merge(writer.apply(records, batch_id))
     if not outcome.records:

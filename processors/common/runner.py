@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
 import signal
 import threading
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from contracts.generations import (
     GenerationRegistry,
     Positions,
     checkpoint_dir,
+    remove_stale_checkpoint,
 )
 from contracts.lease import GenerationLease
 from contracts.offsets import LogOffsets
@@ -196,11 +196,8 @@ def resolve_run(
         _check_fingerprints(registry, projection, generation, options.accept_code_change)
     epoch = int(registry.meta(generation).get(CHECKPOINT_EPOCH_FIELD, "0"))
     checkpoint = checkpoint_dir(options.checkpoint_root, projection.name, generation, epoch)
-    if created and checkpoint.exists():
-        # A new generation starts from scratch; a checkpoint left by an earlier stack (e.g. a
-        # wiped Redis) would make Spark skip events this generation never folded.
-        logger.warning("removing stale checkpoint %s of a new generation", checkpoint)
-        shutil.rmtree(checkpoint)
+    if created:
+        remove_stale_checkpoint(checkpoint)
     starting = options.starting_offsets
     if not _has_checkpoint(checkpoint):
         positions, _ = registry.positions(generation)

@@ -54,7 +54,10 @@ _PRELOAD = ("processors.common.redis_sink", "processors.common.kafka_source")
 
 
 def preload_worker_modules() -> list[str]:
-    """Import the modules every refold task needs; returns those that failed (logged by Spark)."""
+    """Import the modules every refold task needs; returns those that failed to import.
+
+    A failure is not fatal here: the task imports the module itself and reports the error.
+    """
     failed = []
     for name in _PRELOAD:
         try:
