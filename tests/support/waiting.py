@@ -38,9 +38,10 @@ def assert_eventually(
             last_error, value = exc, None  # type: ignore[assignment]
         if value:
             return value
-        text = message() if callable(message) else message
         if alive is not None and not alive():
+            text = message() if callable(message) else message
             raise AssertionError(f"gave up: the process under test died. {text}") from last_error
         if time.monotonic() > deadline:
+            text = message() if callable(message) else message
             raise AssertionError(f"not within {timeout:.0f}s: {text}") from last_error
         time.sleep(interval)
