@@ -35,7 +35,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_down(args: argparse.Namespace) -> int:
     stack = _stack(args)
-    running = [s.name for s in stack.status() if s.running]
+    running = [f"{s.name} (port {s.port})" for s in stack.status() if s.running]
     stack.stop()
     print(f"stopped: {', '.join(running)}" if running else "nothing was running")
     return 0
@@ -68,36 +68,75 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return replay_main(args.rest)
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        msg = f"{text!r} is not a TCP port 1-65535"
+        raise argparse.ArgumentTypeError(msg)
+    return port
+
+
+def _add_stack_options(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
+    """Add ``--state-dir``, ``--kafka-port`` and ``--redis-port`` to ``parser``.
+
+    The options are accepted before the subcommand (``parser`` is the top-level parser, defaults
+    from the environment) and after it (``parser`` is a subcommand's, defaults suppressed, so a
+    value given there overrides the one before the subcommand and an absent one leaves it alone).
+
+    Args:
+        parser: The top-level parser or the parser of ``up``, ``down`` or ``status``.
+        after_subcommand: True for a subcommand's parser.
+    """
+
+    # A string default goes through ``type`` too, so a bad REFOLD_*_PORT is a usage error.
+    def default(value: str) -> str:
+        return argparse.SUPPRESS if after_subcommand else value
+
+    parser.add_argument(
+        "--state-dir",
+        default=default(os.environ.get("REFOLD_STATE_DIR", ".state")),
+        help="pid files, logs, checkpoints (env REFOLD_STATE_DIR, default .state)",
+    )
+    parser.add_argument(
+        "--kafka-port",
+        type=_port,
+        default=default(os.environ.get("REFOLD_KAFKA_PORT", str(DEFAULT_KAFKA_PORT))),
+        help="port of the local broker for `up` (env REFOLD_KAFKA_PORT, default "
+        f"{DEFAULT_KAFKA_PORT}); `status` and `down` use the port recorded by `up`",
+    )
+    parser.add_argument(
+        "--redis-port",
+        type=_port,
+        default=default(os.environ.get("REFOLD_REDIS_PORT", str(DEFAULT_REDIS_PORT))),
+        help="port of the local redis-server for `up` (env REFOLD_REDIS_PORT, default "
+        f"{DEFAULT_REDIS_PORT}); `status` and `down` use the port recorded by `up`",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The command line."""
+    """The command line.
+
+    Returns:
+        The ``refold`` parser; the stack options may come before or after ``up|down|status``.
+    """
     parser = argparse.ArgumentParser(
         prog="refold",
         description="refold: Kappa-style event sourcing (Avro contracts -> Kafka -> "
         "PySpark -> Redis).",
     )
-    parser.add_argument(
-        "--state-dir",
-        default=os.environ.get("REFOLD_STATE_DIR", ".state"),
-        help="pid files, logs, checkpoints (default .state)",
-    )
-    parser.add_argument(
-        "--kafka-port",
-        type=int,
-        default=int(os.environ.get("REFOLD_KAFKA_PORT", DEFAULT_KAFKA_PORT)),
-    )
-    parser.add_argument(
-        "--redis-port",
-        type=int,
-        default=int(os.environ.get("REFOLD_REDIS_PORT", DEFAULT_REDIS_PORT)),
-    )
+    _add_stack_options(parser, after_subcommand=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start the local stack (Tansu broker + redis-server)").set_defaults(
-        func=_cmd_up
-    )
-    sub.add_parser("down", help="stop the local stack").set_defaults(func=_cmd_down)
-    sub.add_parser("status", help="show the local stack (exit 3 when stopped)").set_defaults(
-        func=_cmd_status
-    )
+    for name, func, text in (
+        ("up", _cmd_up, "start the local stack (Tansu broker + redis-server)"),
+        ("down", _cmd_down, "stop the local stack"),
+        ("status", _cmd_status, "show the local stack (exit 3 when stopped)"),
+    ):
+        command = sub.add_parser(name, help=text)
+        _add_stack_options(command, after_subcommand=True)
+        command.set_defaults(func=func)
     demo = sub.add_parser("demo", help="run the end-to-end demo on a private local stack")
     demo.add_argument(
         "--orders",

@@ -4,9 +4,12 @@ Used by the test fixtures, the demo and ``refold up|down|status``. Tansu keeps i
 here (see ``tansu.md``): the stack is for development, tests and demos; ``deploy/compose.yaml``
 targets Apache Kafka.
 
-Lifecycle contract: :meth:`LocalStack.start` writes one pid file and one log file per server under
-``state_dir``; :meth:`LocalStack.stop` ends exactly those PIDs (after checking that each PID still
-runs the program it recorded), never processes found by name.
+Lifecycle contract: :meth:`LocalStack.start` writes one pid file (``<name>.pid``, "PID PORT") and
+one log file per server under ``state_dir``; :meth:`LocalStack.status` reports the recorded port of
+a recorded server, so a stack started on other ports is reported as it runs; :meth:`LocalStack.stop`
+ends exactly the recorded PIDs (after checking that each PID still runs the program it recorded),
+never processes found by name. Pid files holding only a PID (written before ports were recorded)
+are still read; their server is reported on the port this ``LocalStack`` was given.
 """
 
 from __future__ import annotations
@@ -147,11 +150,20 @@ class LocalStack:
     def _port(self, name: ServerName) -> int:
         return self.kafka_port if name == "kafka" else self.redis_port
 
-    def _recorded_pid(self, name: ServerName) -> int | None:
+    def _recorded(self, name: ServerName) -> tuple[int | None, int | None]:
+        """The pid file's ``(pid, port)``; port None in an old pid file holding only a pid."""
         try:
-            return int(self._pid_file(name).read_text().split()[0])
+            words = self._pid_file(name).read_text().split()
+            pid = int(words[0])
         except (OSError, ValueError, IndexError):
-            return None
+            return None, None
+        try:
+            return pid, int(words[1])
+        except (ValueError, IndexError):
+            return pid, None
+
+    def _recorded_pid(self, name: ServerName) -> int | None:
+        return self._recorded(name)[0]
 
     def _command(self, name: ServerName) -> list[str]:
         if name == "kafka":
@@ -184,12 +196,25 @@ class LocalStack:
         return "tansu" if name == "kafka" else "redis-server"
 
     def status(self) -> list[ServerStatus]:
-        """Report each server's recorded pid and whether it still runs."""
+        """Report each server's recorded pid and port, and whether it still runs.
+
+        Returns:
+            Kafka then Redis. The port is the one recorded when the server was started, or this
+            stack's own port when nothing (or a pid file without a port) was recorded.
+        """
         result = []
         for name in _START_ORDER[::-1]:
-            pid = self._recorded_pid(name)
+            pid, port = self._recorded(name)
             running = pid is not None and _pid_runs(pid, self._program(name))
-            result.append(ServerStatus(name, self._port(name), pid, running, self._log_file(name)))
+            result.append(
+                ServerStatus(
+                    name,
+                    port if port is not None else self._port(name),
+                    pid,
+                    running,
+                    self._log_file(name),
+                )
+            )
         return result
 
     def start(self) -> LocalStack:
@@ -207,9 +232,10 @@ class LocalStack:
                     "Operator action: `refold down` first, or use it as it is."
                 )
                 raise LocalStackError(msg)
-            if _port_open(server.port):
+            port = self._port(server.name)
+            if _port_open(port):
                 msg = (
-                    f"port {server.port} for {server.name} is taken by another program. "
+                    f"port {port} for {server.name} is taken by another program. "
                     "Operator action: stop it, or choose other ports with "
                     "REFOLD_KAFKA_PORT / REFOLD_REDIS_PORT."
                 )
@@ -238,7 +264,8 @@ class LocalStack:
                 start_new_session=True,
                 env={**os.environ, "RUST_LOG": os.environ.get("REFOLD_TANSU_LOG", "warn")},
             )
-        self._pid_file(name).write_text(f"{proc.pid}\n")
+        # The port too, so `refold status` and `down` need not be told it again.
+        self._pid_file(name).write_text(f"{proc.pid} {self._port(name)}\n")
 
     def _wait_ready(self, name: ServerName) -> None:
         deadline = time.monotonic() + _READY_TIMEOUT_S
@@ -260,7 +287,11 @@ class LocalStack:
             return "(no log)"
 
     def stop(self) -> None:
-        """Stop the servers this stack recorded, by PID; a missing server is not an error."""
+        """Stop the servers this stack recorded, by PID; a missing server is not an error.
+
+        Idempotent. Needs no ports: the pid files say what was started, whatever ports this
+        ``LocalStack`` was given.
+        """
         for name in _START_ORDER[::-1]:
             pid = self._recorded_pid(name)
             if pid is not None and _pid_runs(pid, self._program(name)):

@@ -9,6 +9,15 @@ import redis
 from deploy.local_stack import LocalStack, LocalStackError, free_port
 
 
+def _recorded_pid(stack_dir, name):
+    return int((stack_dir / f"{name}.pid").read_text().split()[0])
+
+
+def _refold(*argv, timeout=60):
+    command = [sys.executable, "-m", "deploy.cli", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
 def test_up_status_down_through_the_cli(tmp_path):
     kafka_port, redis_port = free_port(), free_port()
     base = [
@@ -33,7 +42,7 @@ def test_up_status_down_through_the_cli(tmp_path):
         again = subprocess.run([*base, "up"], capture_output=True, text=True, timeout=60)
         assert again.returncode == 1
         assert "already running" in again.stderr
-        pids = [int((tmp_path / "stack" / f"{n}.pid").read_text()) for n in ("kafka", "redis")]
+        pids = [_recorded_pid(tmp_path / "stack", name) for name in ("kafka", "redis")]
     finally:
         down = subprocess.run([*base, "down"], capture_output=True, text=True, timeout=60)
     assert down.returncode == 0
@@ -55,3 +64,37 @@ def test_a_taken_port_is_a_clear_error_and_starts_nothing(tmp_path):
         with pytest.raises(LocalStackError, match=f"port {taken} for kafka is taken"):
             stack.start()
     assert not any(server.running for server in stack.status())
+
+
+def test_ports_after_the_subcommand_are_remembered_by_status_and_down(tmp_path):
+    kafka_port, redis_port = free_port(), free_port()
+    state = ["--state-dir", str(tmp_path)]
+    try:
+        up = _refold("up", *state, "--kafka-port", str(kafka_port), "--redis-port", str(redis_port))
+        assert up.returncode == 0, up.stderr
+        assert f"127.0.0.1:{kafka_port}" in up.stdout
+        assert f"redis://127.0.0.1:{redis_port}/0" in up.stdout
+
+        status = _refold("status", *state, timeout=30)
+        assert status.returncode == 0, status.stderr
+        lines = {line.split()[0]: line for line in status.stdout.splitlines()}
+        assert f"port {kafka_port} " in lines["kafka"]
+        assert "running (pid" in lines["kafka"]
+        assert f"port {redis_port} " in lines["redis"]
+        assert "running (pid" in lines["redis"]
+        assert redis.Redis(port=redis_port).ping()
+        pids = [_recorded_pid(tmp_path / "stack", name) for name in ("kafka", "redis")]
+
+        down = _refold("down", *state)
+        assert down.returncode == 0, down.stderr
+        assert f"kafka (port {kafka_port})" in down.stdout
+        assert f"redis (port {redis_port})" in down.stdout
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        after = _refold("status", *state, timeout=30)
+        assert after.returncode == 3
+        assert after.stdout.count("stopped") == 2
+    finally:
+        # Whatever the CLI did, end the recorded PIDs (a no-op once `refold down` worked).
+        LocalStack(tmp_path / "stack").stop()
