@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from contracts.errors import RefoldError
 
-__all__ = ["DeadLetterError", "ProcessorConfigError", "ProcessorError", "SinkConflictError"]
+__all__ = [
+    "DeadLetterError",
+    "ProcessorConfigError",
+    "ProcessorError",
+    "SinkConflictError",
+    "StateStoreUnavailableError",
+]
 
 
 class ProcessorError(RefoldError):
@@ -31,3 +37,13 @@ class ProcessorConfigError(ProcessorError):
     """The processor cannot start with these settings."""
 
     code = "PROCESSOR_CONFIG"
+
+
+class StateStoreUnavailableError(ProcessorError):
+    """Redis stayed unreachable longer than the sink waits; nothing of the batch was lost.
+
+    The batch's positions did not move, so a restarted processor applies it again.
+    """
+
+    code = "STATE_STORE_UNAVAILABLE"
+    retriable = True

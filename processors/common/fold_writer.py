@@ -20,9 +20,11 @@ producer lazily, in the process that calls :meth:`apply` (a Spark executor's Pyt
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
@@ -34,15 +36,23 @@ from redis.typing import EncodableT, FieldT
 
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError
-from contracts.state import BATCH_ID_FIELD, GenerationKeys, StateLayout, position_field
+from contracts.state import (
+    BATCH_ID_FIELD,
+    GenerationKeys,
+    StateLayout,
+    parse_position_field,
+    position_field,
+)
 from processors.common.projection import (
     EventRejectedError,
+    FoldError,
     Projection,
     SideEffect,
     State,
-    effects_of,
+    UnstorableStateError,
+    fold_one,
 )
-from processors.errors import DeadLetterError, SinkConflictError
+from processors.errors import DeadLetterError, SinkConflictError, StateStoreUnavailableError
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter", "SourceRecord"]
 
@@ -51,6 +61,17 @@ logger = logging.getLogger(__name__)
 # WATCH conflicts only happen with a concurrent writer of the same generation; a few re-plans
 # resolve a transient overlap, more means two live processors share a generation.
 _MAX_ATTEMPTS = 5
+# How long a write waits for an unreachable Redis before it fails its batch (the processor then
+# exits and a restart applies the batch again): long enough for a failover, or for a restart
+# that loads a large RDB. Positions only move with the state, so waiting never loses anything.
+_REDIS_OUTAGE_S = 600.0
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
+# Redis errors that mean "not reachable right now": retried after a pause. A replica answering
+# READONLY is a failover in progress.
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
+# Dead-letter reasons that mean the bytes did not decode (the rest: the record was refused).
+_DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "undecodable"})
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class SourceRecord(NamedTuple):
@@ -72,8 +93,12 @@ class FoldTarget:
         generation: Generation number.
         redis_url: redis-py URL.
         key_prefix: Prefix of refold's Redis keys.
-        kafka: librdkafka settings of the dead-letter producer.
+        kafka: librdkafka settings of the dead-letter producer (and of the reads that fold
+            a range again which Redis lost).
         dlq_topic: Dead-letter topic.
+        check_keys: Dead-letter records whose Kafka key is not their entity key (reason
+            ``key-mismatch``): such a record may sit on another partition than the rest of its
+            entity, where another writer folds it.
     """
 
     processor: str
@@ -82,6 +107,7 @@ class FoldTarget:
     key_prefix: str
     kafka: tuple[tuple[str, str], ...]
     dlq_topic: str
+    check_keys: bool = True
 
     @property
     def layout(self) -> StateLayout:
@@ -124,6 +150,127 @@ class _DeadLetter:
     record: SourceRecord
     reason: str
     detail: str
+
+
+class _HoleError(Exception):
+    """Records start above the applied position: the ranges in between must be folded first."""
+
+    def __init__(self, ranges: dict[str, tuple[int, int]]) -> None:
+        super().__init__(ranges)
+        self.ranges = ranges
+
+
+def _fits_int64(value: int) -> bool:
+    return _INT64_MIN <= value <= _INT64_MAX
+
+
+def _check_holes(
+    records: Sequence[SourceRecord],
+    applied: Mapping[str, int],
+    covered: Mapping[str, tuple[int, int]],
+) -> None:
+    """Raise :class:`_HoleError` where a partition's records start above its applied position.
+
+    A partition without an applied position has no hole: processors write the starting
+    positions of a generation before its first batch, so only a brand-new writer lacks them.
+    """
+    starts = {f: start for f, (start, _end) in covered.items()}
+    for record in records:
+        field_name = position_field(record.topic, record.partition)
+        if field_name not in starts:
+            starts[field_name] = record.offset
+    holes = {
+        f: (applied[f], start) for f, start in starts.items() if f in applied and applied[f] < start
+    }
+    if holes:
+        raise _HoleError(holes)
+
+
+class _Outage:
+    """Waits out an unreachable Redis with exponential backoff, within a bound."""
+
+    def __init__(self, target: FoldTarget) -> None:
+        self.target = target
+        self.started = time.monotonic()
+        self.delay = _BACKOFF_FIRST_S
+
+    def wait(self, exc: Exception) -> None:
+        waited = time.monotonic() - self.started
+        if waited > _REDIS_OUTAGE_S:
+            msg = (
+                f"{self.target.processor} g{self.target.generation}: Redis unreachable for "
+                f"{waited:.0f}s ({exc}); the batch was not applied and nothing is lost. "
+                "Operator action: bring Redis back; the processor applies the batch on restart."
+            )
+            raise StateStoreUnavailableError(msg) from exc
+        if self.delay == _BACKOFF_FIRST_S:
+            logger.warning(
+                "Redis unreachable (%s); waiting up to %.0fs",
+                exc,
+                _REDIS_OUTAGE_S,
+                extra={"generation": self.target.generation},
+            )
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, _BACKOFF_MAX_S)
+
+    def over(self) -> None:
+        logger.warning(
+            "Redis reachable again after %.1fs; carrying on", time.monotonic() - self.started
+        )
+
+
+class _Folded:
+    """One transaction's folded entities: states, their JSON and contributions, and sources."""
+
+    def __init__(self, before: dict[str, State | None]) -> None:
+        self.before = before
+        self.states = dict(before)
+        self.encoded: dict[str, bytes] = {}
+        self.contributions: dict[str, Mapping[str, int]] = {}
+        self.sources: dict[str, list[SourceRecord]] = {}
+        self.effects: list[tuple[SourceRecord, SideEffect]] = []
+
+    def record(
+        self,
+        record: SourceRecord,
+        entity: str,
+        state: State,
+        encoded: bytes,
+        contribution: Mapping[str, int],
+    ) -> None:
+        self.states[entity] = state
+        self.encoded[entity] = encoded
+        self.contributions[entity] = contribution
+        self.sources.setdefault(entity, []).append(record)
+
+    def delta(self, projection: Projection) -> Counter[str]:
+        """``contribution(new) - contribution(old)`` summed over the changed entities."""
+        delta: Counter[str] = Counter()
+        for entity, contribution in self.contributions.items():
+            delta.update(contribution)
+            old = self.before[entity]
+            if old is not None:
+                delta.subtract(projection.contribution(old))
+        return delta
+
+    def touching(self, names: set[str], projection: Projection) -> list[str]:
+        """Entities whose change moves one of the counters ``names``."""
+        result = []
+        for entity, contribution in self.contributions.items():
+            old = self.before[entity]
+            previous = projection.contribution(old) if old is not None else {}
+            if any(contribution.get(n, 0) != previous.get(n, 0) for n in names):
+                result.append(entity)
+        return result
+
+    def undo(self, entity: str) -> list[SourceRecord]:
+        """Forget an entity's changes; returns the records that made them."""
+        self.states[entity] = self.before[entity]
+        del self.encoded[entity], self.contributions[entity]
+        undone = self.sources.pop(entity)
+        gone = {id(r) for r in undone}
+        self.effects = [(r, e) for r, e in self.effects if id(r) not in gone]
+        return undone
 
 
 def _await_acks(producer: Producer, failures: list[str], what: str) -> None:
@@ -183,14 +330,37 @@ class FoldWriter:
         the local broker); started before a task reads its records, that overlaps the read.
         """
         self._dead_letter_producer().poll(0)
-        self.redis.ping()
+        with contextlib.suppress(*_REDIS_DOWN):  # apply() waits for Redis; this is a head start
+            self.redis.ping()
 
-    def apply(self, records: Sequence[SourceRecord], batch_id: int | None = None) -> BatchOutcome:
+    def applied(self, fields: Iterable[str]) -> dict[str, int]:
+        """The generation's applied positions (next offset) of some partitions, where known."""
+        names = sorted(set(fields))
+        if not names:
+            return {}
+        raw = cast("list[bytes | None]", self.redis.hmget(self.target.keys.positions, names))
+        return {f: int(v) for f, v in zip(names, raw, strict=True) if v is not None}
+
+    def apply(
+        self,
+        records: Sequence[SourceRecord],
+        batch_id: int | None = None,
+        covered: Mapping[str, tuple[int, int]] | None = None,
+    ) -> BatchOutcome:
         """Fold ``records`` into the generation and record their positions, atomically.
+
+        The applied positions in Redis are the truth (DESIGN.md decision 9): when a partition's
+        records start above its applied position (Redis lost writes: a failover to a lagging
+        replica, a restore, a lost fsync), the missing range is read from Kafka and folded
+        first. When Redis is unreachable, the call waits (with backoff) and carries on.
 
         Args:
             records: Records of one or more partitions, each partition's in offset order.
             batch_id: Spark batch id, stored with the positions for diagnosis.
+            covered: Per position field, a range ``[start, end)`` that the caller read in
+                full: ``records`` holds every record of it not applied yet. The position then
+                moves to ``end`` even when its last offsets held no record (transaction
+                markers, compaction).
 
         Returns:
             Counts and the new positions (``topic/partition`` -> next offset).
@@ -198,14 +368,37 @@ class FoldWriter:
         Raises:
             SinkConflictError: The positions kept changing under us.
             DeadLetterError: The dead-letter topic did not acknowledge a record.
+            StateStoreUnavailableError: Redis stayed unreachable for too long.
         """
+        outcome = BatchOutcome()
+        outage: _Outage | None = None
+        while True:
+            try:
+                outcome.merge(self._apply_guarded(records, batch_id, covered or {}))
+                if outage is not None:
+                    outage.over()
+                return outcome
+            except _HoleError as hole:
+                outcome.merge(self._refill(hole.ranges, batch_id))
+            except _REDIS_DOWN as exc:
+                outage = outage or _Outage(self.target)
+                outage.wait(exc)
+
+    def _apply_guarded(
+        self,
+        records: Sequence[SourceRecord],
+        batch_id: int | None,
+        covered: Mapping[str, tuple[int, int]],
+    ) -> BatchOutcome:
         keys = self.target.keys
-        fields = sorted({position_field(r.topic, r.partition) for r in records})
+        fields = sorted({position_field(r.topic, r.partition) for r in records} | set(covered))
+        if not fields:
+            return BatchOutcome()
         for _attempt in range(_MAX_ATTEMPTS):
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(*(keys.guard(f) for f in fields))  # type: ignore[no-untyped-call]
-                    return self._apply_once(pipe, records, fields, batch_id)
+                    return self._apply_once(pipe, records, fields, batch_id, covered)
                 except redis.WatchError:
                     logger.warning(
                         "positions changed during the batch; re-planning",
@@ -218,12 +411,46 @@ class FoldWriter:
         )
         raise SinkConflictError(msg)
 
+    def _refill(self, ranges: dict[str, tuple[int, int]], batch_id: int | None) -> BatchOutcome:
+        """Read and fold the ranges Redis lost, chunk by chunk, before the records that follow."""
+        from processors.common.kafka_ranges import SourceOptions, read_messages
+
+        spans = []
+        for field_name, (start, end) in sorted(ranges.items()):
+            topic, partition = cast("tuple[str, int]", parse_position_field(field_name))
+            spans.append((topic, partition, start, end))
+            logger.warning(
+                "%s g%d: Redis has applied %s only up to %d but records continue at %d "
+                "(Redis lost writes: failover, restore or lost fsync); folding %d records again",
+                self.target.processor,
+                self.target.generation,
+                field_name,
+                start,
+                end,
+                end - start,
+                extra={"topic": topic, "partition": partition, "batch_id": batch_id},
+            )
+        options = SourceOptions(
+            kafka=self.target.kafka, topics=tuple(sorted({s[0] for s in spans}))
+        )
+        outcome = BatchOutcome()
+        for chunk in read_messages(options, tuple(spans), slot="refill"):
+            records = [
+                SourceRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value())  # type: ignore[arg-type]
+                for m in chunk
+            ]
+            outcome.merge(self._apply_guarded(records, batch_id, {}))
+        # Whatever the ranges' last offsets held, they are now applied up to their ends.
+        outcome.merge(self._apply_guarded([], batch_id, ranges))
+        return outcome
+
     def _apply_once(
         self,
         pipe: Pipeline,
         records: Sequence[SourceRecord],
         fields: list[str],
         batch_id: int | None,
+        covered: Mapping[str, tuple[int, int]],
     ) -> BatchOutcome:
         keys = self.target.keys
         outcome = BatchOutcome(records=len(records))
@@ -232,6 +459,7 @@ class FoldWriter:
             for f, v in zip(fields, pipe.hmget(keys.positions, fields), strict=True)
             if v is not None
         }
+        _check_holes(records, applied_pos, covered)
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]] = []
         dead: list[_DeadLetter] = []
         new_pos: dict[str, int] = {}
@@ -249,22 +477,13 @@ class FoldWriter:
                 continue
             if record.offset >= new_pos.get(field_name, 0):
                 new_pos[field_name] = record.offset + 1
-            try:
-                event = self.codec.decode(record.value)
-            except DeserializationError as exc:
-                dead.append(_DeadLetter(record, exc.reason, str(exc)))
-                continue
-            if event.event_type not in self.projection.event_types:
-                dead.append(
-                    _DeadLetter(
-                        record,
-                        "unexpected-type",
-                        f"{self.target.processor} does not fold {event.event_type}",
-                    )
-                )
-                continue
-            entity = self.projection.key(event.event_type, event.data)
-            pending.append((record, event.event_type, event.data, entity))
+            letter = self._decode_and_key(record, pending)
+            if letter is not None:
+                dead.append(letter)
+        for field_name, (_start, end) in covered.items():
+            reached = max(new_pos.get(field_name, 0), applied_pos.get(field_name, 0))
+            if end > reached:
+                new_pos[field_name] = end
         entities = sorted({p[3] for p in pending})
         table_keys = [keys.table(self.projection.table, e) for e in entities]
         loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
@@ -272,42 +491,36 @@ class FoldWriter:
             e: None if raw is None else orjson.loads(raw)
             for e, raw in zip(entities, loaded, strict=True)
         }
-        states = dict(before)
-        effects: list[tuple[SourceRecord, SideEffect]] = []
+        folded = _Folded(before)
         for record, event_type, data, entity in pending:
             try:
-                previous = states[entity]
-                states[entity] = new = self.projection.apply(previous, event_type, data)
-                outcome.applied += 1
-            except EventRejectedError as exc:
-                dead.append(_DeadLetter(record, "rejected", str(exc)))
-                continue
-            if self._has_effects:
-                effects.extend(
-                    (record, e)
-                    for e in effects_of(self.projection, event_type, data, previous, new)
+                new, encoded, contribution, effects = fold_one(
+                    self.projection, folded.states[entity], event_type, data
                 )
-        outcome.rejected = sum(d.reason == "rejected" for d in dead)
-        outcome.undecodable = len(dead) - outcome.rejected
+            except EventRejectedError as exc:
+                reason = "fold-error" if isinstance(exc, FoldError) else "rejected"
+                dead.append(_DeadLetter(record, reason, str(exc)))
+                continue
+            except UnstorableStateError as exc:
+                dead.append(_DeadLetter(record, exc.reason, str(exc)))
+                continue
+            folded.record(record, entity, new, encoded, contribution)
+            outcome.applied += 1
+            if self._has_effects:
+                folded.effects.extend((record, effect) for effect in effects)
+        delta = self._delta(pipe, folded, dead, outcome)
+        outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
+        outcome.rejected = len(dead) - outcome.undecodable
         if dead:
             self._send_dead_letters(dead, batch_id)
-        if effects:
-            effects, outcome.suppressed = self._unsuppressed(pipe, effects)
-            if effects:
-                self._send_effects(effects)
-                outcome.effects = len(effects)
-        changed = {e: s for e, s in states.items() if s is not None and s != before[e]}
-        delta: Counter[str] = Counter()
-        for entity, state in changed.items():
-            delta.update(self.projection.contribution(state))
-            old = before[entity]
-            if old is not None:
-                delta.subtract(self.projection.contribution(old))
+        if folded.effects:
+            to_send, outcome.suppressed = self._unsuppressed(pipe, folded.effects)
+            if to_send:
+                self._send_effects(to_send)
+                outcome.effects = len(to_send)
         pipe.multi()
-        if changed:
-            pipe.mset(
-                {keys.table(self.projection.table, e): orjson.dumps(s) for e, s in changed.items()}
-            )
+        if folded.encoded:
+            pipe.mset({keys.table(self.projection.table, e): b for e, b in folded.encoded.items()})
         aggregate_key = keys.aggregate(self.projection.aggregate)
         for name, amount in sorted(delta.items()):
             if amount:
@@ -322,6 +535,64 @@ class FoldWriter:
         pipe.execute()
         outcome.positions = new_pos
         return outcome
+
+    def _decode_and_key(
+        self,
+        record: SourceRecord,
+        pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
+    ) -> _DeadLetter | None:
+        """Decode one record and find its entity; a dead letter when that is not possible."""
+        try:
+            event = self.codec.decode(record.value)
+        except DeserializationError as exc:
+            return _DeadLetter(record, exc.reason, str(exc))
+        except Exception as exc:  # the codec's own guard missed a kind: still this record only
+            return _DeadLetter(record, "undecodable", repr(exc))
+        if event.event_type not in self.projection.event_types:
+            detail = f"{self.target.processor} does not fold {event.event_type}"
+            return _DeadLetter(record, "unexpected-type", detail)
+        try:
+            entity = str(self.projection.key(event.event_type, event.data))
+        except Exception as exc:  # user code
+            return _DeadLetter(record, "fold-error", f"the processor's key() raised {exc!r}")
+        if self.target.check_keys and record.key != entity.encode():
+            # One writer per entity (DESIGN.md decision 8): an entity's records must all sit on
+            # one partition, which only a Kafka key equal to the entity key guarantees.
+            detail = (
+                f"record key {record.key!r} is not the entity key {entity!r} of this "
+                f"{event.event_type}: it may sit on another partition than the entity's other "
+                "events, where another writer folds them. Operator action: produce it again "
+                "keyed by the entity (the producer SDK does)."
+            )
+            return _DeadLetter(record, "key-mismatch", detail)
+        pending.append((record, event.event_type, event.data, entity))
+        return None
+
+    def _delta(
+        self, pipe: Pipeline, folded: _Folded, dead: list[_DeadLetter], outcome: BatchOutcome
+    ) -> Counter[str]:
+        """The aggregate's increments; records that would overflow a counter are dead letters.
+
+        A counter is shared by every partition, so whether it overflows depends on what the
+        other partitions added before: this one check is not batch-independent (the per-state
+        checks are). It only triggers near 2**63.
+        """
+        delta = folded.delta(self.projection)
+        if not delta:
+            return delta
+        aggregate_key = self.target.keys.aggregate(self.projection.aggregate)
+        names = sorted(delta)
+        raw = cast("list[bytes | None]", pipe.hmget(aggregate_key, names))
+        current = {n: int(v) for n, v in zip(names, raw, strict=True) if v is not None}
+        over = {n for n in names if not _fits_int64(current.get(n, 0) + delta[n])}
+        if not over:
+            return delta
+        for entity in folded.touching(over, self.projection):
+            for record in folded.undo(entity):
+                detail = f"a counter of {', '.join(sorted(over))} would leave signed 64 bits"
+                dead.append(_DeadLetter(record, "overflow", detail))
+                outcome.applied -= 1
+        return folded.delta(self.projection)
 
     def _unsuppressed(
         self, pipe: Pipeline, effects: list[tuple[SourceRecord, SideEffect]]

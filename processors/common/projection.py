@@ -10,27 +10,83 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
+
+import orjson
 
 from contracts.errors import RefoldError
 
 __all__ = [
     "EventRejectedError",
+    "FoldError",
     "FoldResult",
     "Projection",
     "SideEffect",
     "State",
+    "UnstorableStateError",
     "effects_of",
     "fold_all",
+    "fold_one",
+    "store_state",
 ]
 
 State = dict[str, Any]
+
+# Redis counters (HINCRBY) are signed 64-bit; a contribution outside would fail in Redis.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class EventRejectedError(RefoldError):
     """The fold refuses an event (it breaks a domain rule); the event goes to the dead letters."""
 
     code = "EVENT_REJECTED"
+
+
+class FoldError(EventRejectedError):
+    """The fold raised something other than :class:`EventRejectedError` for one record."""
+
+    code = "FOLD_ERROR"
+
+
+class UnstorableStateError(RefoldError):
+    """A record would leave a state that cannot be stored; the record goes to the dead letters.
+
+    Attributes:
+        reason: ``unserialisable`` (not JSON, e.g. an integer beyond 64 bits) or ``overflow``
+            (a contribution to the aggregate counters is not a signed 64-bit integer).
+    """
+
+    code = "STATE_UNSTORABLE"
+
+    def __init__(self, detail: str, *, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}")
+
+
+def store_state(projection: Projection, state: State) -> tuple[bytes, Mapping[str, int]]:
+    """Serialise a state and compute its contribution, or say why it cannot be stored.
+
+    Checked after every record (by the sink and by the oracle alike), so whether a record is
+    applied never depends on how records were grouped into batches.
+
+    Returns:
+        The state's JSON and its contribution to the aggregate counters.
+
+    Raises:
+        UnstorableStateError: Not serialisable, or a contribution outside signed 64 bits.
+    """
+    try:
+        encoded = orjson.dumps(state)
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+        msg = f"the new state is not storable: {exc}"
+        raise UnstorableStateError(msg, reason="unserialisable") from exc
+    contribution = projection.contribution(state)
+    # Typed as ints, but user code may hand back anything: checked at run time.
+    for name, value in cast("Mapping[str, object]", contribution).items():
+        if not isinstance(value, int) or not _INT64_MIN <= value <= _INT64_MAX:
+            msg = f"contribution {name}={value!r} is not a signed 64-bit integer"
+            raise UnstorableStateError(msg, reason="overflow")
+    return encoded, contribution
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +166,31 @@ def effects_of(
     return [] if effects is None else list(effects(event_type, event, before, after))
 
 
+def fold_one(
+    projection: Projection, state: State | None, event_type: str, event: Mapping[str, Any]
+) -> tuple[State, bytes, Mapping[str, int], list[SideEffect]]:
+    """Apply one event and check the outcome: the one rule for the sink and the oracle.
+
+    Returns:
+        The new state, its JSON, its contribution and the event's side effects.
+
+    Raises:
+        EventRejectedError: The fold refuses the event, or the fold itself failed (any
+            exception from user code is wrapped, reason ``fold-error``).
+        UnstorableStateError: The new state cannot be stored.
+    """
+    try:
+        new = projection.apply(state, event_type, event)
+        effects = effects_of(projection, event_type, event, state, new)
+    except EventRejectedError:
+        raise
+    except Exception as exc:  # user code: one record's failure must not stop the stream
+        msg = f"the fold raised {exc!r}"
+        raise FoldError(msg) from exc
+    encoded, contribution = store_state(projection, new)
+    return new, encoded, contribution, effects
+
+
 @dataclass(slots=True)
 class FoldResult:
     """States, aggregates and rejections from folding a sequence of events in one process."""
@@ -135,11 +216,19 @@ def fold_all(projection: Projection, events: Iterable[tuple[str, Mapping[str, An
         if event_type not in projection.event_types:
             result.rejected.append((str(event.get("event_id")), f"unknown type {event_type}"))
             continue
-        key = projection.key(event_type, event)
         try:
-            result.states[key] = projection.apply(result.states.get(key), event_type, event)
-        except EventRejectedError as exc:
+            key = str(projection.key(event_type, event))
+        except Exception as exc:  # as the sink: a record without a usable key is refused
+            result.rejected.append((str(event.get("event_id")), f"no key: {exc!r}"))
+            continue
+        try:
+            state, _encoded, _contribution, _effects = fold_one(
+                projection, result.states.get(key), event_type, event
+            )
+        except (EventRejectedError, UnstorableStateError) as exc:
             result.rejected.append((str(event.get("event_id", key)), str(exc)))
+            continue
+        result.states[key] = state
     for state in result.states.values():
         result.aggregate.update(projection.contribution(state))
     result.aggregate = Counter({k: v for k, v in result.aggregate.items() if v != 0})

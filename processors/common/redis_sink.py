@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from processors.common.fold_writer import BatchOutcome, FoldTarget, FoldWriter, SourceRecord
 from processors.common.group_mirror import ConsumerGroupMirror
-from processors.common.kafka_source import SourceOptions, read_messages
+from processors.common.kafka_ranges import SourceOptions, read_messages
 from processors.common.projection import Projection
 
 if TYPE_CHECKING:

@@ -121,7 +121,7 @@ def test_bad_records_go_to_the_dead_letter_topic_with_reason_and_origin(target, 
             "orders",
             0,
             n + 2,
-            b"k3",
+            b"nope",
             EventCodec().encode(
                 "OrderShipped",
                 {
