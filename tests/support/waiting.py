@@ -40,8 +40,10 @@ def assert_eventually(
             return value
         if alive is not None and not alive():
             text = message() if callable(message) else message
-            raise AssertionError(f"gave up: the process under test died. {text}") from last_error
+            msg = f"gave up: the process under test died. {text}"
+            raise AssertionError(msg) from last_error
         if time.monotonic() > deadline:
             text = message() if callable(message) else message
-            raise AssertionError(f"not within {timeout:.0f}s: {text}") from last_error
+            msg = f"not within {timeout:.0f}s: {text}"
+            raise AssertionError(msg) from last_error
         time.sleep(interval)
