@@ -305,7 +305,7 @@ class GenerationRegistry:
         )
 
     def renew_lease(self, generation: int, owner: str, ttl_ms: int) -> bool:
-        """Extend our lease; False when it is no longer ours (expired and taken)."""
+        """Extend our lease (taking it again if it expired and is free); False when taken."""
         return bool(self.client.eval(_RENEW, 1, self.keys(generation).lease, owner, ttl_ms))
 
     def release_lease(self, generation: int, owner: str) -> None:
@@ -320,9 +320,16 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Renewing also re-takes a lease that expired while nobody else took it: Redis was unreachable
+# for longer than the TTL (its clock ran on), or restarted from a backup without the key.
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
 end
 return 0
 """

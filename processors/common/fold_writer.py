@@ -72,6 +72,9 @@ _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadO
 # Dead-letter reasons that mean the bytes did not decode (the rest: the record was refused).
 _DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "undecodable"})
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# Dead letters and side effects are acknowledged before the commit; while the broker is away
+# the batch waits, logging every _ACK_WAIT_S, up to librdkafka's own message timeout (300 s).
+_ACK_WAIT_S, _ACK_WAIT_MAX_S = 10.0, 310.0
 
 
 class SourceRecord(NamedTuple):
@@ -253,15 +256,13 @@ class _Folded:
                 delta.subtract(projection.contribution(old))
         return delta
 
-    def touching(self, names: set[str], projection: Projection) -> list[str]:
-        """Entities whose change moves one of the counters ``names``."""
-        result = []
-        for entity, contribution in self.contributions.items():
-            old = self.before[entity]
-            previous = projection.contribution(old) if old is not None else {}
-            if any(contribution.get(n, 0) != previous.get(n, 0) for n in names):
-                result.append(entity)
-        return result
+    def change(self, entity: str, projection: Projection) -> Counter[str]:
+        """What one entity's change adds to each counter (zeros dropped)."""
+        change: Counter[str] = Counter(self.contributions[entity])
+        old = self.before[entity]
+        if old is not None:
+            change.subtract(projection.contribution(old))
+        return Counter({n: v for n, v in change.items() if v})
 
     def undo(self, entity: str) -> list[SourceRecord]:
         """Forget an entity's changes; returns the records that made them."""
@@ -274,8 +275,17 @@ class _Folded:
 
 
 def _await_acks(producer: Producer, failures: list[str], what: str) -> None:
-    """Flush, and fail the batch (before its commit) unless every record was acknowledged."""
-    remaining = producer.flush(30)
+    """Flush, and fail the batch (before its commit) unless every record was acknowledged.
+
+    While the broker is unreachable this waits: librdkafka retries each record until its
+    ``message.timeout.ms`` (5 minutes by default) and then reports it failed.
+    """
+    remaining = producer.flush(_ACK_WAIT_S)
+    waited = _ACK_WAIT_S
+    while remaining and not failures and waited < _ACK_WAIT_MAX_S:
+        logger.warning("%d of %s wait for the broker (%.0fs)", remaining, what, waited)
+        remaining = producer.flush(_ACK_WAIT_S)
+        waited += _ACK_WAIT_S
     if remaining or failures:
         msg = (
             f"{len(failures) or remaining} of {what} not acknowledged "
@@ -584,12 +594,19 @@ class FoldWriter:
         names = sorted(delta)
         raw = cast("list[bytes | None]", pipe.hmget(aggregate_key, names))
         current = {n: int(v) for n, v in zip(names, raw, strict=True) if v is not None}
-        over = {n for n in names if not _fits_int64(current.get(n, 0) + delta[n])}
-        if not over:
+        if all(_fits_int64(current.get(n, 0) + delta[n]) for n in names):
             return delta
-        for entity in folded.touching(over, self.projection):
+        # Slow path, near 2**63 only: take the entities in the order their records came and
+        # refuse those that would push a counter out of range.
+        running = dict(current)
+        for entity in list(folded.contributions):
+            change = folded.change(entity, self.projection)
+            if all(_fits_int64(running.get(n, 0) + v) for n, v in change.items()):
+                for name, value in change.items():
+                    running[name] = running.get(name, 0) + value
+                continue
+            detail = f"a counter ({', '.join(sorted(change))}) would leave signed 64 bits"
             for record in folded.undo(entity):
-                detail = f"a counter of {', '.join(sorted(over))} would leave signed 64 bits"
                 dead.append(_DeadLetter(record, "overflow", detail))
                 outcome.applied -= 1
         return folded.delta(self.projection)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from contracts.state import position_field
 from processors.common.fold_writer import BatchOutcome, FoldTarget, FoldWriter, SourceRecord
 from processors.common.group_mirror import ConsumerGroupMirror
-from processors.common.kafka_ranges import SourceOptions, read_messages
+from processors.common.kafka_ranges import Range, SourceOptions, read_messages
 from processors.common.projection import Projection
 
 if TYPE_CHECKING:
@@ -64,14 +65,9 @@ def _writer(target: FoldTarget, projection: Projection) -> FoldWriter:
     return writer
 
 
-def _records_of_ranges(
-    target: FoldTarget, batches: Iterator[pa.RecordBatch]
-) -> Iterator[list[SourceRecord]]:
-    """Read the records of the ranges rows (``refold_kafka_ranges``) in this worker.
-
-    Straight from confluent-kafka messages to :class:`SourceRecord`: no Arrow in between.
-    """
-    ranges = tuple(
+def _ranges_of(batches: Iterator[pa.RecordBatch]) -> tuple[Range, ...]:
+    """The Kafka partition ranges of a ``refold_kafka_ranges`` task."""
+    return tuple(
         (t, p, s, e)
         for batch in batches
         for t, p, s, e in zip(
@@ -82,6 +78,15 @@ def _records_of_ranges(
             strict=True,
         )
     )
+
+
+def _records_of_ranges(
+    target: FoldTarget, ranges: tuple[Range, ...]
+) -> Iterator[list[SourceRecord]]:
+    """Read the records of the task's ranges in this worker.
+
+    Straight from confluent-kafka messages to :class:`SourceRecord`: no Arrow in between.
+    """
     options = SourceOptions(kafka=target.kafka, topics=tuple(sorted({r[0] for r in ranges})))
     for chunk in read_messages(options, ranges):
         yield [
@@ -122,7 +127,7 @@ def _fold_task(
     target: FoldTarget,
     projection: Projection,
     batch_id: int,
-    ranges: bool,
+    ranges_mode: bool,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """Executor side: read the task's records and apply them chunk by chunk; one outcome row.
@@ -132,11 +137,22 @@ def _fold_task(
     the next records in the background: reading overlaps folding, as in the baseline.
     """
     writer = _writer(target, projection)  # first: a new one connects while the records come
-    parts = _records_of_ranges(target, batches) if ranges else _records_of_rows(batches)
+    ranges = _ranges_of(batches) if ranges_mode else ()
+    parts = _records_of_ranges(target, ranges) if ranges_mode else _records_of_rows(batches)
     outcome = BatchOutcome()
     for records in _in_chunks(parts):
         # No sort: the source hands each partition's records over in offset order.
         outcome.merge(writer.apply(records, batch_id))
+    # Every range was read in full: its position reaches the range's end even where the last
+    # offsets held no record (a transaction marker), so Redis never looks behind Spark's plan.
+    short = {
+        position_field(t, p): (s, e)
+        for t, p, s, e in ranges
+        if outcome.positions.get(position_field(t, p), -1) < e
+    }
+    if short:
+        closing = writer.apply([], batch_id, covered=short)
+        outcome.positions.update(closing.positions)
     if not outcome.records:
         return
     yield pa.RecordBatch.from_pylist(

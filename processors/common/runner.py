@@ -11,15 +11,18 @@ Starting offsets, in order of precedence:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import signal
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import redis
 
@@ -37,11 +40,12 @@ from contracts.lease import GenerationLease
 from contracts.offsets import LogOffsets
 from contracts.processors import consumer_group
 from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import STATE_LAYOUT_VERSION, StateLayout
+from contracts.state import STATE_LAYOUT_VERSION, StateLayout, position_field
 from contracts.topic_admin import ensure_topics
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
 from processors.common.fold_writer import FoldTarget
 from processors.common.group_mirror import ConsumerGroupMirror
+from processors.common.kafka_ranges import resolve_starting_offsets
 from processors.common.projection import Projection
 from processors.common.redis_sink import RedisFoldSink
 from processors.errors import ProcessorConfigError
@@ -55,6 +59,8 @@ __all__ = ["ProcessorRun", "RunOptions", "consumer_group", "run_processor"]
 logger = logging.getLogger(__name__)
 
 GenerationChoice = Literal["live", "new"] | int
+_T = TypeVar("_T")
+Outcome = Literal["stopped", "caught_up", "retired", "behind", "vanished"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,8 @@ class RunOptions:
         dead_letter_topic: Default ``<processor>.dlq``.
         accept_code_change: Resume a generation whose code fingerprint differs (and record
             the new one) instead of refusing.
+        lease_wait_s: How long a start waits for another processor to let go of the
+            generation (e.g. replay's processor finishing its last batch after a cutover).
     """
 
     generation: GenerationChoice = "live"
@@ -89,6 +97,9 @@ class RunOptions:
     source_format: str = "refold_kafka_ranges"
     dead_letter_topic: str | None = None
     accept_code_change: bool = False
+    # A processor stopping after a cutover finishes its micro-batch first (SIGTERM), which
+    # takes seconds; two minutes also covers a slow batch without hiding a real duplicate.
+    lease_wait_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,9 +336,12 @@ def run_processor(
     client = redis.Redis.from_url(redis_settings.url)
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
     following = options.generation == "live" and not options.available_now
-    wait_s = 0.0
+    wait_s = options.lease_wait_s
     while True:
-        picked = resolve_run(projection, topics, kafka, redis_settings, options, client)
+        picked = _until_redis_answers(
+            lambda: resolve_run(projection, topics, kafka, redis_settings, options, client),
+            redis_settings,
+        )
         lease = GenerationLease(registry, picked.generation)
         lease.acquire(wait_s)
         try:
@@ -338,6 +352,7 @@ def run_processor(
             if options.generation == "live" and registry.live() != run.generation:
                 logger.info("g%d is no longer live; picking again", run.generation)
                 continue
+            run = _record_starting_positions(run, registry, kafka, topics)
             if spark is None:
                 from processors.common.spark import build_spark_session
 
@@ -346,11 +361,83 @@ def run_processor(
                 projection, topics, kafka, options, spark, run, registry, lease, following
             )
         finally:
-            lease.release()
-        if outcome != "retired":
+            with contextlib.suppress(*_REDIS_DOWN):  # an expired lease frees itself
+                lease.release()
+        if outcome in ("stopped", "caught_up"):
             return run.generation
-        # The rebuild's processor still holds the new generation until it has stopped.
-        wait_s = 300.0
+        if outcome == "retired":
+            # The rebuild's processor still holds the new generation until it has stopped.
+            wait_s = 300.0
+        elif outcome == "behind":
+            # Redis lost writes Spark's checkpoint has passed: plan from Redis' positions.
+            remove_stale_checkpoint(run.checkpoint)
+            wait_s = options.lease_wait_s
+        elif outcome == "vanished":
+            if not following:
+                msg = (
+                    f"{projection.name} g{run.generation} vanished from Redis (restarted "
+                    "empty?). Operator action: rebuild it with `replay --processor "
+                    f"{projection.name} --to-earliest --execute`, or run the processor with "
+                    "--generation live to start over from the log."
+                )
+                raise ProcessorConfigError(msg)
+            remove_stale_checkpoint(run.checkpoint)
+            wait_s = options.lease_wait_s
+
+
+# Redis errors that mean "not reachable right now" (a restart, a failover, a network cut).
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
+# A processor starting while Redis is away waits this long for it before giving up.
+_REDIS_START_WAIT_S = 300.0
+
+
+def _until_redis_answers(call: Callable[[], _T], redis_settings: RedisSettings) -> _T:
+    """Run ``call``, waiting (bounded) while Redis is unreachable."""
+    deadline = time.monotonic() + _REDIS_START_WAIT_S
+    delay = 0.5
+    while True:
+        try:
+            return call()
+        except _REDIS_DOWN as exc:
+            if time.monotonic() > deadline:
+                msg = (
+                    f"Redis at {redis_settings.url} unreachable for {_REDIS_START_WAIT_S:.0f}s: "
+                    f"{exc}. Operator action: start Redis, or fix REFOLD_REDIS__URL."
+                )
+                raise ProcessorConfigError(msg) from exc
+            logger.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _record_starting_positions(
+    run: ProcessorRun, registry: GenerationRegistry, kafka: KafkaSettings, topics: list[TopicSpec]
+) -> ProcessorRun:
+    """Before a generation's first batch, record where it starts as its applied positions.
+
+    From then on every partition has a position in Redis, so a position that is missing or
+    lower than Spark's plan can only mean Redis lost writes, and the sink folds the gap again
+    (DESIGN.md decision 9). The source is given the same concrete offsets.
+    """
+    if _has_checkpoint(run.checkpoint) or registry.positions(run.generation)[0]:
+        return run
+    probe = LogOffsets(kafka.as_librdkafka())
+    try:
+        resolved = resolve_starting_offsets(probe, [t.name for t in topics], run.starting_offsets)
+    except ValueError as exc:
+        raise ProcessorConfigError(str(exc)) from exc
+    finally:
+        probe.close()
+    keys = registry.keys(run.generation)
+    with registry.client.pipeline(transaction=True) as pipe:
+        for (topic, partition), offset in sorted(resolved.items()):
+            field_name = position_field(topic, partition)
+            pipe.hsetnx(keys.positions, field_name, str(offset))
+            pipe.set(keys.guard(field_name), offset, nx=True)
+        pipe.execute()
+    starting = _offsets_json(registry.positions(run.generation)[0])
+    logger.info("g%d starts at %s", run.generation, starting)
+    return dataclasses.replace(run, starting_offsets=starting)
 
 
 def _log_progress(query: StreamingQuery, after: int) -> int:
@@ -381,8 +468,13 @@ def _run_generation(
     registry: GenerationRegistry,
     lease: GenerationLease,
     following: bool,
-) -> Literal["stopped", "caught_up", "retired"]:
-    """Run one generation's query until a signal, the catch-up target or its retirement."""
+) -> Outcome:
+    """Run one generation's query until a signal, the catch-up target, or a change in Redis.
+
+    Returns ``retired`` when replay flipped readers to another generation, ``behind`` when
+    Redis has lost writes that Spark's checkpoint has passed (the caller restarts the query
+    from Redis' positions), ``vanished`` when the generation is gone from Redis.
+    """
     dead_letters = dataclasses.replace(dead_letter_spec(projection.name), name=run.target.dlq_topic)
     effect_topics = [effects_spec(t) for t in getattr(projection, "effect_topics", ())]
     ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters, *effect_topics])
@@ -397,11 +489,16 @@ def _run_generation(
     mirror = ConsumerGroupMirror(
         kafka.as_librdkafka(), consumer_group(projection.name, run.generation)
     )
+    # After a crash between the Redis commit and the group commit, the re-run batch skips
+    # every record and commits nothing: mirror what Redis holds now, so lag tools agree.
+    applied, _batch = registry.positions(run.generation)
+    mirror.commit({position_field(t, p): o for (t, p), o in applied.items()})
     sink = RedisFoldSink(run.target, projection, mirror)
     catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
     query = build_query(spark, topics, kafka, run, sink, options)
+    watch = _RedisWatch(registry, run.generation, options.source_format)
     stop = threading.Event()
-    outcome: Literal["stopped", "caught_up", "retired"] = "stopped"
+    outcome: Outcome = "stopped"
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         logger.info("signal %d: stopping the query after the current batch", signum)
@@ -422,18 +519,17 @@ def _run_generation(
                     "after this one stalled); stopping"
                 )
                 raise ProcessorConfigError(msg)
-            if catch_up is not None and catch_up.done(query):
-                logger.info("caught up with the log end taken at start; stopping")
-                outcome = "caught_up"
-                break
-            if following and registry.status(run.generation) == "retired":
-                logger.info(
-                    "g%d was retired (readers now see g%s); switching to the live generation",
-                    run.generation,
-                    registry.live(),
-                    extra={"generation": run.generation},
-                )
-                outcome = "retired"
+            try:
+                if catch_up is not None and catch_up.done(query):
+                    logger.info("caught up with the log end taken at start; stopping")
+                    outcome = "caught_up"
+                    break
+                changed = watch.check(query, following)
+            except _REDIS_DOWN as exc:
+                watch.unreachable(exc)
+                continue
+            if changed is not None:
+                outcome = changed
                 break
     finally:
         if query.isActive:
@@ -441,9 +537,9 @@ def _run_generation(
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
         mirror.close()
-    exc = query.exception()
-    if exc is not None:
-        raise exc
+    failure = query.exception()
+    if failure is not None and outcome == "stopped":
+        raise failure
     logger.info(
         "%s generation %d stopped: %d records, %d applied, %d rejected, %d undecodable",
         projection.name,
@@ -454,3 +550,73 @@ def _run_generation(
         sink.total.undecodable,
     )
     return outcome
+
+
+class _RedisWatch:
+    """Driver-side checks of the generation in Redis, between micro-batches.
+
+    * retired: ``replay`` flipped readers to another generation (followers switch);
+    * vanished: the generation is gone (Redis restarted empty);
+    * behind: Redis' applied positions are below the end of the last completed batch, which
+      only happens when Redis lost writes (failover, restore, lost fsync). With no new
+      records the sink would never notice, so the query restarts from Redis' positions.
+    """
+
+    # Seconds between the behind checks (one HGETALL and Spark's last progress).
+    _EVERY_S = 5.0
+
+    def __init__(self, registry: GenerationRegistry, generation: int, source_format: str):
+        self.registry = registry
+        self.generation = generation
+        # Only the ranges source moves positions to each planned range's end (the record
+        # source leaves them at the last record, below the end after a transaction marker).
+        self.exact_ends = source_format == "refold_kafka_ranges"
+        self._next = time.monotonic() + self._EVERY_S
+        self._down_since: float | None = None
+
+    def unreachable(self, exc: Exception) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            logger.warning("Redis unreachable (%s); the query waits for it", exc)
+
+    def check(self, query: StreamingQuery, following: bool) -> Outcome | None:
+        if self._down_since is not None:
+            logger.warning("Redis reachable again after %.1fs", time.monotonic() - self._down_since)
+            self._down_since = None
+        status = self.registry.status(self.generation)
+        if status is None:
+            logger.error("g%d vanished from Redis (restarted empty?)", self.generation)
+            return "vanished"
+        if following and status == "retired":
+            logger.info(
+                "g%d was retired (readers now see g%s); switching to the live generation",
+                self.generation,
+                self.registry.live(),
+                extra={"generation": self.generation},
+            )
+            return "retired"
+        if not self.exact_ends or time.monotonic() < self._next:
+            return None
+        self._next = time.monotonic() + self._EVERY_S
+        progress = query.lastProgress  # read first: positions only grow after it
+        if not progress or not progress["sources"]:
+            return None
+        reported = progress["sources"][0]["endOffset"]
+        if reported is None:
+            return None
+        planned = _offsets_from_json(
+            reported if isinstance(reported, str) else json.dumps(reported)
+        )
+        applied, _batch = self.registry.positions(self.generation)
+        behind = {
+            tp: (applied.get(tp), end) for tp, end in planned.items() if applied.get(tp, -1) < end
+        }
+        if not behind:
+            return None
+        logger.error(
+            "g%d: Redis has applied less than Spark's checkpoint says (%s); Redis lost writes "
+            "(failover, restore, lost fsync?). Restarting the query from Redis' positions",
+            self.generation,
+            ", ".join(f"{t}/{p}: {a} < {e}" for (t, p), (a, e) in sorted(behind.items())[:5]),
+        )
+        return "behind"

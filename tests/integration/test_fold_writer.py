@@ -1,6 +1,7 @@
 """FoldWriter against real Redis and a real broker (for dead letters), without Spark."""
 
 import threading
+import zlib
 
 import pytest
 import redis
@@ -37,7 +38,7 @@ def records_for(events, partitions=4, topic="orders"):
     offsets = [0] * partitions
     out = []
     for event_type, event in events:
-        partition = hash(event["order_id"]) % partitions
+        partition = zlib.crc32(event["order_id"].encode()) % partitions  # not hash(): seeded
         out.append(
             SourceRecord(
                 topic,
