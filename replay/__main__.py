@@ -23,7 +23,7 @@ from contracts.processors import PROCESSORS, ProcessorSpec, processor_spec
 from contracts.state import StateLayout
 from replay.config import ReplaySettings
 from replay.deploy_gate import check_deploy, deployed_fingerprints
-from replay.errors import PlanError
+from replay.errors import PlanError, ReplayInterruptedError
 from replay.generations_admin import (
     collect_garbage,
     diff_generations,
@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         "  replay snapshot --processor order_state                 # snapshot the live state\n"
         "`replay --processor ...` is short for `replay plan --processor ...`. Settings come from "
         "REFOLD_* variables (REFOLD_KAFKA__BOOTSTRAP_SERVERS, REFOLD_REDIS__URL, "
-        "REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD, REFOLD_REPLAY_TIMEOUT_S).",
+        "REFOLD_STATE_DIR, REFOLD_LAG_THRESHOLD, REFOLD_REPLAY_TIMEOUT_S). SIGTERM or SIGINT "
+        "during --execute stops the rebuild's processor, leaves readers where they were and "
+        "exits with 143 / 130.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--log-level", default="WARNING")
@@ -482,13 +484,21 @@ _HANDLERS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code (0 ok, 1 error, 4 diff found differences)."""
+    """Entry point; returns the exit code.
+
+    0 ok, 1 error, 4 ``diff`` found differences, 5 ``check``: a rebuild is needed, 143 / 130
+    a rebuild interrupted by SIGTERM / SIGINT (its processor stopped, readers left where they
+    were).
+    """
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     configure_logging(args.log_level, json_lines=False)
     settings = ReplaySettings()
     try:
         client = redis.Redis.from_url(settings.redis.url)
         return _HANDLERS[args.command](args, settings, client)
+    except ReplayInterruptedError as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return exc.exit_code
     except (RefoldError, redis.RedisError) as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contracts.errors import RefoldError
 
-__all__ = ["PlanError", "RebuildError", "ReplayError"]
+__all__ = ["PlanError", "RebuildError", "ReplayError", "ReplayInterruptedError"]
 
 
 class ReplayError(RefoldError):
@@ -24,3 +24,21 @@ class RebuildError(ReplayError):
 
     code = "REPLAY_REBUILD_FAILED"
     retriable = True
+
+
+class ReplayInterruptedError(ReplayError):
+    """SIGTERM or SIGINT stopped a replay, which stopped what it had started first.
+
+    Attributes:
+        signal_number: The signal received (``signal.SIGTERM`` or ``signal.SIGINT``).
+        exit_code: ``128 + signal_number`` (143 for SIGTERM, 130 for SIGINT): the shell's
+            convention for a command ended by a signal, which the ``replay`` CLI exits with.
+    """
+
+    code = "REPLAY_INTERRUPTED"
+    retriable = True
+
+    def __init__(self, msg: str, signal_number: int) -> None:
+        self.signal_number = signal_number
+        self.exit_code = 128 + signal_number
+        super().__init__(msg)

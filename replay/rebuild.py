@@ -11,13 +11,21 @@ optimistic Redis transaction, so readers never lose freshness and never see a mi
 Then the shadow processor stops; a live processor started with ``--generation live`` notices
 that its generation was retired and continues the new one. The previous generation is kept
 (retired) for ``replay rollback``.
+
+The shadow processor runs in a process group of its own, and SIGTERM or SIGINT to the replay
+(``kill``, a CI timeout, a service manager, Ctrl-C) stops that group before the replay exits
+(:mod:`replay.interrupts`): the processor gets SIGTERM, finishes its batch and releases its
+lease; what is left of its group after a grace period is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -39,7 +47,8 @@ from contracts.offsets import LogOffsets
 from contracts.processors import ProcessorSpec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
-from replay.errors import PlanError, RebuildError
+from replay.errors import PlanError, RebuildError, ReplayInterruptedError
+from replay.interrupts import InterruptedBySignalError, InterruptGuard
 from replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan
 from replay.snapshots import SnapshotStore
 from replay.validate import (
@@ -56,6 +65,8 @@ __all__ = ["RebuildProgress", "RebuildResult", "plan_replay", "processor_topics"
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.5  # progress refresh while the shadow processor runs
+_STOP_GRACE_S = 30.0  # the processor finishes its micro-batch and releases its lease
+_GROUP_EXIT_S = 5.0  # after the driver: its JVM and Python workers notice it is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,16 +216,77 @@ def _done(positions: Positions, starts: Positions, ends: Positions) -> int:
     )
 
 
-def _stop(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    """SIGTERM (the processor finishes its batch and lets go of its lease), then SIGKILL."""
-    if process.poll() is not None:
-        return
-    process.terminate()
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the group ``pgid``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
     try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop(process: subprocess.Popen[bytes], grace_s: float = _STOP_GRACE_S) -> None:
+    """End the processor and everything it started (its process group).
+
+    SIGTERM to the driver only: it stops its query after the current batch and releases its
+    lease, and its JVM and Python workers exit with it. After ``grace_s`` the whole group is
+    SIGKILLed (the lease of a killed holder is taken over by the next claimant, its pid being
+    gone), and so is what is left of the group shortly after a clean exit. Idempotent.
+    """
+    pgid = process.pid  # start_new_session: the driver leads its own group
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            logger.warning(
+                "the processor (pid %d) did not stop in %.0fs: killing it", pgid, grace_s
+            )
+            _kill_group(pgid)
+            process.wait()
+    deadline = time.monotonic() + _GROUP_EXIT_S
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            _kill_group(pgid)
+            break
+        time.sleep(0.1)
+
+
+def _interrupted_message(
+    signal_number: int,
+    generation: int,
+    process: subprocess.Popen[bytes] | None,
+    live_generation: int | None,
+    *,
+    cut_over: bool,
+) -> str:
+    """What an interrupted rebuild did and left, for :class:`ReplayInterruptedError`."""
+    stopped = (
+        f"stopped the rebuild processor of g{generation} (pid {process.pid} and its process group)"
+        if process is not None
+        else f"no processor had been started for g{generation}"
+    )
+    if cut_over:
+        left = (
+            f"the cutover had already happened: readers see g{generation} (`replay rollback` "
+            "flips back)"
+        )
+        action = "none needed"
+    else:
+        readers = "no generation" if live_generation is None else f"g{live_generation}"
+        left = (
+            f"readers stay on {readers}; g{generation} is left building; a later replay "
+            "creates a new generation"
+        )
+        action = "rerun the replay when it can run to the end"
+    name = signal.Signals(signal_number).name
+    return f"interrupted by {name}: {stopped}; {left}. Operator action: {action}."
 
 
 def run_rebuild(
@@ -249,6 +321,11 @@ def run_rebuild(
         PlanError: The plan failed a check (see :func:`plan_replay`); nothing was changed.
         RebuildError: The processor failed or did not catch up in time; readers stay where
             they were, the shadow generation is left ``building`` for inspection.
+        ReplayInterruptedError: SIGTERM or SIGINT arrived (main thread only): the processor
+            and its process group were stopped first; readers stay where they were (unless
+            the flip had already happened, which the message says); the shadow generation is
+            left ``building``, its lease released (or held by a pid that is gone, which the
+            next claimant takes over).
     """
     failed = [c for c in plan.checks if not c.ok]
     if failed:
@@ -267,22 +344,140 @@ def run_rebuild(
     store = SnapshotStore(registry)
     seed = store.get(plan.seed.generation, plan.seed.snapshot) if plan.seed is not None else None
     topics = sorted({row.topic for row in plan.partitions})
-    generation = registry.create(
+    starts = {(r.topic, r.partition): r.begin for r in plan.partitions}
+    tps = list(starts)
+    process: subprocess.Popen[bytes] | None = None
+    cut_over = False
+    # SIGTERM and SIGINT raise from here on, so that the processor is stopped (below) before
+    # replay exits; the alias is only ever changed by the flip, so readers stay where they were.
+    with InterruptGuard() as guard:
+        with guard.held():
+            generation = registry.create(
+                {
+                    "replay_of": plan.live_generation if plan.live_generation is not None else "",
+                    "reset": plan.spec,
+                    "topics": topics,
+                    "starting_offsets": plan.starting_offsets(),
+                    "seeded_from": plan.seed.name if plan.seed is not None else "",
+                }
+            )
+            offsets = LogOffsets(kafka.as_librdkafka())
+        try:
+            guard.check()
+            remove_stale_checkpoint(
+                checkpoint_dir(checkpoint_root(state_dir), spec.name, generation)
+            )
+            if seed is not None:
+                copied = store.seed(seed, generation)
+                logger.info("g%d seeded from %s (%d keys)", generation, seed.name, copied)
+            log_path = _log_path(state_dir, spec.name, generation)
+            started = time.monotonic()
+            with guard.held():
+                process = _start_processor(
+                    spec, plan, generation, kafka, redis_settings, state_dir, log_path, python
+                )
+                guard.on_repeat = functools.partial(_kill_group, process.pid)
+            guard.check()
+            target = offsets.end_offsets(tps)  # the log end when the rebuild began
+            total = sum(max(0, target[tp] - starts[tp]) for tp in tps)
+            logger.info(
+                "g%d: rebuilding %d records (processor pid %d)",
+                generation,
+                total,
+                process.pid,
+                extra={"generation": generation},
+            )
+            ends, ends_at = dict(target), time.monotonic()
+            while True:
+                if process.poll() is not None:
+                    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+                    msg = (
+                        f"the processor building g{generation} exited with "
+                        f"{process.returncode}; readers stay on g{plan.live_generation}. "
+                        f"Log {log_path} ends with:\n{tail}"
+                    )
+                    raise RebuildError(msg)
+                if time.monotonic() - started > timeout_s:
+                    msg = (
+                        f"g{generation} did not catch up within {timeout_s:.0f}s; readers stay "
+                        f"on g{plan.live_generation}. Operator action: raise "
+                        "REFOLD_REPLAY_TIMEOUT_S or REFOLD_LAG_THRESHOLD, or rerun when traffic "
+                        "is lower."
+                    )
+                    raise RebuildError(msg)
+                positions = {
+                    tp: o for tp, o in registry.positions(generation)[0].items() if tp in starts
+                }
+                if time.monotonic() - ends_at > 2.0:
+                    ends, ends_at = offsets.end_offsets(tps, fresh=False), time.monotonic()
+                reached = all(
+                    positions.get(tp, starts[tp]) + lag_threshold >= e for tp, e in target.items()
+                )
+                lag = {tp: max(0, ends[tp] - positions.get(tp, starts[tp])) for tp in tps}
+                if on_progress is not None:
+                    on_progress(
+                        RebuildProgress(_done(positions, starts, target), total, lag, reached)
+                    )
+                if reached:
+                    flip_started = time.perf_counter()
+                    with guard.held():  # a signal now waits for the transaction's answer
+                        cut_over, previous, _behind = registry.flip_if_caught_up(
+                            generation, target, lag_threshold, starts=starts
+                        )
+                    if cut_over:
+                        flip_ms = (time.perf_counter() - flip_started) * 1000
+                        break
+                    guard.check()
+                time.sleep(_POLL_S)
+            cutover_at = time.monotonic()
+        except InterruptedBySignalError:
+            pass  # reported below, once the processor has stopped
+        finally:
+            guard.hold()  # a signal now waits for the stop; a second one kills the group
+            if process is not None:
+                _stop(process)
+            offsets.close()
+    if guard.signal_number is not None:
+        msg = _interrupted_message(
+            guard.signal_number, generation, process, plan.live_generation, cut_over=cut_over
+        )
+        raise ReplayInterruptedError(msg, guard.signal_number)
+    positions = registry.positions(generation)[0]
+    applied = sum(max(0, positions.get(tp, s) - s) for tp, s in starts.items())
+    seconds = cutover_at - started
+    registry.update_meta(
+        generation,
         {
-            "replay_of": plan.live_generation if plan.live_generation is not None else "",
-            "reset": plan.spec,
-            "topics": topics,
-            "starting_offsets": plan.starting_offsets(),
-            "seeded_from": plan.seed.name if plan.seed is not None else "",
-        }
+            "rebuild_events": str(applied),
+            "rebuild_seconds": f"{seconds:.3f}",
+            # Without the start-up, which the estimate adds back.
+            "rebuild_rate": f"{applied / max(seconds - REBUILD_STARTUP_S, 1.0):.0f}",
+        },
     )
-    remove_stale_checkpoint(checkpoint_dir(checkpoint_root(state_dir), spec.name, generation))
-    if seed is not None:
-        copied = store.seed(seed, generation)
-        logger.info("g%d seeded from %s (%d keys)", generation, seed.name, copied)
+    return RebuildResult(generation, previous, applied, seconds, flip_ms)
+
+
+def _log_path(state_dir: Path, processor: str, generation: int) -> Path:
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"{spec.name}-g{generation}.log"
+    return logs / f"{processor}-g{generation}.log"
+
+
+def _start_processor(
+    spec: ProcessorSpec,
+    plan: ReplayPlan,
+    generation: int,
+    kafka: KafkaSettings,
+    redis_settings: RedisSettings,
+    state_dir: Path,
+    log_path: Path,
+    python: str,
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m <module> --generation N`` in a session (and process group) of its own.
+
+    Its own group: a Ctrl-C in replay's terminal reaches replay only, which stops the
+    processor in order, and :func:`_stop` can end the processor's JVM and workers with it.
+    """
     env = {
         **os.environ,
         "REFOLD_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
@@ -299,70 +494,12 @@ def run_rebuild(
         "--starting-offsets",
         plan.starting_offsets(),
     ]
-    started = time.monotonic()
-    starts = {(r.topic, r.partition): r.begin for r in plan.partitions}
-    tps = list(starts)
-    offsets = LogOffsets(kafka.as_librdkafka())
     with log_path.open("ab") as log:
-        process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            command, stdout=log, stderr=subprocess.STDOUT, env=env
+        return subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
         )
-    try:
-        target = offsets.end_offsets(tps)  # the log end when the rebuild began
-        total = sum(max(0, target[tp] - starts[tp]) for tp in tps)
-        logger.info(
-            "g%d: rebuilding %d records", generation, total, extra={"generation": generation}
-        )
-        ends, ends_at = dict(target), time.monotonic()
-        while True:
-            if process.poll() is not None:
-                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-                msg = (
-                    f"the processor building g{generation} exited with {process.returncode}; "
-                    f"readers stay on g{plan.live_generation}. Log {log_path} ends with:\n{tail}"
-                )
-                raise RebuildError(msg)
-            if time.monotonic() - started > timeout_s:
-                msg = (
-                    f"g{generation} did not catch up within {timeout_s:.0f}s; readers stay on "
-                    f"g{plan.live_generation}. Operator action: raise REFOLD_REPLAY_TIMEOUT_S "
-                    "or REFOLD_LAG_THRESHOLD, or rerun when traffic is lower."
-                )
-                raise RebuildError(msg)
-            positions = {
-                tp: o for tp, o in registry.positions(generation)[0].items() if tp in starts
-            }
-            if time.monotonic() - ends_at > 2.0:
-                ends, ends_at = offsets.end_offsets(tps, fresh=False), time.monotonic()
-            reached = all(
-                positions.get(tp, starts[tp]) + lag_threshold >= e for tp, e in target.items()
-            )
-            lag = {tp: max(0, ends[tp] - positions.get(tp, starts[tp])) for tp in tps}
-            if on_progress is not None:
-                on_progress(RebuildProgress(_done(positions, starts, target), total, lag, reached))
-            if reached:
-                flip_started = time.perf_counter()
-                flipped, previous, _behind = registry.flip_if_caught_up(
-                    generation, target, lag_threshold, starts=starts
-                )
-                if flipped:
-                    flip_ms = (time.perf_counter() - flip_started) * 1000
-                    break
-            time.sleep(_POLL_S)
-        cutover_at = time.monotonic()
-    finally:
-        _stop(process)
-        offsets.close()
-    positions = registry.positions(generation)[0]
-    applied = sum(max(0, positions.get(tp, s) - s) for tp, s in starts.items())
-    seconds = cutover_at - started
-    registry.update_meta(
-        generation,
-        {
-            "rebuild_events": str(applied),
-            "rebuild_seconds": f"{seconds:.3f}",
-            # Without the start-up, which the estimate adds back.
-            "rebuild_rate": f"{applied / max(seconds - REBUILD_STARTUP_S, 1.0):.0f}",
-        },
-    )
-    return RebuildResult(generation, previous, applied, seconds, flip_ms)

@@ -1,12 +1,16 @@
 """Snapshots, seeded plans and plan checks, on a real broker and a real Redis.
 
 The generations are written by the real fold writer (the processor's write path) without Spark;
-the Spark processor running a seeded rebuild end to end is in tests/spark.
+the Spark processor running a seeded rebuild end to end is in tests/spark. The exception:
+``replay --execute`` run as a process and stopped by SIGTERM, which starts the real processor.
 """
 
 import dataclasses
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -19,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from contracts.codec import EventCodec
 from contracts.generations import GenerationRegistry
-from contracts.lease import GenerationLease
+from contracts.lease import GenerationLease, lease_holder_alive
 from contracts.processors import consumer_group, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.state import StateLayout
@@ -44,8 +48,10 @@ from replay.plan import (
 )
 from replay.rebuild import plan_replay, run_rebuild
 from replay.snapshots import SnapshotError, SnapshotStore
+from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
+from tests.support.waiting import assert_eventually
 
 PARTITIONS = 2
 
@@ -464,3 +470,134 @@ def test_time_specs_resolve_against_record_timestamps(
     now = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)  # 5 min after the first record
     assert targets(ByDuration(parse_duration("PT4M50S"), now)) == {0: 10, 1: 1}
     assert targets(ByDuration(parse_duration("PT1M"), now)) == {0: 40, 1: 24}
+
+
+_REPLAY_EXECUTE = ("--processor", "order_state", "--to-earliest", "--execute", "--no-progress")
+
+
+def _start_replay(env, out_path):
+    """``python -m replay --processor order_state --to-earliest --execute`` as a process."""
+    with out_path.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "replay", *_REPLAY_EXECUTE],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.spark  # also: it runs the real processor
+def test_sigterm_stops_the_rebuild_processor_and_leaves_readers_on_the_live_generation(
+    kafka_bootstrap, redis_url, make_topic, unique, tmp_path
+):
+    """``kill <replay>`` mid-rebuild: the processor's whole process group ends with the replay.
+
+    Runs the real Spark processor (as replay does): ~10 s per start on a 2-core machine.
+    """
+    topic = make_topic(partitions=ORDERS.partitions, prefix="orders")  # what the processor checks
+    prefix = f"test-{unique}"
+    env = {
+        **os.environ,
+        "REFOLD_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "REFOLD_REDIS__URL": redis_url,
+        "REFOLD_REDIS__KEY_PREFIX": prefix,
+        "REFOLD_STATE_DIR": str(tmp_path),
+        "REFOLD_ORDERS_TOPIC": topic,
+        "REFOLD_DEAD_LETTER_TOPIC": make_topic(partitions=1, prefix="dlq"),
+        "REFOLD_NOTIFICATIONS_TOPIC": f"{topic}.notifications",
+    }
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    events = list(OrderSimulator(120, seed=11, anomaly_rate=0))  # ~1,200 records
+    publisher = EventPublisher(kafka, topics=[dataclasses.replace(ORDERS, name=topic)])
+    publisher.emit_many(events)
+    publisher.close()
+    client = redis.Redis.from_url(redis_url)
+    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    live = registry.create({"topics": [topic]}, live=True)  # readers' generation, never changed
+    building = live + 1
+    out_path = tmp_path / "replay.out"
+
+    def log_tail():
+        logs = [out_path, tmp_path / "logs" / f"order_state-g{building}.log"]
+        return "\n".join(
+            f"--- {path.name}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:])
+            for path in logs
+            if path.exists()
+        )
+
+    def folding():
+        """The lease holder (the processor's driver) once it has applied a first batch."""
+        owner = registry.lease_owner(building)
+        applied = sum(registry.positions(building)[0].values())
+        if registry.status(building) == "building" and owner and 0 < applied < len(events):
+            return owner
+        return None
+
+    # Small batches: still folding when the signal comes (~25 batches), as a long rebuild is.
+    replay_process = _start_replay({**env, "REFOLD_MAX_OFFSETS_PER_TRIGGER": "50"}, out_path)
+    driver = group = None
+    try:
+        owner = assert_eventually(
+            folding,
+            timeout=120,
+            interval=0.05,
+            message=log_tail,
+            alive=lambda: replay_process.poll() is None,
+        )
+        driver = int(owner.split(":")[1])  # host:pid:nonce
+        group = os.getpgid(driver)
+        replay_process.send_signal(signal.SIGTERM)
+        assert replay_process.wait(60) == 128 + signal.SIGTERM, log_tail()
+        output = out_path.read_text()
+        assert "interrupted by SIGTERM" in output
+        assert f"stopped the rebuild processor of g{building} (pid {driver}" in output
+        assert f"readers stay on g{live}; g{building} is left building" in output
+        # The driver, its JVM and its Python workers: nothing of the group is left.
+        assert_eventually(lambda: not _pid_alive(driver), timeout=10, message=log_tail)
+        assert group == driver, "the processor must lead a process group of its own"
+        assert_eventually(lambda: not _group_alive(group), timeout=10, message=log_tail)
+    finally:
+        if replay_process.poll() is None:
+            replay_process.kill()
+            replay_process.wait()
+        if driver is not None and _pid_alive(driver):  # only when the test failed
+            if group == driver:
+                os.killpg(group, signal.SIGKILL)
+            else:
+                os.kill(driver, signal.SIGKILL)  # its JVM exits with it
+    holder = registry.lease_owner(building)
+    assert holder is None or not lease_holder_alive(holder)  # released, or taken over later
+    assert registry.live() == live  # readers never moved
+    assert registry.status(building) == "building"
+
+    # A later replay is not held up by the interrupted one: it builds g3 and cuts over.
+    again = _start_replay(env, out_path)
+    try:
+        assert again.wait(300) == 0, log_tail()
+    finally:
+        if again.poll() is None:  # stops its processor too (what this test is about)
+            again.send_signal(signal.SIGTERM)
+            again.wait(60)
+    rebuilt = registry.live()
+    assert rebuilt == building + 1
+    expected = fold_all(OrderStateProjection(), events)
+    reader = StateReader(client, "order_state", prefix)
+    assert dict(reader.scan("orders", rebuilt)) == expected.states
