@@ -286,6 +286,28 @@ class LocalStack:
         except OSError:
             return "(no log)"
 
+    # -- fault injection (the fault suite): one server at a time, by its recorded pid ------
+
+    def kill(self, name: ServerName) -> None:
+        """SIGKILL one server (a crash); its pid file stays for :meth:`restart`."""
+        pid = self._recorded_pid(name)
+        if pid is not None and _pid_runs(pid, self._program(name)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+    def restart(self, name: ServerName) -> None:
+        """Start one server again on its port (Redis loads ``dump.rdb`` from the state dir)."""
+        self._spawn(name)
+        self._wait_ready(name)
+
+    def pause(self, name: ServerName, paused: bool = True) -> None:
+        """SIGSTOP (or SIGCONT) one server: it keeps its sockets but answers nothing."""
+        pid = self._recorded_pid(name)
+        if pid is not None and _pid_runs(pid, self._program(name)):
+            os.kill(pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
     def stop(self) -> None:
         """Stop the servers this stack recorded, by PID; a missing server is not an error.
 

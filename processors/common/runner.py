@@ -11,6 +11,7 @@ Starting offsets, in order of precedence:
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import json
@@ -260,10 +261,19 @@ def build_query(
 
 
 def _offsets_from_json(text: str) -> Positions:
+    """Parse offsets JSON, or the Python literal Spark's progress shows for a Python source.
+
+    PySpark 4.1 reports a Python source's offsets in ``lastProgress`` as the ``repr`` of the
+    dict (single-quoted), not as JSON.
+    """
+    nested: object = text
     try:
         nested = json.loads(text)
     except ValueError:
-        return {}
+        try:
+            nested = ast.literal_eval(text)  # literals only: no code is evaluated
+        except (ValueError, SyntaxError):
+            return {}
     if not isinstance(nested, dict):
         return {}
     return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
@@ -311,7 +321,7 @@ class _CatchUp:
         reported = progress["sources"][0]["endOffset"]
         if reported is None:
             return False
-        ends = _offsets_from_json(reported if isinstance(reported, str) else json.dumps(reported))
+        ends = _offsets_from_json(reported)
         return all(ends.get(tp, -1) >= end for tp, end in self.target.items())
 
 
@@ -604,10 +614,9 @@ class _RedisWatch:
         reported = progress["sources"][0]["endOffset"]
         if reported is None:
             return None
-        planned = _offsets_from_json(
-            reported if isinstance(reported, str) else json.dumps(reported)
-        )
+        planned = _offsets_from_json(reported)
         applied, _batch = self.registry.positions(self.generation)
+        logger.debug("g%d: planned %s, applied %s", self.generation, planned, applied)
         behind = {
             tp: (applied.get(tp), end) for tp, end in planned.items() if applied.get(tp, -1) < end
         }

@@ -1,0 +1,374 @@
+"""Fault scenarios on real processes: a private stack, the order_state processor, an oracle.
+
+Each scenario starts its own Tansu broker and redis-server on free loopback ports, runs
+``python -m processors.order_state`` as a process, injects one kind of fault, waits until the
+processor has caught up again, and compares the live state with the plain-Python fold of every
+acknowledged event. The tests (``tests/spark/test_faults.py``) run them small; ``make soak``
+(``python -m tests.support.soak``) runs them big and prints the table in docs/reliability.md.
+
+Counting: order_state's state carries ``events`` (events applied after OrderPlaced), so per
+order the live count minus the oracle's says how many events were lost (negative) or applied
+twice (positive). Every scenario also requires the whole state and the aggregates to be equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka.admin import AdminClient
+
+from contracts.offsets import LogOffsets
+from contracts.processors import consumer_group
+from contracts.settings import KafkaSettings, RedisSettings
+from contracts.topic_admin import ensure_topics
+from contracts.topics import ORDERS, TopicSpec
+from deploy.local_stack import LocalStack, free_port
+from deploy.processes import ProcessorProcess
+from processors.common.projection import fold_all
+from processors.order_state.projection import OrderStateProjection
+from services.producer.publisher import EventPublisher
+from services.producer.simulator import OrderSimulator
+from services.reader.state_reader import StateReader
+from tests.support.waiting import assert_eventually
+
+__all__ = ["FaultResult", "FaultWorld", "private_world"]
+
+Event = tuple[str, dict]
+
+
+@dataclass
+class FaultResult:
+    """One row of the fault table."""
+
+    fault: str
+    events: int
+    lost: int = 0
+    applied_twice: int = 0
+    recovery_s: float = 0.0
+    state_equal: bool = False
+    group_equal: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.applied_twice == 0 and self.state_equal and self.group_equal
+
+
+@dataclass
+class FaultWorld:
+    """A private stack, one orders topic and the processor's environment."""
+
+    stack: LocalStack
+    topic: TopicSpec
+    kafka: KafkaSettings
+    redis: RedisSettings
+    work: Path
+    env: dict[str, str]
+    acknowledged: list[Event] = field(default_factory=list)
+    _count: int = 0
+
+    @property
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis.url)
+
+    def processor(self, name: str = "processor") -> ProcessorProcess:
+        self._count += 1
+        log = self.work / "logs" / f"{self._count:03d}-{name}.log"
+        return ProcessorProcess("processors.order_state", [], self.env, log).start()
+
+    def publish(self, events: list[Event], publisher: EventPublisher | None = None) -> None:
+        """Publish and remember what was acknowledged (the oracle's input)."""
+        own = publisher is None
+        publisher = publisher or EventPublisher(self.kafka, topics=[self.topic])
+        try:
+            publisher.emit_many(events)
+        finally:
+            if own:
+                publisher.close()
+        self.acknowledged.extend(events)
+
+    def applied(self) -> dict[tuple[str, int], int]:
+        """The live generation's applied positions (empty while Redis is away)."""
+        try:
+            reader = StateReader(self.client, "order_state", self.redis.key_prefix)
+            live = reader.registry.live()
+            return reader.freshness(live) if live is not None else {}
+        except redis.RedisError:
+            return {}
+
+    def batch_id(self) -> int | None:
+        try:
+            reader = StateReader(self.client, "order_state", self.redis.key_prefix)
+            live = reader.registry.live()
+            return None if live is None else reader.registry.positions(live)[1]
+        except redis.RedisError:
+            return None
+
+    def log_end(self) -> dict[tuple[str, int], int]:
+        with LogOffsets(self.kafka.as_librdkafka()) as offsets:
+            tps = [(self.topic.name, p) for p in range(self.topic.partitions)]
+            return offsets.end_offsets(tps)
+
+    def wait_caught_up(self, process: ProcessorProcess, timeout: float = 300) -> float:
+        """Seconds until the live generation applied everything up to the log end now."""
+        started = time.monotonic()
+        ends = self.log_end()
+
+        def _caught_up() -> bool:
+            applied = self.applied()
+            return all(applied.get(tp, 0) >= end for tp, end in ends.items())
+
+        assert_eventually(
+            _caught_up,
+            timeout=timeout,
+            interval=0.2,
+            alive=process.alive,
+            message=lambda: f"positions {self.applied()} < log end {ends}\n{process.log_tail()}",
+        )
+        return time.monotonic() - started
+
+    def compare(self, result: FaultResult) -> FaultResult:
+        """Fill in lost / applied twice / equality against the oracle of acknowledged events."""
+        expected = fold_all(OrderStateProjection(), self.acknowledged)
+        reader = StateReader(self.client, "order_state", self.redis.key_prefix)
+        states = dict(reader.scan("orders"))
+        totals = reader.aggregate("order_totals").value
+        for order, state in expected.states.items():
+            live = states.get(order)
+            have = -1 if live is None else live["events"]
+            diff = have - state["events"]
+            result.lost += max(0, -diff)
+            result.applied_twice += max(0, diff)
+        result.applied_twice += sum(1 for order in states if order not in expected.states)
+        result.state_equal = states == expected.states and totals == dict(expected.aggregate)
+        result.group_equal = self.group_offsets() == self.applied()
+        return result
+
+    def group_offsets(self) -> dict[tuple[str, int], int]:
+        live = StateReader(self.client, "order_state", self.redis.key_prefix).registry.live()
+        admin = AdminClient(self.kafka.as_librdkafka())
+        group = ConsumerGroupTopicPartitions(consumer_group("order_state", live or 0))
+        found = admin.list_consumer_group_offsets([group])[group.group_id].result(timeout=30)
+        return {(tp.topic, tp.partition): tp.offset for tp in found.topic_partitions}
+
+
+@contextmanager
+def private_world(work: Path, **env: str) -> Iterator[FaultWorld]:
+    """Start a private stack in ``work`` and create the orders topic; stop it all afterwards."""
+    work.mkdir(parents=True, exist_ok=True)
+    stack = LocalStack(work / "stack", free_port(), free_port())
+    with stack:
+        kafka = KafkaSettings(bootstrap_servers=stack.bootstrap_servers)
+        topic = dataclasses.replace(ORDERS, name="commerce.orders")
+        ensure_topics(kafka.as_librdkafka(), [topic])
+        world = FaultWorld(
+            stack=stack,
+            topic=topic,
+            kafka=kafka,
+            redis=RedisSettings(url=stack.redis_url),
+            work=work,
+            env={
+                "REFOLD_KAFKA__BOOTSTRAP_SERVERS": stack.bootstrap_servers,
+                "REFOLD_REDIS__URL": stack.redis_url,
+                "REFOLD_STATE_DIR": str(work / "state"),
+                "REFOLD_MAX_OFFSETS_PER_TRIGGER": "20000",
+                **env,
+            },
+        )
+        yield world
+
+
+def _events(orders: int, seed: int) -> list[Event]:
+    return [(t, dict(e)) for t, e in OrderSimulator(orders, seed=seed)]
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+
+def kill_9_soak(work: Path, orders: int, kills: int, seed: int = 7) -> FaultResult:
+    """kill -9 the processor ``kills`` times under live traffic: right after a commit (when
+    the batch id moves) and in the middle of batches, alternately; then let it catch up."""
+    rng = random.Random(seed)
+    events = _events(orders, seed)
+    result = FaultResult(f"kill -9 x{kills} under live traffic", len(events))
+    with private_world(work) as world:
+        backlog = len(events) // 2
+        world.publish(events[:backlog])
+        live = events[backlog:]
+        stop = threading.Event()
+
+        def _traffic() -> None:
+            publisher = EventPublisher(world.kafka, topics=[world.topic])
+            step = max(1, len(live) // max(1, kills * 6))
+            for start in range(0, len(live), step):
+                if stop.wait(0.5):
+                    break
+                world.publish(live[start : start + step], publisher)
+            publisher.close()
+
+        producer = threading.Thread(target=_traffic, name="live-traffic")
+        producer.start()
+        try:
+            for n in range(kills):
+                process = world.processor(f"kill-{n}")
+                start_batch = world.batch_id()
+                if n % 2 == 0:  # right after a commit: the batch id has just moved
+                    assert_eventually(
+                        lambda b=start_batch: world.batch_id() not in (None, b),
+                        timeout=180,
+                        interval=0.005,
+                        alive=process.alive,
+                        message=process.log_tail,
+                    )
+                else:  # somewhere inside a batch, once the processor is running
+                    assert_eventually(
+                        lambda b=start_batch: world.batch_id() not in (None, b),
+                        timeout=180,
+                        interval=0.05,
+                        alive=process.alive,
+                        message=process.log_tail,
+                    )
+                    time.sleep(rng.uniform(0.05, 1.5))
+                process.kill()
+        finally:
+            stop.set()
+            producer.join()
+        final = world.processor("final")
+        try:
+            result.recovery_s = world.wait_caught_up(final)
+        finally:
+            final.stop()
+        return world.compare(result)
+
+
+def redis_restored_from_older_backup(work: Path, orders: int) -> FaultResult:
+    """Defect 1: Redis comes back from an RDB taken half way, while the processor runs."""
+    events = _events(orders, 5)
+    result = FaultResult("Redis kill -9, restarted from an older RDB", len(events))
+    with private_world(work) as world:
+        process = world.processor()
+        try:
+            half = len(events) // 2
+            world.publish(events[:half])
+            world.wait_caught_up(process)
+            world.client.save()
+            rdb = world.stack.state_dir / "dump.rdb"
+            backup = work / "older.rdb"
+            shutil.copy(rdb, backup)
+            world.publish(events[half:])
+            world.wait_caught_up(process)
+            world.stack.kill("redis")
+            shutil.copy(backup, rdb)
+            world.stack.restart("redis")
+            restarted = time.monotonic()
+            world.wait_caught_up(process)  # no new traffic: the processor must notice alone
+            result.recovery_s = _until_equal(world, restarted)
+            result.notes.append(f"processor alive throughout: {process.alive()}")
+        finally:
+            process.stop()
+        return world.compare(result)
+
+
+def redis_restarted_empty(work: Path, orders: int) -> FaultResult:
+    """Redis loses everything: the processor starts the generation over from the log."""
+    events = _events(orders, 6)
+    result = FaultResult("Redis kill -9, restarted empty", len(events))
+    with private_world(work) as world:
+        process = world.processor()
+        try:
+            world.publish(events)
+            world.wait_caught_up(process)
+            world.stack.kill("redis")
+            (world.stack.state_dir / "dump.rdb").unlink(missing_ok=True)
+            world.stack.restart("redis")
+            restarted = time.monotonic()
+            world.wait_caught_up(process)
+            result.recovery_s = _until_equal(world, restarted)
+            result.notes.append(f"processor alive throughout: {process.alive()}")
+        finally:
+            process.stop()
+        return world.compare(result)
+
+
+def redis_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
+    """Redis goes away (connections refused) for ``outage_s`` while events keep arriving."""
+    events = _events(orders, 8)
+    result = FaultResult(f"Redis unreachable for {outage_s:.0f} s", len(events))
+    with private_world(work) as world:
+        process = world.processor()
+        try:
+            third = len(events) // 3
+            world.publish(events[:third])
+            world.wait_caught_up(process)
+            world.client.shutdown(save=True)  # keeps its data: unreachable, not lost
+            world.publish(events[third:])  # arrives while Redis is away
+            time.sleep(outage_s)
+            alive_during = process.alive()
+            world.stack.restart("redis")
+            back = time.monotonic()
+            world.wait_caught_up(process)
+            result.recovery_s = _until_equal(world, back)
+            result.notes.append(f"processor alive during the outage: {alive_during}")
+        finally:
+            process.stop()
+        return world.compare(result)
+
+
+def broker_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
+    """The broker stops answering (SIGSTOP) for ``outage_s``; the processor waits."""
+    events = _events(orders, 9)
+    result = FaultResult(f"broker unreachable for {outage_s:.0f} s", len(events))
+    with private_world(work) as world:
+        process = world.processor()
+        try:
+            half = len(events) // 2
+            world.publish(events[:half])
+            world.wait_caught_up(process)
+            world.stack.pause("kafka")
+            try:
+                time.sleep(outage_s)
+                alive_during = process.alive()
+            finally:
+                world.stack.pause("kafka", paused=False)
+            back = time.monotonic()
+            world.publish(events[half:])
+            world.wait_caught_up(process)
+            result.recovery_s = time.monotonic() - back
+            result.notes.append(f"processor alive during the outage: {alive_during}")
+        finally:
+            process.stop()
+        return world.compare(result)
+
+
+def _until_equal(world: FaultWorld, since: float, timeout: float = 120) -> float:
+    """Seconds from ``since`` until the live state equals the oracle."""
+    expected = fold_all(OrderStateProjection(), world.acknowledged)
+
+    def _equal() -> bool:
+        try:
+            reader = StateReader(world.client, "order_state", world.redis.key_prefix)
+            return dict(reader.scan("orders")) == expected.states
+        except redis.RedisError:
+            return False
+
+    assert_eventually(_equal, timeout=timeout, interval=0.5, message="state != oracle")
+    return time.monotonic() - since
+
+
+SCENARIOS: dict[str, Callable[..., FaultResult]] = {
+    "kill-9-soak": kill_9_soak,
+    "redis-older-rdb": redis_restored_from_older_backup,
+    "redis-empty": redis_restarted_empty,
+    "redis-unreachable": redis_unreachable,
+    "broker-unreachable": broker_unreachable,
+}
