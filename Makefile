@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-unit test-integration test-spark test-docker lint fmt contracts-check bench up down status clean
+.PHONY: help setup run test test-unit test-integration test-spark test-docker lint fmt contracts-check bench soak up down status clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ contracts-check: $(STAMP) ## schema round trips and the BACKWARD_TRANSITIVE gate
 
 bench: $(STAMP) ## throughput and latency benchmark on a private local stack
 	$(BIN)/python -m bench
+
+soak: $(STAMP) ## fault suite, big: 1M events and 50 kill -9s, Redis and broker faults; prints the table
+	$(BIN)/python -m tests.support.soak
 
 up: $(STAMP) ## start the local stack on fixed ports (REFOLD_KAFKA_PORT, REFOLD_REDIS_PORT)
 	$(BIN)/refold up
