@@ -135,4 +135,11 @@ class EventCodec:
             reason = "bad-body"
             detail = f"{writer.name} v{writer.version} body does not decode: {exc!r}"
             raise DeserializationError(reason, detail, payload) from exc
+        if body.tell() != len(payload):
+            # fastavro stops at the end of the datum; bytes after it mean the body is not what
+            # the fingerprint says (e.g. another record's body under this fingerprint).
+            reason = "bad-body"
+            extra = len(payload) - body.tell()
+            detail = f"{writer.name} v{writer.version} body has {extra} bytes after the record"
+            raise DeserializationError(reason, detail, payload)
         return DecodedEvent(writer.name, writer, cast("dict[str, Any]", data))

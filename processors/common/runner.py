@@ -590,10 +590,10 @@ class _RedisWatch:
             logger.warning("Redis unreachable (%s); the query waits for it", exc)
 
     def check(self, query: StreamingQuery, following: bool) -> Outcome | None:
+        status = self.registry.status(self.generation)
         if self._down_since is not None:
             logger.warning("Redis reachable again after %.1fs", time.monotonic() - self._down_since)
             self._down_since = None
-        status = self.registry.status(self.generation)
         if status is None:
             logger.error("g%d vanished from Redis (restarted empty?)", self.generation)
             return "vanished"

@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 from contracts.offsets import LogOffsets
 from contracts.processors import consumer_group
 from contracts.settings import KafkaSettings, RedisSettings
+from contracts.state import StateLayout
 from contracts.topic_admin import ensure_topics
 from contracts.topics import ORDERS, TopicSpec
 from deploy.local_stack import LocalStack, free_port
@@ -207,37 +208,48 @@ def kill_9_soak(work: Path, orders: int, kills: int, seed: int = 7) -> FaultResu
         live = events[backlog:]
         stop = threading.Event()
 
+        # Spread the live events over the kill phase (~12 s a cycle: JVM start, batches).
+        steps = max(1, kills * 24)
+        step = max(1, -(-len(live) // steps))
+        traffic_done = threading.Event()
+
         def _traffic() -> None:
             publisher = EventPublisher(world.kafka, topics=[world.topic])
-            step = max(1, len(live) // max(1, kills * 6))
             for start in range(0, len(live), step):
                 if stop.wait(0.5):
                     break
                 world.publish(live[start : start + step], publisher)
             publisher.close()
+            traffic_done.set()
+
+        def _running(process: ProcessorProcess, batch: int | None) -> bool:
+            if world.batch_id() not in (None, batch):
+                return True  # a batch was just committed
+            if not traffic_done.is_set():
+                return False
+            try:  # nothing new to fold: running is enough (it holds the lease)
+                lease = StateLayout("order_state", world.redis.key_prefix).generation(1).lease
+                owner = world.client.get(lease) or b""
+            except redis.RedisError:
+                return False
+            return f":{process.pid}:".encode() in owner
 
         producer = threading.Thread(target=_traffic, name="live-traffic")
         producer.start()
         try:
             for n in range(kills):
                 process = world.processor(f"kill-{n}")
-                start_batch = world.batch_id()
-                if n % 2 == 0:  # right after a commit: the batch id has just moved
-                    assert_eventually(
-                        lambda b=start_batch: world.batch_id() not in (None, b),
-                        timeout=180,
-                        interval=0.005,
-                        alive=process.alive,
-                        message=process.log_tail,
-                    )
-                else:  # somewhere inside a batch, once the processor is running
-                    assert_eventually(
-                        lambda b=start_batch: world.batch_id() not in (None, b),
-                        timeout=180,
-                        interval=0.05,
-                        alive=process.alive,
-                        message=process.log_tail,
-                    )
+                batch = world.batch_id()
+                # Even kills: right after a commit (the batch id has just moved); odd: some
+                # time into the run, inside a batch or between batches.
+                assert_eventually(
+                    lambda p=process, b=batch: _running(p, b),
+                    timeout=180,
+                    interval=0.005 if n % 2 == 0 else 0.05,
+                    alive=process.alive,
+                    message=process.log_tail,
+                )
+                if n % 2:
                     time.sleep(rng.uniform(0.05, 1.5))
                 process.kill()
         finally:

@@ -147,3 +147,20 @@ def test_catalog_refuses_duplicate_schema(tmp_path):
     (tmp_path / "OrderPaid.v2.avsc").write_text(source.read_text())
     with pytest.raises(Exception, match="same schema"):
         SchemaCatalog.from_directory(tmp_path)
+
+
+def test_bytes_after_the_record_make_the_body_bad():
+    from contracts.errors import DeserializationError
+
+    codec = EventCodec()
+    event = {
+        "event_id": "e",
+        "order_id": "o",
+        "reason": "customer",
+        "cancelled_at": 1,
+    }
+    good = codec.encode("OrderCancelled", event)
+    assert codec.decode(good).data == event
+    with pytest.raises(DeserializationError) as caught:
+        codec.decode(good + b"\x00")
+    assert caught.value.reason == "bad-body"
