@@ -279,6 +279,15 @@ def _offsets_from_json(text: str) -> Positions:
     return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
 
 
+def _planned_ends(query: StreamingQuery) -> Positions | None:
+    """End offsets of the last completed micro-batch (Spark's progress), if there was one."""
+    progress = query.lastProgress
+    if not progress or not progress["sources"]:
+        return None
+    reported = progress["sources"][0]["endOffset"]
+    return None if reported is None else _offsets_from_json(reported)
+
+
 class _CatchUp:
     """Decides when an ``available_now`` run has applied everything that was in the log at start.
 
@@ -313,16 +322,16 @@ class _CatchUp:
 
     def done(self, query: StreamingQuery) -> bool:
         positions, _batch = self.registry.positions(self.generation)
-        if all(positions.get(tp, self.start[tp]) >= end for tp, end in self.target.items()):
+        behind = [tp for tp, end in self.target.items() if positions.get(tp, self.start[tp]) < end]
+        if not behind:
             return True
-        progress = query.lastProgress
-        if not progress or not progress["sources"]:
-            return False
-        reported = progress["sources"][0]["endOffset"]
-        if reported is None:
-            return False
-        ends = _offsets_from_json(reported)
-        return all(ends.get(tp, -1) >= end for tp, end in self.target.items())
+        # A partition Redis has no position for (a generation from before starting positions
+        # were recorded) is done when Spark's plan passed it; a low position is not (Redis lost
+        # writes, which the watch repairs).
+        planned = _planned_ends(query)
+        return planned is not None and all(
+            tp not in positions and planned.get(tp, -1) >= self.target[tp] for tp in behind
+        )
 
 
 def run_processor(
@@ -608,13 +617,9 @@ class _RedisWatch:
         if not self.exact_ends or time.monotonic() < self._next:
             return None
         self._next = time.monotonic() + self._EVERY_S
-        progress = query.lastProgress  # read first: positions only grow after it
-        if not progress or not progress["sources"]:
+        planned = _planned_ends(query)  # read first: positions only grow after it
+        if planned is None:
             return None
-        reported = progress["sources"][0]["endOffset"]
-        if reported is None:
-            return None
-        planned = _offsets_from_json(reported)
         applied, _batch = self.registry.positions(self.generation)
         logger.debug("g%d: planned %s, applied %s", self.generation, planned, applied)
         behind = {

@@ -3,14 +3,13 @@
 import threading
 import zlib
 
-import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from contracts.codec import EventCodec
 from contracts.generations import GenerationRegistry
 from contracts.state import StateLayout
-from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
+from processors.common.fold_writer import FoldWriter, SourceRecord
 from processors.common.projection import fold_all
 from processors.errors import SinkConflictError
 from processors.order_state.projection import OrderStateProjection
@@ -18,19 +17,6 @@ from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 
 P = OrderStateProjection()
-
-
-@pytest.fixture
-def target(redis_url, kafka_bootstrap, make_topic, unique):
-    dlq = make_topic(partitions=1, prefix="dlq")
-    return FoldTarget(
-        "order_state",
-        1,
-        redis_url,
-        f"test-{unique}",
-        (("bootstrap.servers", kafka_bootstrap),),
-        dlq,
-    )
 
 
 def records_for(events, partitions=4, topic="orders"):

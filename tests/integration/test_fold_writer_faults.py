@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import redis
 
 from contracts.codec import EventCodec
 from contracts.topics import ORDERS
-from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
+from processors.common.fold_writer import FoldWriter, SourceRecord
 from processors.common.kafka_ranges import SourceOptions, read_messages
 from processors.common.projection import fold_all
 from processors.order_state.projection import OrderStateProjection
@@ -23,19 +22,6 @@ from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 
 P = OrderStateProjection()
-
-
-@pytest.fixture
-def target(redis_url, kafka_bootstrap, make_topic, unique):
-    dlq = make_topic(partitions=1, prefix="dlq")
-    return FoldTarget(
-        "order_state",
-        1,
-        redis_url,
-        f"test-{unique}",
-        (("bootstrap.servers", kafka_bootstrap),),
-        dlq,
-    )
 
 
 def _state(target):
