@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import redis
+
 from contracts.errors import RefoldError
 
 __all__ = [
+    "REDIS_UNAVAILABLE",
     "DeadLetterError",
     "ProcessorConfigError",
     "ProcessorError",
     "SinkConflictError",
     "StateStoreUnavailableError",
 ]
+
+
+# Redis errors that mean "not reachable right now" (a restart, a failover, a network cut): the
+# processor waits and retries. A replica answering READONLY is a failover in progress.
+REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
 
 
 class ProcessorError(RefoldError):

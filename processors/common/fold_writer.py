@@ -43,6 +43,7 @@ from contracts.state import (
     parse_position_field,
     position_field,
 )
+from processors.common.kafka_ranges import SourceOptions, read_messages
 from processors.common.projection import (
     EventRejectedError,
     FoldError,
@@ -50,9 +51,15 @@ from processors.common.projection import (
     SideEffect,
     State,
     UnstorableStateError,
+    fits_int64,
     fold_one,
 )
-from processors.errors import DeadLetterError, SinkConflictError, StateStoreUnavailableError
+from processors.errors import (
+    REDIS_UNAVAILABLE,
+    DeadLetterError,
+    SinkConflictError,
+    StateStoreUnavailableError,
+)
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter", "SourceRecord"]
 
@@ -66,12 +73,8 @@ _MAX_ATTEMPTS = 5
 # that loads a large RDB. Positions only move with the state, so waiting never loses anything.
 _REDIS_OUTAGE_S = 600.0
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
-# Redis errors that mean "not reachable right now": retried after a pause. A replica answering
-# READONLY is a failover in progress.
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
 # Dead-letter reasons that mean the bytes did not decode (the rest: the record was refused).
 _DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "undecodable"})
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # Dead letters and side effects are acknowledged before the commit; while the broker is away
 # the batch waits, logging every _ACK_WAIT_S, up to librdkafka's own message timeout (300 s).
 _ACK_WAIT_S, _ACK_WAIT_MAX_S = 10.0, 310.0
@@ -163,10 +166,6 @@ class _HoleError(Exception):
         self.ranges = ranges
 
 
-def _fits_int64(value: int) -> bool:
-    return _INT64_MIN <= value <= _INT64_MAX
-
-
 def _check_holes(
     records: Sequence[SourceRecord],
     applied: Mapping[str, int],
@@ -249,11 +248,8 @@ class _Folded:
     def delta(self, projection: Projection) -> Counter[str]:
         """``contribution(new) - contribution(old)`` summed over the changed entities."""
         delta: Counter[str] = Counter()
-        for entity, contribution in self.contributions.items():
-            delta.update(contribution)
-            old = self.before[entity]
-            if old is not None:
-                delta.subtract(projection.contribution(old))
+        for entity in self.contributions:
+            delta.update(self.change(entity, projection))
         return delta
 
     def change(self, entity: str, projection: Projection) -> Counter[str]:
@@ -340,16 +336,9 @@ class FoldWriter:
         the local broker); started before a task reads its records, that overlaps the read.
         """
         self._dead_letter_producer().poll(0)
-        with contextlib.suppress(*_REDIS_DOWN):  # apply() waits for Redis; this is a head start
+        # Only a head start: apply() waits for an unreachable Redis.
+        with contextlib.suppress(*REDIS_UNAVAILABLE):
             self.redis.ping()
-
-    def applied(self, fields: Iterable[str]) -> dict[str, int]:
-        """The generation's applied positions (next offset) of some partitions, where known."""
-        names = sorted(set(fields))
-        if not names:
-            return {}
-        raw = cast("list[bytes | None]", self.redis.hmget(self.target.keys.positions, names))
-        return {f: int(v) for f, v in zip(names, raw, strict=True) if v is not None}
 
     def apply(
         self,
@@ -390,7 +379,7 @@ class FoldWriter:
                 return outcome
             except _HoleError as hole:
                 outcome.merge(self._refill(hole.ranges, batch_id))
-            except _REDIS_DOWN as exc:
+            except REDIS_UNAVAILABLE as exc:
                 outage = outage or _Outage(self.target)
                 outage.wait(exc)
 
@@ -423,8 +412,6 @@ class FoldWriter:
 
     def _refill(self, ranges: dict[str, tuple[int, int]], batch_id: int | None) -> BatchOutcome:
         """Read and fold the ranges Redis lost, chunk by chunk, before the records that follow."""
-        from processors.common.kafka_ranges import SourceOptions, read_messages
-
         spans = []
         for field_name, (start, end) in sorted(ranges.items()):
             topic, partition = cast("tuple[str, int]", parse_position_field(field_name))
@@ -594,14 +581,14 @@ class FoldWriter:
         names = sorted(delta)
         raw = cast("list[bytes | None]", pipe.hmget(aggregate_key, names))
         current = {n: int(v) for n, v in zip(names, raw, strict=True) if v is not None}
-        if all(_fits_int64(current.get(n, 0) + delta[n]) for n in names):
+        if all(fits_int64(current.get(n, 0) + delta[n]) for n in names):
             return delta
         # Slow path, near 2**63 only: take the entities in the order their records came and
         # refuse those that would push a counter out of range.
         running = dict(current)
         for entity in list(folded.contributions):
             change = folded.change(entity, self.projection)
-            if all(_fits_int64(running.get(n, 0) + v) for n, v in change.items()):
+            if all(fits_int64(running.get(n, 0) + v) for n, v in change.items()):
                 for name, value in change.items():
                     running[name] = running.get(name, 0) + value
                 continue

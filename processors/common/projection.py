@@ -25,6 +25,7 @@ __all__ = [
     "State",
     "UnstorableStateError",
     "effects_of",
+    "fits_int64",
     "fold_all",
     "fold_one",
     "store_state",
@@ -34,6 +35,11 @@ State = dict[str, Any]
 
 # Redis counters (HINCRBY) are signed 64-bit; a contribution outside would fail in Redis.
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def fits_int64(value: int) -> bool:
+    """True when ``value`` fits a Redis counter (signed 64 bits)."""
+    return _INT64_MIN <= value <= _INT64_MAX
 
 
 class EventRejectedError(RefoldError):
@@ -83,7 +89,7 @@ def store_state(projection: Projection, state: State) -> tuple[bytes, Mapping[st
     contribution = projection.contribution(state)
     # Typed as ints, but user code may hand back anything: checked at run time.
     for name, value in cast("Mapping[str, object]", contribution).items():
-        if not isinstance(value, int) or not _INT64_MIN <= value <= _INT64_MAX:
+        if not isinstance(value, int) or not fits_int64(value):
             msg = f"contribution {name}={value!r} is not a signed 64-bit integer"
             raise UnstorableStateError(msg, reason="overflow")
     return encoded, contribution

@@ -49,7 +49,7 @@ from processors.common.group_mirror import ConsumerGroupMirror
 from processors.common.kafka_ranges import resolve_starting_offsets
 from processors.common.projection import Projection
 from processors.common.redis_sink import RedisFoldSink
-from processors.errors import ProcessorConfigError
+from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -380,7 +380,7 @@ def run_processor(
                 projection, topics, kafka, options, spark, run, registry, lease, following
             )
         finally:
-            with contextlib.suppress(*_REDIS_DOWN):  # an expired lease frees itself
+            with contextlib.suppress(*REDIS_UNAVAILABLE):  # an expired lease frees itself
                 lease.release()
         if outcome in ("stopped", "caught_up"):
             return run.generation
@@ -404,8 +404,6 @@ def run_processor(
             wait_s = options.lease_wait_s
 
 
-# Redis errors that mean "not reachable right now" (a restart, a failover, a network cut).
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
 # A processor starting while Redis is away waits this long for it before giving up.
 _REDIS_START_WAIT_S = 300.0
 
@@ -417,7 +415,7 @@ def _until_redis_answers(call: Callable[[], _T], redis_settings: RedisSettings) 
     while True:
         try:
             return call()
-        except _REDIS_DOWN as exc:
+        except REDIS_UNAVAILABLE as exc:
             if time.monotonic() > deadline:
                 msg = (
                     f"Redis at {redis_settings.url} unreachable for {_REDIS_START_WAIT_S:.0f}s: "
@@ -544,7 +542,7 @@ def _run_generation(
                     outcome = "caught_up"
                     break
                 changed = watch.check(query, following)
-            except _REDIS_DOWN as exc:
+            except REDIS_UNAVAILABLE as exc:
                 watch.unreachable(exc)
                 continue
             if changed is not None:

@@ -6,7 +6,6 @@ no Docker engine answers (the development machines have only the client).
 
 from __future__ import annotations
 
-import pytest
 import redis
 
 from contracts.codec import EventCodec
@@ -21,8 +20,6 @@ from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
-
-pytest.importorskip("pytest_docker", reason="pytest-docker (the dev extra) is not installed")
 
 
 def test_publish_fold_and_read_on_apache_kafka(compose_stack, unique):

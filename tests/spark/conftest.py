@@ -14,7 +14,7 @@ from contracts.settings import KafkaSettings, RedisSettings
 from contracts.topics import ORDERS, TopicSpec
 from deploy.processes import ProcessorProcess
 from processors.common.projection import FoldResult, fold_all
-from processors.common.runner import RunOptions
+from processors.common.runner import RunOptions, run_processor
 from processors.order_state.projection import OrderStateProjection
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
@@ -46,6 +46,13 @@ class OrdersWorld:
             max_offsets_per_trigger=20_000,
         )
         return dataclasses.replace(base, **changes)
+
+    def run_available_now(self, spark, **changes) -> int:
+        """Fold what is in the log now with order_state in ``spark``; the generation it ran."""
+        options = self.options(available_now=True, **changes)
+        return run_processor(
+            OrderStateProjection(), [self.topic], self.kafka, self.redis, options, spark=spark
+        )
 
     def processor(self, *args: str, name: str = "processor") -> ProcessorProcess:
         return ProcessorProcess(

@@ -5,16 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from contracts.processors import processor_spec
 from deploy.demo import wait_until_caught_up
-from processors.common.runner import consumer_group, run_processor
-from processors.order_state.projection import OrderStateProjection
+from processors.common.runner import consumer_group
 from replay.plan import ToEarliest
 from replay.rebuild import plan_replay, run_rebuild
 from services.producer.simulator import OrderSimulator
+from tests.support.groups import committed_offsets
 
 from .conftest import oracle
 
@@ -24,14 +23,7 @@ def test_fifty_thousand_events_fold_to_the_oracle_state(spark, world):
     assert len(events) >= 50_000
     world.publisher().emit_many(events)
 
-    generation = run_processor(
-        OrderStateProjection(),
-        [world.topic],
-        world.kafka,
-        world.redis,
-        world.options(available_now=True),
-        spark=spark,
-    )
+    generation = world.run_available_now(spark)
 
     expected = oracle(events)
     states, totals = world.state(generation)
@@ -45,10 +37,7 @@ def test_fifty_thousand_events_fold_to_the_oracle_state(spark, world):
     assert positions == ends
     assert len(positions) == world.topic.partitions
     # Progress is mirrored to a consumer group for standard lag tools (assign + commit).
-    admin = AdminClient({"bootstrap.servers": world.kafka.bootstrap_servers})
-    group = ConsumerGroupTopicPartitions(consumer_group("order_state", generation))
-    result = admin.list_consumer_group_offsets([group])[group.group_id].result(timeout=30)
-    committed = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}
+    committed = committed_offsets(world.kafka, consumer_group("order_state", generation))
     assert committed == ends
 
 
@@ -62,14 +51,7 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_stream_goes_on(
     raw.flush(10)
     publisher.emit_many(good[1000:])
 
-    run_processor(
-        OrderStateProjection(),
-        [world.topic],
-        world.kafka,
-        world.redis,
-        world.options(available_now=True),
-        spark=spark,
-    )
+    world.run_available_now(spark)
 
     states, totals = world.state()
     assert states == oracle(good).states
@@ -136,14 +118,7 @@ def test_replay_rebuilds_a_new_generation_while_readers_stay_on_the_old_one(
 ):
     events = list(OrderSimulator(1500, seed=5))
     world.publisher().emit_many(events)
-    live = run_processor(
-        OrderStateProjection(),
-        [world.topic],
-        world.kafka,
-        world.redis,
-        world.options(available_now=True),
-        spark=spark,
-    )
+    live = world.run_available_now(spark)
     expected = oracle(events)
     reader = world.reader()
 

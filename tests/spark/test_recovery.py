@@ -8,35 +8,28 @@ import socket
 import threading
 import time
 
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Producer
 
 from contracts.codec import EventCodec
 from contracts.generations import GenerationRegistry
 from contracts.state import StateLayout, position_field
 from processors.common.group_mirror import ConsumerGroupMirror
-from processors.common.runner import consumer_group, run_processor
-from processors.order_state.projection import OrderStateProjection
+from processors.common.runner import consumer_group
 from services.producer.simulator import OrderSimulator
+from tests.support.groups import committed_offsets
 from tests.support.waiting import assert_eventually
 
 from .conftest import oracle
 
 
 def _group(world, generation):
-    admin = AdminClient(world.kafka.as_librdkafka())
-    group = ConsumerGroupTopicPartitions(consumer_group("order_state", generation))
-    found = admin.list_consumer_group_offsets([group])[group.group_id].result(timeout=30)
-    return {(tp.topic, tp.partition): tp.offset for tp in found.topic_partitions}
+    return committed_offsets(world.kafka, consumer_group("order_state", generation))
 
 
 def test_after_a_restart_the_consumer_group_equals_the_applied_positions(spark, world):
     events = list(OrderSimulator(400, seed=12))
     world.publisher().emit_many(events)
-    run = world.options(available_now=True)
-    generation = run_processor(
-        OrderStateProjection(), [world.topic], world.kafka, world.redis, run, spark=spark
-    )
+    generation = world.run_available_now(spark)
     positions = world.reader().freshness(generation)
     # The crash between the Redis commit and the group commit: the group stays behind.
     mirror = ConsumerGroupMirror(
@@ -46,7 +39,7 @@ def test_after_a_restart_the_consumer_group_equals_the_applied_positions(spark, 
     mirror.close()
     assert _group(world, generation) != positions
 
-    run_processor(OrderStateProjection(), [world.topic], world.kafka, world.redis, run, spark=spark)
+    world.run_available_now(spark)
 
     assert _group(world, generation) == positions
 
@@ -54,10 +47,7 @@ def test_after_a_restart_the_consumer_group_equals_the_applied_positions(spark, 
 def test_a_restart_while_another_processor_lets_go_of_the_lease_waits_for_it(spark, world):
     events = list(OrderSimulator(300, seed=13))
     world.publisher().emit_many(events[:1000])
-    run = world.options(available_now=True)
-    generation = run_processor(
-        OrderStateProjection(), [world.topic], world.kafka, world.redis, run, spark=spark
-    )
+    generation = world.run_available_now(spark)
     registry = GenerationRegistry(world.client, StateLayout("order_state", world.redis.key_prefix))
     # Like replay's processor finishing its last batch right after a cutover: alive, still
     # holding the lease for a few seconds.
@@ -142,14 +132,7 @@ def test_ten_thousand_malformed_records_are_all_dead_lettered_and_the_valid_ones
     raw.flush(30)
     publisher.emit_many(valid[third:])
 
-    run_processor(
-        OrderStateProjection(),
-        [world.topic],
-        world.kafka,
-        world.redis,
-        world.options(available_now=True),
-        spark=spark,
-    )
+    world.run_available_now(spark)
 
     states, totals = world.state()
     expected = oracle(valid)

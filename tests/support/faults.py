@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
-from confluent_kafka import ConsumerGroupTopicPartitions
-from confluent_kafka.admin import AdminClient
 
 from contracts.offsets import LogOffsets
 from contracts.processors import consumer_group
@@ -40,6 +38,7 @@ from processors.order_state.projection import OrderStateProjection
 from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
+from tests.support.groups import committed_offsets
 from tests.support.waiting import assert_eventually
 
 __all__ = ["FaultResult", "FaultWorld", "private_world"]
@@ -157,10 +156,7 @@ class FaultWorld:
 
     def group_offsets(self) -> dict[tuple[str, int], int]:
         live = StateReader(self.client, "order_state", self.redis.key_prefix).registry.live()
-        admin = AdminClient(self.kafka.as_librdkafka())
-        group = ConsumerGroupTopicPartitions(consumer_group("order_state", live or 0))
-        found = admin.list_consumer_group_offsets([group])[group.group_id].result(timeout=30)
-        return {(tp.topic, tp.partition): tp.offset for tp in found.topic_partitions}
+        return committed_offsets(self.kafka, consumer_group("order_state", live or 0))
 
 
 @contextmanager
@@ -263,13 +259,38 @@ def kill_9_soak(work: Path, orders: int, kills: int, seed: int = 7) -> FaultResu
         return world.compare(result)
 
 
+@contextmanager
+def _processor(world: FaultWorld) -> Iterator[ProcessorProcess]:
+    """The processor of one scenario, stopped (SIGTERM, then the group) however it ends."""
+    process = world.processor()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _recovered(world: FaultWorld, process: ProcessorProcess, since: float) -> float:
+    """Seconds from ``since`` until the processor caught up and the state equals the oracle."""
+    world.wait_caught_up(process)
+    expected = fold_all(OrderStateProjection(), world.acknowledged)
+
+    def _equal() -> bool:
+        try:
+            reader = StateReader(world.client, "order_state", world.redis.key_prefix)
+            return dict(reader.scan("orders")) == expected.states
+        except redis.RedisError:
+            return False
+
+    assert_eventually(_equal, timeout=120, interval=0.5, message="state != oracle")
+    return time.monotonic() - since
+
+
 def redis_restored_from_older_backup(work: Path, orders: int) -> FaultResult:
     """Defect 1: Redis comes back from an RDB taken half way, while the processor runs."""
     events = _events(orders, 5)
     result = FaultResult("Redis kill -9, restarted from an older RDB", len(events))
     with private_world(work) as world:
-        process = world.processor()
-        try:
+        with _processor(world) as process:
             half = len(events) // 2
             world.publish(events[:half])
             world.wait_caught_up(process)
@@ -282,13 +303,10 @@ def redis_restored_from_older_backup(work: Path, orders: int) -> FaultResult:
             world.stack.kill("redis")
             shutil.copy(backup, rdb)
             world.stack.restart("redis")
-            restarted = time.monotonic()
-            world.wait_caught_up(process)  # no new traffic: the processor must notice alone
-            result.recovery_s = _until_equal(world, restarted)
+            # No new traffic: the processor must notice the lost range by itself.
+            result.recovery_s = _recovered(world, process, time.monotonic())
             result.notes.append(f"processor alive throughout: {process.alive()}")
-        finally:
-            process.stop()
-        return world.compare(result)
+        return world.compare(result)  # stopped: its last commits are in
 
 
 def redis_restarted_empty(work: Path, orders: int) -> FaultResult:
@@ -296,20 +314,15 @@ def redis_restarted_empty(work: Path, orders: int) -> FaultResult:
     events = _events(orders, 6)
     result = FaultResult("Redis kill -9, restarted empty", len(events))
     with private_world(work) as world:
-        process = world.processor()
-        try:
+        with _processor(world) as process:
             world.publish(events)
             world.wait_caught_up(process)
             world.stack.kill("redis")
             (world.stack.state_dir / "dump.rdb").unlink(missing_ok=True)
             world.stack.restart("redis")
-            restarted = time.monotonic()
-            world.wait_caught_up(process)
-            result.recovery_s = _until_equal(world, restarted)
+            result.recovery_s = _recovered(world, process, time.monotonic())
             result.notes.append(f"processor alive throughout: {process.alive()}")
-        finally:
-            process.stop()
-        return world.compare(result)
+        return world.compare(result)  # stopped: its last commits are in
 
 
 def redis_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
@@ -317,8 +330,7 @@ def redis_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
     events = _events(orders, 8)
     result = FaultResult(f"Redis unreachable for {outage_s:.0f} s", len(events))
     with private_world(work) as world:
-        process = world.processor()
-        try:
+        with _processor(world) as process:
             third = len(events) // 3
             world.publish(events[:third])
             world.wait_caught_up(process)
@@ -327,13 +339,9 @@ def redis_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
             time.sleep(outage_s)
             alive_during = process.alive()
             world.stack.restart("redis")
-            back = time.monotonic()
-            world.wait_caught_up(process)
-            result.recovery_s = _until_equal(world, back)
+            result.recovery_s = _recovered(world, process, time.monotonic())
             result.notes.append(f"processor alive during the outage: {alive_during}")
-        finally:
-            process.stop()
-        return world.compare(result)
+        return world.compare(result)  # stopped: its last commits are in
 
 
 def broker_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
@@ -341,8 +349,7 @@ def broker_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
     events = _events(orders, 9)
     result = FaultResult(f"broker unreachable for {outage_s:.0f} s", len(events))
     with private_world(work) as world:
-        process = world.processor()
-        try:
+        with _processor(world) as process:
             half = len(events) // 2
             world.publish(events[:half])
             world.wait_caught_up(process)
@@ -354,27 +361,9 @@ def broker_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
                 world.stack.pause("kafka", paused=False)
             back = time.monotonic()
             world.publish(events[half:])
-            world.wait_caught_up(process)
-            result.recovery_s = time.monotonic() - back
+            result.recovery_s = _recovered(world, process, back)
             result.notes.append(f"processor alive during the outage: {alive_during}")
-        finally:
-            process.stop()
-        return world.compare(result)
-
-
-def _until_equal(world: FaultWorld, since: float, timeout: float = 120) -> float:
-    """Seconds from ``since`` until the live state equals the oracle."""
-    expected = fold_all(OrderStateProjection(), world.acknowledged)
-
-    def _equal() -> bool:
-        try:
-            reader = StateReader(world.client, "order_state", world.redis.key_prefix)
-            return dict(reader.scan("orders")) == expected.states
-        except redis.RedisError:
-            return False
-
-    assert_eventually(_equal, timeout=timeout, interval=0.5, message="state != oracle")
-    return time.monotonic() - since
+        return world.compare(result)  # stopped: its last commits are in
 
 
 SCENARIOS: dict[str, Callable[..., FaultResult]] = {
