@@ -19,7 +19,9 @@ Offsets are ``{"topic": {"partition": next_offset}}`` with sorted keys (Spark co
 Lifecycle: Spark builds the stream reader twice, in different processes. The driver copy answers
 ``initialOffset/latestOffset/partitions/commit/stop`` and keeps a :class:`LogOffsets` probe; a
 pickled copy runs :meth:`KafkaStreamReader.read` in executors' Python workers, where consumers
-are cached per process in this module (workers are reused), never created in ``__init__``.
+are cached per process by :mod:`processors.common.kafka_ranges` (workers are reused), never
+created in ``__init__``. Planning and reading live there, without pyspark; this module is the
+Spark wiring.
 ``read`` is idempotent: it returns exactly the records of ``[start, end)``.
 """
 
