@@ -31,15 +31,15 @@ from bench.baseline import BaselineResult, run_baseline
 from bench.latency import LatencyResult, measure_latency
 from bench.rebuild import measure_rebuild
 from contracts.codec import EventCodec
-from contracts.generations import GenerationRegistry
-from contracts.offsets import LogOffsets
-from contracts.state import StateLayout
-from contracts.topic_admin import ensure_topics
+from contracts.kafka.admin import ensure_topics
+from contracts.kafka.offsets import LogOffsets
+from contracts.layout import StateLayout
+from contracts.store.generations import GenerationRegistry
 from contracts.topics import ORDERS, TopicSpec, dead_letter_spec, effects_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
-from processors.common.fold_writer import FoldTarget
 from processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
+from processors.runtime.envelope import FoldTarget
 from services.producer.simulator import OrderSimulator
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"

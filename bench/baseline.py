@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
-from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
+from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.envelope import FoldTarget, FoldWriter
 
 __all__ = ["BaselineResult", "run_baseline"]
 
@@ -63,10 +64,10 @@ def _worker(
         for message in consumer.consume(10_000, timeout=0.5):
             if message.error() is not None:
                 continue
-            tp = (message.topic() or "", message.partition() or 0)
-            offset = message.offset() or 0
-            pending.append(SourceRecord(tp[0], tp[1], offset, message.key(), message.value()))
-            if offset + 1 >= ends[tp]:
+            record = SourceRecord.of_message(message)
+            pending.append(record)
+            tp = (record.topic, record.partition)
+            if record.offset + 1 >= ends[tp]:
                 remaining.discard(tp)
         if len(pending) >= _CHUNK or (pending and not remaining):
             writer.apply(pending)

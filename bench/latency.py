@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.codec import EventCodec
-from contracts.generations import GenerationRegistry
+from contracts.store.generations import GenerationRegistry
 from services.producer.simulator import OrderSimulator
 
 __all__ = ["LatencyResult", "measure_latency"]

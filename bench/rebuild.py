@@ -19,10 +19,10 @@ from pathlib import Path
 import redis
 from tqdm import tqdm
 
-from contracts.generations import GenerationRegistry
+from contracts.layout import StateLayout
 from contracts.processors import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import StateLayout
+from contracts.store.generations import GenerationRegistry
 from replay.plan import ToEarliest
 from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.state import DEFAULT_KEY_PREFIX
+from contracts.layout import DEFAULT_KEY_PREFIX
 
 __all__ = ["KafkaSettings", "RedisSettings"]
 

@@ -15,12 +15,12 @@ from typing import Any
 import redis
 from tqdm import tqdm
 
-from contracts.generations import GenerationRegistry
-from contracts.offsets import LogOffsets
+from contracts.kafka.admin import ensure_topics
+from contracts.kafka.offsets import LogOffsets
+from contracts.layout import StateLayout
 from contracts.processors import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import StateLayout
-from contracts.topic_admin import ensure_topics
+from contracts.store.generations import GenerationRegistry
 from contracts.topics import ORDERS, dead_letter_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess

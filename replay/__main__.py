@@ -16,11 +16,11 @@ import redis
 from tqdm import tqdm
 
 from contracts.errors import RefoldError
-from contracts.generations import GenerationRegistry, checkpoint_root
+from contracts.kafka.offsets import LogOffsets
+from contracts.layout import StateLayout
 from contracts.logconfig import configure_logging
-from contracts.offsets import LogOffsets
 from contracts.processors import PROCESSORS, ProcessorSpec, processor_spec
-from contracts.state import StateLayout
+from contracts.store.generations import GenerationRegistry, checkpoint_root
 from replay.config import ReplaySettings
 from replay.deploy_gate import check_deploy, deployed_fingerprints
 from replay.errors import PlanError, ReplayInterruptedError

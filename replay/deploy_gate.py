@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import redis
 
-from contracts.generations import GenerationRegistry
+from contracts.layout import StateLayout
 from contracts.processors import ProcessorSpec
-from contracts.state import StateLayout
+from contracts.store.generations import GenerationRegistry
 from replay.errors import ReplayError
 
 __all__ = ["GateVerdict", "check_deploy", "deployed_fingerprints"]

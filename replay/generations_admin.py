@@ -1,6 +1,6 @@
 """Operate on a processor's generations: status, rollback, garbage collection, diff.
 
-Reads and writes Redis through the shared layout (:mod:`contracts.state`); never imports
+Reads and writes Redis through the shared layout (:mod:`contracts.layout`); never imports
 processor code.
 """
 
@@ -16,10 +16,10 @@ from typing import Any, cast
 
 import redis
 
-from contracts.generations import GenerationInfo, GenerationRegistry, Positions
-from contracts.offsets import LogOffsets
+from contracts.kafka.offsets import LogOffsets
+from contracts.layout import StateLayout
 from contracts.processors import ProcessorSpec
-from contracts.state import StateLayout
+from contracts.store.generations import GenerationInfo, GenerationRegistry, Positions
 from replay.errors import ReplayError
 
 __all__ = [

@@ -22,11 +22,15 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient
 from redis.typing import EncodableT, FieldT
 
-from contracts.generations import CHECKPOINT_EPOCH_FIELD, RESET_PENDING_FIELD, GenerationRegistry
-from contracts.lease import GenerationLease, LeaseHeldError
+from contracts.layout import StateLayout, position_field
 from contracts.processors import consumer_group
 from contracts.settings import KafkaSettings
-from contracts.state import StateLayout, position_field
+from contracts.store.generations import (
+    CHECKPOINT_EPOCH_FIELD,
+    RESET_PENDING_FIELD,
+    GenerationRegistry,
+)
+from contracts.store.lease import GenerationLease, LeaseHeldError
 from replay.errors import PlanError
 from replay.plan import ReplayPlan
 from replay.snapshots import Snapshot, SnapshotStore

@@ -36,17 +36,17 @@ from pathlib import Path
 import redis
 
 from contracts.codec import EventCodec
-from contracts.generations import (
+from contracts.kafka.offsets import LogOffsets
+from contracts.layout import StateLayout
+from contracts.processors import ProcessorSpec
+from contracts.settings import KafkaSettings, RedisSettings
+from contracts.store.generations import (
     GenerationRegistry,
     Positions,
     checkpoint_dir,
     checkpoint_root,
     remove_stale_checkpoint,
 )
-from contracts.offsets import LogOffsets
-from contracts.processors import ProcessorSpec
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import StateLayout
 from replay.errors import PlanError, RebuildError, ReplayInterruptedError
 from replay.interrupts import InterruptedBySignalError, InterruptGuard
 from replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan

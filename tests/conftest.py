@@ -81,7 +81,7 @@ def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """One local[2] SparkSession for the whole run (start-up costs ~6 s)."""
-    from processors.common.spark import build_spark_session
+    from processors.runtime.spark import build_spark_session
 
     session = build_spark_session("refold-tests")
     yield session

@@ -8,17 +8,17 @@ import json
 import os
 import sys
 
-from contracts.generations import checkpoint_root
 from contracts.logconfig import configure_logging
+from contracts.store.generations import checkpoint_root
 from contracts.topics import ORDERS
-from processors.common.runner import (
+from processors.order_state.config import OrderStateSettings
+from processors.order_state.projection import OrderStateProjection
+from processors.runtime.runner import (
     GenerationChoice,
     RunOptions,
     build_fingerprints,
     run_processor,
 )
-from processors.order_state.config import OrderStateSettings
-from processors.order_state.projection import OrderStateProjection
 
 __all__ = ["main"]
 

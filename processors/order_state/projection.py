@@ -1,6 +1,6 @@
 """The order-state fold: one state per order, and counters by status and revenue by currency.
 
-Pure functions only (see :mod:`processors.common.projection`). Money is integer minor units.
+Pure functions only (see :mod:`processors.fold.projection`). Money is integer minor units.
 
 Lifecycle: ``placed`` -> (lines added/removed) -> ``paid`` -> ``shipped``; ``placed`` or
 ``paid`` -> ``cancelled``. Anything else is rejected and dead-lettered with the reason.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from processors.common.projection import EventRejectedError, SideEffect, State
+from processors.fold.projection import EventRejectedError, SideEffect, State
 
 __all__ = ["DEFAULT_NOTIFICATIONS_TOPIC", "OrderStateProjection"]
 

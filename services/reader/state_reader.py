@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import redis
 
-from contracts.generations import GenerationRegistry, Positions
-from contracts.state import DEFAULT_KEY_PREFIX, StateLayout
+from contracts.layout import DEFAULT_KEY_PREFIX, StateLayout
+from contracts.store.generations import GenerationRegistry, Positions
 from services.errors import NoLiveGenerationError
 
 __all__ = ["StateReader", "StateView"]

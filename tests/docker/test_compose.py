@@ -9,13 +9,14 @@ from __future__ import annotations
 import redis
 
 from contracts.codec import EventCodec
-from contracts.offsets import LogOffsets
+from contracts.kafka.admin import delete_topics, ensure_topics
+from contracts.kafka.offsets import LogOffsets
 from contracts.settings import KafkaSettings
-from contracts.topic_admin import delete_topics, ensure_topics
 from contracts.topics import ORDERS, TopicSpec
-from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
-from processors.common.projection import fold_all
+from processors.fold.oracle import fold_all
+from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.envelope import FoldTarget, FoldWriter
 from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processors.common.fold_writer import FoldTarget
+from processors.runtime.envelope import FoldTarget
 
 
 @pytest.fixture

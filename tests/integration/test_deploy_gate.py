@@ -3,13 +3,13 @@
 import pytest
 import redis
 
-from contracts.generations import GenerationRegistry
+from contracts.layout import StateLayout
 from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import StateLayout
+from contracts.store.generations import GenerationRegistry
 from contracts.topics import ORDERS
-from processors.common.runner import RunOptions, build_fingerprints, resolve_run
 from processors.errors import ProcessorConfigError
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.runner import RunOptions, build_fingerprints, resolve_run
 from replay.__main__ import main as replay
 
 

@@ -7,12 +7,13 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from contracts.codec import EventCodec
-from contracts.generations import GenerationRegistry
-from contracts.state import StateLayout
-from processors.common.fold_writer import FoldWriter, SourceRecord
-from processors.common.projection import fold_all
+from contracts.layout import StateLayout
+from contracts.store.generations import GenerationRegistry
 from processors.errors import SinkConflictError
+from processors.fold.oracle import fold_all
+from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.envelope import FoldWriter
 from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 

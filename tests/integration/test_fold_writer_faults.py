@@ -13,10 +13,11 @@ import redis
 
 from contracts.codec import EventCodec
 from contracts.topics import ORDERS
-from processors.common.fold_writer import FoldWriter, SourceRecord
-from processors.common.kafka_ranges import SourceOptions, read_messages
-from processors.common.projection import fold_all
+from processors.fold.oracle import fold_all
+from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.envelope import FoldWriter
+from processors.runtime.kafka_ranges import SourceOptions, read_messages
 from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
@@ -34,7 +35,7 @@ def _state(target):
 
 def _read_back(kafka_bootstrap, topic, partitions, since=None):
     """Every record of ``topic`` (from ``since`` per partition) as SourceRecords."""
-    from contracts.offsets import LogOffsets
+    from contracts.kafka.offsets import LogOffsets
 
     with LogOffsets({"bootstrap.servers": kafka_bootstrap}) as offsets:
         ends = offsets.end_offsets([(topic, p) for p in range(partitions)])
@@ -46,7 +47,7 @@ def _read_back(kafka_bootstrap, topic, partitions, since=None):
     )
     options = SourceOptions(kafka=(("bootstrap.servers", kafka_bootstrap),), topics=(topic,))
     records = [
-        SourceRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value())
+        SourceRecord.of_message(m)
         for chunk in read_messages(options, ranges, slot="test")
         for m in chunk
     ]

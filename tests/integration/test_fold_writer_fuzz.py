@@ -22,10 +22,11 @@ from hypothesis import strategies as st
 
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError
-from contracts.state import position_field
-from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
-from processors.common.projection import fold_all
+from contracts.layout import position_field
+from processors.fold.oracle import fold_all
+from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.envelope import FoldTarget, FoldWriter
 from services.producer.simulator import OrderSimulator
 from tests.support.waiting import assert_eventually
 

@@ -6,10 +6,11 @@ import pytest
 import redis
 
 from contracts.codec import EventCodec
-from contracts.generations import GenerationRegistry
-from contracts.state import StateLayout
-from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
+from contracts.layout import StateLayout
+from contracts.store.generations import GenerationRegistry
+from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.envelope import FoldTarget, FoldWriter
 from replay.__main__ import main as replay
 from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader

@@ -22,17 +22,18 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient
 
 from contracts.codec import EventCodec
-from contracts.generations import GenerationRegistry
-from contracts.lease import GenerationLease, lease_holder_alive
+from contracts.layout import StateLayout
 from contracts.processors import consumer_group, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import StateLayout
+from contracts.store.generations import GenerationRegistry
+from contracts.store.lease import GenerationLease, lease_holder_alive
 from contracts.topics import ORDERS
-from processors.common.fold_writer import FoldTarget, FoldWriter, SourceRecord
-from processors.common.projection import fold_all
-from processors.common.runner import RunOptions, resolve_run
 from processors.errors import ProcessorConfigError
+from processors.fold.oracle import fold_all
+from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.envelope import FoldTarget, FoldWriter
+from processors.runtime.runner import RunOptions, resolve_run
 from replay.__main__ import main as replay
 from replay.errors import PlanError
 from replay.generations_admin import diff_generations

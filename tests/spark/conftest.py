@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from contracts.offsets import LogOffsets
+from contracts.kafka.offsets import LogOffsets
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.topics import ORDERS, TopicSpec
 from deploy.processes import ProcessorProcess
-from processors.common.projection import FoldResult, fold_all
-from processors.common.runner import RunOptions, run_processor
+from processors.fold.oracle import FoldResult, fold_all
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime.runner import RunOptions, run_processor
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
 

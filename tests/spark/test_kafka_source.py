@@ -140,7 +140,7 @@ def test_starting_offsets_json_is_honoured(spark, kafka_bootstrap, make_topic, t
 
 
 def test_a_start_below_the_log_start_fails_unless_data_loss_is_allowed():
-    from processors.common.kafka_source import KafkaStreamReader, SourceOptions
+    from processors.runtime.kafka_source import KafkaStreamReader, SourceOptions
 
     class RetainedFrom40:  # the log lost offsets 0..39 (retention); Tansu cannot delete
         def partitions(self, topic):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
-from contracts.generations import GenerationRegistry
+from contracts.layout import StateLayout
 from contracts.processors import processor_spec
-from contracts.state import StateLayout
+from contracts.store.generations import GenerationRegistry
 from deploy.demo import wait_until_caught_up
-from processors.common.projection import fold_all
+from processors.fold.oracle import fold_all
 from processors.order_state.projection import OrderStateProjection
 from replay.plan import ToEarliest
 from replay.rebuild import plan_replay, run_rebuild

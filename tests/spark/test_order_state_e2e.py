@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from contracts.processors import processor_spec
 from deploy.demo import wait_until_caught_up
-from processors.common.runner import consumer_group
+from processors.runtime.runner import consumer_group
 from replay.plan import ToEarliest
 from replay.rebuild import plan_replay, run_rebuild
 from services.producer.simulator import OrderSimulator

@@ -11,10 +11,10 @@ import time
 from confluent_kafka import Producer
 
 from contracts.codec import EventCodec
-from contracts.generations import GenerationRegistry
-from contracts.state import StateLayout, position_field
-from processors.common.group_mirror import ConsumerGroupMirror
-from processors.common.runner import consumer_group
+from contracts.layout import StateLayout, position_field
+from contracts.store.generations import GenerationRegistry
+from processors.runtime.group_mirror import ConsumerGroupMirror
+from processors.runtime.runner import consumer_group
 from services.producer.simulator import OrderSimulator
 from tests.support.groups import committed_offsets
 from tests.support.waiting import assert_eventually

@@ -25,15 +25,15 @@ from pathlib import Path
 
 import redis
 
-from contracts.offsets import LogOffsets
+from contracts.kafka.admin import ensure_topics
+from contracts.kafka.offsets import LogOffsets
+from contracts.layout import StateLayout
 from contracts.processors import consumer_group
 from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import StateLayout
-from contracts.topic_admin import ensure_topics
 from contracts.topics import ORDERS, TopicSpec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
-from processors.common.projection import fold_all
+from processors.fold.oracle import fold_all
 from processors.order_state.projection import OrderStateProjection
 from services.producer.publisher import EventPublisher
 from services.producer.simulator import OrderSimulator

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.common.projection import (
+from processors.fold.oracle import fold_all
+from processors.fold.projection import (
     EventRejectedError,
     State,
     UnstorableStateError,
-    fold_all,
     fold_one,
     store_state,
 )

@@ -2,7 +2,8 @@ import copy
 
 import pytest
 
-from processors.common.projection import EventRejectedError, fold_all
+from processors.fold.oracle import fold_all
+from processors.fold.projection import EventRejectedError
 from processors.order_state.projection import OrderStateProjection
 from services.producer.simulator import OrderSimulator
 

@@ -7,9 +7,8 @@ executors; the tests' oracle and the benchmark baseline call the same object in 
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import orjson
@@ -19,14 +18,12 @@ from contracts.errors import RefoldError
 __all__ = [
     "EventRejectedError",
     "FoldError",
-    "FoldResult",
     "Projection",
     "SideEffect",
     "State",
     "UnstorableStateError",
     "effects_of",
     "fits_int64",
-    "fold_all",
     "fold_one",
     "store_state",
 ]
@@ -195,47 +192,3 @@ def fold_one(
         raise FoldError(msg) from exc
     encoded, contribution = store_state(projection, new)
     return new, encoded, contribution, effects
-
-
-@dataclass(slots=True)
-class FoldResult:
-    """States, aggregates and rejections from folding a sequence of events in one process."""
-
-    states: dict[str, State] = field(default_factory=dict)
-    aggregate: Counter[str] = field(default_factory=Counter)
-    rejected: list[tuple[str, str]] = field(default_factory=list)
-
-
-def fold_all(projection: Projection, events: Iterable[tuple[str, Mapping[str, Any]]]) -> FoldResult:
-    """Fold events (in log order per entity) the plain way: the oracle.
-
-    Args:
-        projection: The fold.
-        events: ``(event_type, event)`` pairs.
-
-    Returns:
-        Final states by entity key, the aggregate (zero counters dropped) and rejected
-        ``(event_id-or-key, reason)`` pairs.
-    """
-    result = FoldResult()
-    for event_type, event in events:
-        if event_type not in projection.event_types:
-            result.rejected.append((str(event.get("event_id")), f"unknown type {event_type}"))
-            continue
-        try:
-            key = str(projection.key(event_type, event))
-        except Exception as exc:  # as the sink: a record without a usable key is refused
-            result.rejected.append((str(event.get("event_id")), f"no key: {exc!r}"))
-            continue
-        try:
-            state, _encoded, _contribution, _effects = fold_one(
-                projection, result.states.get(key), event_type, event
-            )
-        except (EventRejectedError, UnstorableStateError) as exc:
-            result.rejected.append((str(event.get("event_id", key)), str(exc)))
-            continue
-        result.states[key] = state
-    for state in result.states.values():
-        result.aggregate.update(projection.contribution(state))
-    result.aggregate = Counter({k: v for k, v in result.aggregate.items() if v != 0})
-    return result

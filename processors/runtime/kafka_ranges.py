@@ -2,7 +2,7 @@
 
 The planning helpers (:func:`cap_offsets`, :func:`coalesce_ranges`) run on the Spark driver;
 :func:`read_messages` runs wherever records are folded: a Spark task's Python worker, or a
-:class:`~processors.common.fold_writer.FoldWriter` that re-reads a range Redis lost (the applied
+:class:`~processors.runtime.envelope.FoldWriter` that re-reads a range Redis lost (the applied
 positions in Redis are the truth, DESIGN.md decision 9). Kept apart from ``kafka_source`` so that
 these paths do not import pyspark.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from contracts.offsets import LogOffsets, TopicPartitionKey
+from contracts.kafka.offsets import LogOffsets, TopicPartitionKey
 
 __all__ = [
     "Range",

@@ -21,7 +21,7 @@ import time
 import uuid
 
 from contracts.errors import RefoldError
-from contracts.generations import GenerationRegistry
+from contracts.store.generations import GenerationRegistry
 
 __all__ = ["LEASE_TTL_MS", "GenerationLease", "LeaseHeldError", "lease_holder_alive"]
 

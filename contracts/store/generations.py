@@ -18,7 +18,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from contracts.errors import RefoldError
-from contracts.state import (
+from contracts.layout import (
     BATCH_ID_FIELD,
     GenerationKeys,
     GenerationStatus,

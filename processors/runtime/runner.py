@@ -29,7 +29,12 @@ import redis
 
 from contracts.catalog import default_catalog
 from contracts.fingerprints import code_fingerprint, schema_fingerprints
-from contracts.generations import (
+from contracts.kafka.admin import ensure_topics
+from contracts.kafka.offsets import LogOffsets
+from contracts.layout import STATE_LAYOUT_VERSION, StateLayout, position_field
+from contracts.processors import consumer_group
+from contracts.settings import KafkaSettings, RedisSettings
+from contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
     GenerationRegistry,
@@ -37,19 +42,14 @@ from contracts.generations import (
     checkpoint_dir,
     remove_stale_checkpoint,
 )
-from contracts.lease import GenerationLease
-from contracts.offsets import LogOffsets
-from contracts.processors import consumer_group
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.state import STATE_LAYOUT_VERSION, StateLayout, position_field
-from contracts.topic_admin import ensure_topics
+from contracts.store.lease import GenerationLease
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
-from processors.common.fold_writer import FoldTarget
-from processors.common.group_mirror import ConsumerGroupMirror
-from processors.common.kafka_ranges import resolve_starting_offsets
-from processors.common.projection import Projection
-from processors.common.redis_sink import RedisFoldSink
 from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
+from processors.fold.projection import Projection
+from processors.runtime.envelope import FoldTarget
+from processors.runtime.group_mirror import ConsumerGroupMirror
+from processors.runtime.kafka_ranges import resolve_starting_offsets
+from processors.runtime.sink import RedisFoldSink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -131,7 +131,7 @@ def build_fingerprints(projection: Projection) -> dict[str, str]:
     The code fingerprint covers the projection's module, the fold contract and the state
     layout version; the schema fingerprints are the reader schemas of its event types.
     """
-    from processors.common import projection as fold_contract
+    from processors.fold import projection as fold_contract
 
     return {
         "code_fingerprint": code_fingerprint(
@@ -373,7 +373,7 @@ def run_processor(
                 continue
             run = _record_starting_positions(run, registry, kafka, topics)
             if spark is None:
-                from processors.common.spark import build_spark_session
+                from processors.runtime.spark import build_spark_session
 
                 spark = build_spark_session(f"refold-{projection.name}-g{run.generation}")
             outcome = _run_generation(

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.state import parse_position_field
+from contracts.layout import parse_position_field
 
 __all__ = ["ConsumerGroupMirror"]
 

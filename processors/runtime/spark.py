@@ -38,7 +38,7 @@ def build_spark_session(app_name: str, master: str | None = None) -> SparkSessio
         # Python workers are reused, so per-process Kafka/Redis clients survive across tasks.
         .config("spark.python.worker.reuse", "true")
         # Drops pyspark.zip from the workers' path: saves ~55 ms per task (spark_daemon.py).
-        .config("spark.python.daemon.module", "processors.common.spark_daemon")
+        .config("spark.python.daemon.module", "processors.runtime.spark_daemon")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         # Streaming progress is reported by refold itself; keep Spark's own logs quiet.
         .config("spark.sql.streaming.metricsEnabled", "false")
@@ -47,7 +47,7 @@ def build_spark_session(app_name: str, master: str | None = None) -> SparkSessio
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
-    from processors.common.kafka_source import KafkaDataSource, KafkaRangesDataSource
+    from processors.runtime.kafka_source import KafkaDataSource, KafkaRangesDataSource
 
     session.dataSource.register(KafkaDataSource)
     session.dataSource.register(KafkaRangesDataSource)

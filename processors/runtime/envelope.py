@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import orjson
 import redis
@@ -36,15 +36,20 @@ from redis.typing import EncodableT, FieldT
 
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError
-from contracts.state import (
+from contracts.layout import (
     BATCH_ID_FIELD,
     GenerationKeys,
     StateLayout,
     parse_position_field,
     position_field,
 )
-from processors.common.kafka_ranges import SourceOptions, read_messages
-from processors.common.projection import (
+from processors.errors import (
+    REDIS_UNAVAILABLE,
+    DeadLetterError,
+    SinkConflictError,
+    StateStoreUnavailableError,
+)
+from processors.fold.projection import (
     EventRejectedError,
     FoldError,
     Projection,
@@ -54,14 +59,10 @@ from processors.common.projection import (
     fits_int64,
     fold_one,
 )
-from processors.errors import (
-    REDIS_UNAVAILABLE,
-    DeadLetterError,
-    SinkConflictError,
-    StateStoreUnavailableError,
-)
+from processors.fold.records import SourceRecord
+from processors.runtime.kafka_ranges import SourceOptions, read_messages
 
-__all__ = ["BatchOutcome", "FoldTarget", "FoldWriter", "SourceRecord"]
+__all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,16 +79,6 @@ _DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "un
 # Dead letters and side effects are acknowledged before the commit; while the broker is away
 # the batch waits, logging every _ACK_WAIT_S, up to librdkafka's own message timeout (300 s).
 _ACK_WAIT_S, _ACK_WAIT_MAX_S = 10.0, 310.0
-
-
-class SourceRecord(NamedTuple):
-    """One Kafka record as the source hands it over."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,10 +423,7 @@ class FoldWriter:
         )
         outcome = BatchOutcome()
         for chunk in read_messages(options, tuple(spans), slot="refill"):
-            records = [
-                SourceRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value())  # type: ignore[arg-type]
-                for m in chunk
-            ]
+            records = [SourceRecord.of_message(m) for m in chunk]
             outcome.merge(self._apply_guarded(records, batch_id, {}))
         # Whatever the ranges' last offsets held, they are now applied up to their ends.
         outcome.merge(self._apply_guarded([], batch_id, ranges))

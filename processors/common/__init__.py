@@ -1,1 +1,0 @@
-"""Machinery shared by every processor: Kafka source, Redis sink, runner."""

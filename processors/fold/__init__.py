@@ -1,0 +1,1 @@
+"""The pure fold API: projections, fold records and the oracle. No Spark, Redis or Kafka."""

@@ -1,0 +1,53 @@
+"""Fold records: one Kafka record as every stage of a processor sees it (pure, picklable)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+__all__ = ["KafkaMessage", "SourceRecord"]
+
+
+class KafkaMessage(Protocol):
+    """The part of ``confluent_kafka.Message`` a fold record is built from (fakes type-check)."""
+
+    def topic(self) -> str | None: ...  # noqa: D102 - confluent-kafka's accessors
+    def partition(self) -> int | None: ...  # noqa: D102
+    def offset(self) -> int | None: ...  # noqa: D102
+    def key(self) -> bytes | None: ...  # noqa: D102
+    def value(self) -> bytes | None: ...  # noqa: D102
+    def timestamp(self) -> tuple[int, int]: ...  # noqa: D102
+
+
+class SourceRecord(NamedTuple):
+    """One Kafka record as the source hands it over.
+
+    Attributes:
+        topic: Source topic.
+        partition: Source partition.
+        offset: Offset in the partition.
+        key: Kafka key (the partition key).
+        value: Kafka value (Avro single-object encoding).
+        timestamp: The record's Kafka timestamp, epoch milliseconds (CreateTime as the producer
+            set it, or LogAppendTime), 0 when the broker gave none. Event-time processing reads
+            the processor's own event-time field; this one is the log's clock.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int = 0
+
+    @classmethod
+    def of_message(cls, message: KafkaMessage) -> SourceRecord:
+        """The fold record of a consumed confluent-kafka message."""
+        _kind, timestamp = message.timestamp()
+        return cls(
+            message.topic() or "",
+            message.partition() or 0,
+            message.offset() or 0,
+            message.key(),
+            message.value(),
+            max(timestamp, 0),  # -1 when the broker sent none (TIMESTAMP_NOT_AVAILABLE)
+        )
