@@ -50,7 +50,8 @@ fmt: $(STAMP) ## format and autofix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-contracts-check: $(STAMP) ## schema round trips and the BACKWARD_TRANSITIVE gate
+contracts-check: $(STAMP) ## schema locks (refold contracts check), round trips, BACKWARD_TRANSITIVE gate
+	$(BIN)/refold contracts check
 	$(PYTEST) tests/unit/contracts
 
 bench: $(STAMP) ## throughput and latency benchmark on a private local stack

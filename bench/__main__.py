@@ -31,16 +31,20 @@ from bench.baseline import BaselineResult, run_baseline
 from bench.latency import LatencyResult, measure_latency
 from bench.rebuild import measure_rebuild
 from contracts.codec import EventCodec
+from contracts.commerce import ORDERS
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
+from contracts.processors import ProcessLauncher
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
-from contracts.topics import ORDERS, TopicSpec, dead_letter_spec, effects_spec
+from contracts.topics import TopicSpec, dead_letter_spec, effects_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
+from deploy.simulators.orders import OrderSimulator
+from processors.order_state.config import OrderStateOptions
 from processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
 from processors.runtime.envelope import FoldTarget
-from services.producer.simulator import OrderSimulator
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
 SOURCE_FORMAT = os.environ.get("REFOLD_SOURCE_FORMAT", "")
@@ -82,20 +86,24 @@ def _produce(bootstrap: str, topic: str, events: int) -> int:
     return count
 
 
-def _env(
+def _launcher(
     bootstrap: str, redis_url: str, prefix: str, state: Path, topic: str, **extra: str
-) -> dict[str, str]:
-    return {
-        "REFOLD_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-        "REFOLD_REDIS__URL": redis_url,
-        "REFOLD_REDIS__KEY_PREFIX": prefix,
-        "REFOLD_STATE_DIR": str(state),
-        "REFOLD_ORDERS_TOPIC": topic,
-        "REFOLD_DEAD_LETTER_TOPIC": f"{topic}.dlq",
-        "REFOLD_NOTIFICATIONS_TOPIC": f"{topic}.notifications",
-        **({"REFOLD_SOURCE_FORMAT": SOURCE_FORMAT} if SOURCE_FORMAT else {}),
-        **extra,
-    }
+) -> ProcessLauncher:
+    """order_state on ``topic`` with the benchmark's settings (the process contract)."""
+    options = OrderStateOptions(
+        topics=[topic],
+        dead_letter_topic=f"{topic}.dlq",
+        notifications_topic=f"{topic}.notifications",
+        **({"source_format": SOURCE_FORMAT} if SOURCE_FORMAT else {}),
+        **extra,  # type: ignore[arg-type]
+    )
+    return ProcessLauncher(
+        KafkaSettings(bootstrap_servers=bootstrap),
+        RedisSettings(url=redis_url, key_prefix=prefix),
+        SparkSettings(),
+        state,
+        {"order_state": options},
+    )
 
 
 def _spark_catch_up(stack: LocalStack, topic: str, total: int, state: Path) -> dict[str, float]:
@@ -103,10 +111,10 @@ def _spark_catch_up(stack: LocalStack, topic: str, total: int, state: Path) -> d
     registry = GenerationRegistry(
         redis.Redis.from_url(stack.redis_url), StateLayout("order_state", prefix)
     )
+    launcher = _launcher(stack.bootstrap_servers, stack.redis_url, prefix, state, topic)
     process = ProcessorProcess(
-        "processors.order_state",
-        ["--available-now"],
-        _env(stack.bootstrap_servers, stack.redis_url, prefix, state, topic),
+        launcher.argv(["order_state"], available_now=True),
+        launcher.env(),
         state / "logs" / "spark-catch-up.log",
     )
     started = time.monotonic()
@@ -164,18 +172,11 @@ def _latency(
     prefix = "bench-latency"
     client = redis.Redis.from_url(stack.redis_url)
     registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    launcher = _launcher(
+        stack.bootstrap_servers, stack.redis_url, prefix, state, topic, trigger_interval=trigger
+    )
     process = ProcessorProcess(
-        "processors.order_state",
-        [],
-        _env(
-            stack.bootstrap_servers,
-            stack.redis_url,
-            prefix,
-            state,
-            topic,
-            REFOLD_TRIGGER_INTERVAL=trigger,
-        ),
-        state / "logs" / "spark-latency.log",
+        launcher.argv(["order_state"]), launcher.env(), state / "logs" / "spark-latency.log"
     ).start()
     try:
         warm = measure_latency  # warm up JVM, workers and connections with a short burst
@@ -341,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                         stack.bootstrap_servers,
                         stack.redis_url,
                         "bench-spark",
-                        _env(stack.bootstrap_servers, stack.redis_url, "bench-spark", state, topic),
+                        _launcher(
+                            stack.bootstrap_servers, stack.redis_url, "bench-spark", state, topic
+                        ),
                         state,
                         batch=200_000,
                     )

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.codec import EventCodec
 from contracts.store.generations import GenerationRegistry
-from services.producer.simulator import OrderSimulator
+from deploy.simulators.orders import OrderSimulator
 
 __all__ = ["LatencyResult", "measure_latency"]
 

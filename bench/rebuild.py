@@ -11,7 +11,6 @@ being measured, on a machine whose two cores are already busy.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,8 @@ import redis
 from tqdm import tqdm
 
 from contracts.layout import StateLayout
-from contracts.processors import processor_spec
+from contracts.processors import ProcessLauncher
+from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.store.generations import GenerationRegistry
 from replay.plan import ToEarliest
@@ -33,7 +33,12 @@ _READ_SLOWLY_S = 0.02  # while the rebuild catches up
 
 
 def measure_rebuild(
-    bootstrap: str, redis_url: str, prefix: str, env: dict[str, str], state: Path, batch: int
+    bootstrap: str,
+    redis_url: str,
+    prefix: str,
+    launcher: ProcessLauncher,
+    state: Path,
+    batch: int,
 ) -> dict[str, float]:
     """Rebuild ``prefix``'s order_state from the earliest offset; returns rates and timings.
 
@@ -41,11 +46,10 @@ def measure_rebuild(
         bootstrap: Broker.
         redis_url: Redis.
         prefix: Key prefix of the generation the catch-up run built.
-        env: The processor's environment (topic names, source format).
+        launcher: How the rebuild's processor starts (topic names, source format).
         state: State directory (checkpoints, logs).
         batch: Records per micro-batch: the steady rate is measured after the first one.
     """
-    os.environ.update(env)  # the rebuild's processor inherits it
     kafka = KafkaSettings(bootstrap_servers=bootstrap)
     settings = RedisSettings(url=redis_url, key_prefix=prefix)
     client = redis.Redis.from_url(redis_url)
@@ -76,7 +80,15 @@ def measure_rebuild(
                 near_cutover.set()  # the flip follows this call: read every millisecond
                 time.sleep(2 * _READ_SLOWLY_S)
 
-        result = run_rebuild(plan, spec, kafka, settings, state_dir=state, on_progress=_progress)
+        result = run_rebuild(
+            plan,
+            spec,
+            kafka,
+            settings,
+            state_dir=state,
+            on_progress=_progress,
+            launcher=launcher,
+        )
     stop.set()
     thread.join()
     old = [t for t, g in reads if g == result.previous]

@@ -118,7 +118,13 @@ class SchemaCatalog:
     @classmethod
     def from_directory(cls, root: Path = SCHEMA_ROOT) -> SchemaCatalog:
         """Load every ``*.avsc`` below ``root``."""
-        return cls(_load(path) for path in sorted(root.rglob("*.avsc")))
+        return cls.from_directories([root])
+
+    @classmethod
+    def from_directories(cls, roots: Iterable[Path]) -> SchemaCatalog:
+        """Load every ``*.avsc`` below each of ``roots`` (a folder listed twice counts once)."""
+        unique = sorted({root.resolve() for root in roots})
+        return cls(_load(path) for root in unique for path in sorted(root.rglob("*.avsc")))
 
     def by_fingerprint(self, fp: bytes) -> SchemaVersion:
         """The writer schema of a record.
@@ -161,5 +167,16 @@ class SchemaCatalog:
 
 @cache
 def default_catalog() -> SchemaCatalog:
-    """The catalog of the schemas shipped in this package (loaded once per process)."""
-    return SchemaCatalog.from_directory()
+    """The catalog of every installed contract set (loaded once per process).
+
+    The contract sets are the ``refold.contracts`` entry points (:mod:`contracts.registry`),
+    each checked against its ``contracts.lock`` (:mod:`contracts.lock`).
+
+    Raises:
+        SchemaLockError: A published version was changed or deleted.
+        SchemaIncompatibleError: A new version breaks BACKWARD_TRANSITIVE.
+    """
+    from contracts.lock import verified_catalog  # lock -> compat -> this module
+    from contracts.registry import default_registry  # the registry imports this module
+
+    return verified_catalog(default_registry().contract_sets.values())

@@ -13,6 +13,8 @@ __all__ = [
     "EventValidationError",
     "RefoldError",
     "SchemaIncompatibleError",
+    "SchemaLockError",
+    "SchemaUnlockedError",
     "UnknownEventTypeError",
     "UnknownSchemaError",
 ]
@@ -60,6 +62,18 @@ class SchemaIncompatibleError(ContractError):
     """A schema version cannot read the records written with an older version."""
 
     code = "SCHEMA_INCOMPATIBLE"
+
+
+class SchemaLockError(ContractError):
+    """A published schema version was changed or deleted, or a ``contracts.lock`` is malformed."""
+
+    code = "SCHEMA_LOCK_VIOLATED"
+
+
+class SchemaUnlockedError(ContractError):
+    """The producer SDK refuses a schema version that is not in its contract set's lock."""
+
+    code = "SCHEMA_UNLOCKED"
 
 
 class DeserializationError(ContractError):

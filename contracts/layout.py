@@ -16,6 +16,9 @@ key                                         type    content
                                                     (expires unless renewed)
 ``<p>:{<proc>.g<N>}:t:<table>:<key>``       string  one entity's state, JSON
 ``<p>:{<proc>.g<N>}:a:<aggregate>``         hash    aggregate counters (integers)
+``<p>:{<proc>.g<N>}:slotpos:<s>``           hash    re-keyed: writer slot s's positions
+``<p>:{<proc>.g<N>}:guard:slot:<s>``        string  re-keyed: WATCHed by slot s's writer
+``<p>:{<proc>.g<N>}:k:<via>``               hash    re-keyed: ``via`` value -> offset:entity
 =========================================  ======  =============================================
 """
 
@@ -28,17 +31,25 @@ __all__ = [
     "BATCH_ID_FIELD",
     "DEFAULT_KEY_PREFIX",
     "STATE_LAYOUT_VERSION",
+    "STATE_NAMESPACES",
     "GenerationKeys",
     "GenerationStatus",
     "StateLayout",
     "parse_position_field",
     "position_field",
+    "processor_of_registry_key",
+    "registries_pattern",
 ]
 
 DEFAULT_KEY_PREFIX = "refold"
 # Bumped whenever the layout below changes: part of every generation's code fingerprint.
 STATE_LAYOUT_VERSION = 1
 BATCH_ID_FIELD = "batch_id"
+# Every kind of key that makes up a generation's state, by namespace: snapshots, in-place resets,
+# ``replay diff`` and gc derive their key lists from this (with ``positions``), so a kind declared
+# here is never left out. t: entity tables, a: aggregate hashes, guard: writer guards,
+# slotpos: re-keyed writer slots' positions, k: re-keying links.
+STATE_NAMESPACES = ("t:", "a:", "guard:", "slotpos:", "k:")
 GenerationStatus = Literal["building", "live", "retired"]
 
 
@@ -91,6 +102,23 @@ class GenerationKeys:
         """
         return f"{self.base}:guard:{position_field}"
 
+    def slot_positions(self, slot: int) -> str:
+        """Hash of one writer slot's applied positions (re-keyed processors).
+
+        ``<topic>/<partition>`` -> next offset: every record of the partition below it whose
+        entity belongs to the slot is applied. The generation's ``positions`` hold the minimum
+        over the slots, so everything reads a re-keyed generation as any other.
+        """
+        return f"{self.base}:slotpos:{slot}"
+
+    def slot_guard(self, slot: int) -> str:
+        """Guard key of one writer slot, WATCHed by the slot's writer."""
+        return f"{self.base}:guard:slot:{slot}"
+
+    def links(self, via: str) -> str:
+        """Hash of the links of a re-keyed processor: ``via`` value -> ``<offset>:<entity>``."""
+        return f"{self.base}:k:{via}"
+
     def table(self, table: str, key: str) -> str:
         """One entity's state in ``table``."""
         return f"{self.base}:t:{table}:{key}"
@@ -115,7 +143,7 @@ class GenerationKeys:
         if not name.startswith(self.base + ":"):
             return False
         rest = name[len(self.base) + 1 :]
-        return rest == "positions" or rest.startswith(("t:", "a:", "guard:"))
+        return rest == "positions" or rest.startswith(STATE_NAMESPACES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +171,17 @@ class StateLayout:
     def generation(self, generation: int) -> GenerationKeys:
         """The keys of generation ``generation``."""
         return GenerationKeys(self.prefix, self.processor, generation)
+
+
+def registries_pattern(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """SCAN pattern matching every processor's generations hash (to find processors in Redis)."""
+    return f"{prefix}:*:generations"
+
+
+def processor_of_registry_key(key: str, prefix: str = DEFAULT_KEY_PREFIX) -> str | None:
+    """The processor whose generations hash ``key`` is (inverse of ``StateLayout.generations``)."""
+    head, tail = f"{prefix}:", ":generations"
+    if not (key.startswith(head) and key.endswith(tail)):
+        return None
+    name = key[len(head) : -len(tail)]
+    return name if name and not any(c in name for c in ":{}") else None

@@ -1,15 +1,44 @@
-"""The processor catalogue: what replay and the CLI may know about a processor without importing it.
+"""What the platform knows about a processor without importing it, and how one is started.
 
-Replay starts processors as processes (``python -m <module>``), so this is the whole contract.
+A processor is declared by a :class:`ProcessorSpec` that its package registers under the entry
+point group ``refold.processors`` (:mod:`contracts.registry` finds them). The CLI, replay, the
+demo, the benchmark and the tests know processors only through these specs, and start them
+only through the process contract below (:func:`process_argv`, :func:`process_env`):
+``python -m processors NAME [NAME ...] --generation G --starting-offsets J`` with every setting
+in ``REFOLD_*`` variables.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from contracts.topics import ORDERS
+from pydantic import BaseModel, ConfigDict, SecretStr
 
-__all__ = ["PROCESSORS", "ProcessorSpec", "consumer_group", "processor_spec"]
+from contracts.errors import ContractError
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+
+__all__ = [
+    "PROCESSOR_MODULE",
+    "KeyLink",
+    "ProcessLauncher",
+    "ProcessorOptions",
+    "ProcessorSpec",
+    "consumer_group",
+    "options_env_prefix",
+    "options_environ",
+    "process_argv",
+    "settings_env",
+]
+
+# The one processor command: ``python -m processors NAME ...`` (processors/__main__.py).
+PROCESSOR_MODULE = "processors"
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 def consumer_group(processor: str, generation: int) -> str:
@@ -17,47 +46,204 @@ def consumer_group(processor: str, generation: int) -> str:
     return f"refold.{processor}.g{generation}"
 
 
+def options_env_prefix(processor: str) -> str:
+    """``REFOLD_<PROCESSOR>__``: the environment prefix of one processor's options."""
+    return f"REFOLD_{processor.upper()}__"
+
+
 @dataclass(frozen=True, slots=True)
-class ProcessorSpec:
-    """A processor as seen from outside.
+class KeyLink:
+    """How an event that lacks the entity key finds it: through another field's first link.
+
+    Example: ``KeyLink(via="order_id", key="customer_id")``: an ``OrderPaid`` (order_id only)
+    belongs to the customer of the first earlier event of that order that carried both fields
+    (its ``OrderPlaced``). ``via`` must be the partition key of the topic, so that the linking
+    event and the linked ones are on one partition, in log order; a link never changes once
+    made, so live processing and every replay resolve each event alike.
+    """
+
+    via: str
+    key: str
+
+
+class ProcessorOptions(BaseModel):
+    """Runtime options every processor has (``REFOLD_<PROCESSOR>__<OPTION>``).
+
+    A processor with options of its own declares a subclass (``ProcessorSpec.options``).
 
     Attributes:
-        name: Processor name (Redis keys, consumer group, dead-letter topic).
-        module: Runnable module: ``python -m <module> --generation N --starting-offsets J``.
+        topics: Topic names to read instead of the spec's (same count and order): tests and
+            staging run on their own topics.
+        dead_letter_topic: Default ``<processor>.dlq``.
+        max_offsets_per_trigger: Records per micro-batch. 200k: big enough to amortise Spark's
+            0.3-0.9 s fixed cost per batch during catch-up, small enough to bound memory.
+        max_tasks: Spark tasks per micro-batch; two measured fastest on 2 cores (raise on a
+            cluster). For a re-keyed processor: the number of writer slots of a generation.
+        trigger_interval: Processing-time trigger; keeps the idle offset probes cheap.
+        source_format: ``refold_kafka_ranges`` (each task reads its own records in the worker
+            that folds them; fastest here), ``refold_kafka`` (records through Spark) or
+            ``kafka`` (Spark's JVM connector, where its jar exists).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topics: list[str] | None = None
+    dead_letter_topic: str | None = None
+    max_offsets_per_trigger: int = 200_000
+    max_tasks: int = 2
+    trigger_interval: str = "250 milliseconds"
+    source_format: str = "refold_kafka_ranges"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorSpec:
+    """A processor as the platform sees it.
+
+    Attributes:
+        name: Processor name (Redis keys, consumer group, dead-letter topic, settings prefix):
+            lower case, digits and ``_``.
+        projection: ``module:attribute`` of a callable taking the processor's options and
+            returning its :class:`~processors.fold.projection.Projection` (imported only by the
+            processor's own process).
         topics: Topics it folds.
+        key: The event field that identifies its entity. When it is not the partition key of
+            every topic, the processor is re-keyed: each entity still has one writer.
         tables: Entity tables it writes.
         aggregates: Aggregate hashes it writes.
+        key_links: How events without ``key`` find it (see :class:`KeyLink`).
+        options: ``module:Class`` of its options (a :class:`ProcessorOptions` subclass), or
+            empty for the common ones.
+        description: One line for ``refold processors``.
+        package: The distribution that registered it (filled in by the registry).
     """
 
     name: str
-    module: str
+    projection: str
     topics: tuple[str, ...]
+    key: str
     tables: tuple[str, ...]
-    aggregates: tuple[str, ...]
+    aggregates: tuple[str, ...] = ()
+    key_links: tuple[KeyLink, ...] = ()
+    options: str = ""
+    description: str = ""
+    package: str = ""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not _NAME.match(self.name):
+            problems.append("the name must be lower case letters, digits and _")
+        if ":" not in self.projection:
+            problems.append("projection must be 'module:attribute'")
+        if not self.topics:
+            problems.append("no topics")
+        if self.options and ":" not in self.options:
+            problems.append("options must be 'module:Class'")
+        if problems:
+            msg = f"processor {self.name!r}: {'; '.join(problems)}"
+            raise ContractError(msg)
 
 
-PROCESSORS: dict[str, ProcessorSpec] = {
-    spec.name: spec
-    for spec in (
-        ProcessorSpec(
-            name="order_state",
-            module="processors.order_state",
-            topics=(ORDERS.name,),
-            tables=("orders",),
-            aggregates=("order_totals",),
-        ),
-    )
-}
+def process_argv(
+    names: Sequence[str],
+    *,
+    generation: str | int | None = None,
+    starting_offsets: str | None = None,
+    available_now: bool = False,
+    accept_code_change: bool = False,
+    print_fingerprint: bool = False,
+    python: str = sys.executable,
+) -> list[str]:
+    """The command line that runs processors ``names`` in one Spark application."""
+    argv = [python, "-m", PROCESSOR_MODULE, *names]
+    if generation is not None:  # the command's default: live
+        argv += ["--generation", str(generation)]
+    if starting_offsets is not None:
+        argv += ["--starting-offsets", starting_offsets]
+    if available_now:
+        argv.append("--available-now")
+    if accept_code_change:
+        argv.append("--accept-code-change")
+    if print_fingerprint:
+        argv.append("--print-fingerprint")
+    return argv
 
 
-def processor_spec(name: str) -> ProcessorSpec:
-    """Look a processor up by name.
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, SecretStr):
+        out[prefix] = value.get_secret_value()
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _flatten(f"{prefix}__{name.upper()}", getattr(value, name), out)
+    elif value is None:
+        return
+    elif isinstance(value, Mapping | list | tuple):
+        plain = {
+            k: v.get_secret_value() if isinstance(v, SecretStr) else v
+            for k, v in (value.items() if isinstance(value, Mapping) else enumerate(value))
+        }
+        out[prefix] = json.dumps(plain if isinstance(value, Mapping) else list(plain.values()))
+    else:
+        out[prefix] = str(value)
 
-    Raises:
-        KeyError: With the known names in the message.
+
+def settings_env(prefix: str, block: BaseModel) -> dict[str, str]:
+    """A settings block as the environment variables that recreate it (``PREFIX__FIELD``)."""
+    out: dict[str, str] = {}
+    for name in type(block).model_fields:
+        _flatten(f"{prefix}__{name.upper()}", getattr(block, name), out)
+    return out
+
+
+def options_environ(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Per processor, its ``REFOLD_<PROCESSOR>__*`` variables in ``environ`` (for a launcher)."""
+    return {
+        name: {k: v for k, v in environ.items() if k.upper().startswith(options_env_prefix(name))}
+        for name in names
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessLauncher:
+    """The process contract: the command line and the complete environment of a processor.
+
+    Replay, the demo, the benchmark and the tests start processors only through this, so every
+    setting reaches the child explicitly (nothing is left to what the parent happens to have in
+    its environment, except ``PATH``-like basics, which the caller adds).
+
+    Attributes:
+        kafka: Broker settings.
+        redis: Redis settings.
+        spark: Spark settings.
+        state_dir: Checkpoints (unless ``spark.checkpoint_url``) and logs.
+        options: Per processor name, its ``REFOLD_<PROCESSOR>__*`` variables (strings as in an
+            environment, or an options model).
+        log_level: ``REFOLD_LOG_LEVEL`` when set.
     """
-    try:
-        return PROCESSORS[name]
-    except KeyError:
-        msg = f"unknown processor {name!r}; known: {', '.join(sorted(PROCESSORS))}"
-        raise KeyError(msg) from None
+
+    kafka: KafkaSettings
+    redis: RedisSettings
+    spark: SparkSettings
+    state_dir: Path
+    options: Mapping[str, Mapping[str, str] | BaseModel] = field(default_factory=dict)
+    log_level: str | None = None
+
+    def env(self) -> dict[str, str]:
+        """Every setting as ``REFOLD_*`` variables, to add to the child's environment."""
+        env = {
+            **settings_env("REFOLD_KAFKA", self.kafka),
+            **settings_env("REFOLD_REDIS", self.redis),
+            **settings_env("REFOLD_SPARK", self.spark),
+            "REFOLD_STATE_DIR": str(self.state_dir),
+        }
+        for name, block in self.options.items():
+            if isinstance(block, BaseModel):
+                env.update(settings_env(options_env_prefix(name).removesuffix("__"), block))
+            else:
+                env.update(block)
+        if self.log_level:
+            env["REFOLD_LOG_LEVEL"] = self.log_level
+        return env
+
+    def argv(self, names: Sequence[str], **flags: Any) -> list[str]:
+        """The command line (see :func:`process_argv` for the flags)."""
+        return process_argv(names, **flags)

@@ -1,12 +1,19 @@
-"""Settings blocks shared by every deployable (each composes them in its own ``config.py``)."""
+"""Settings blocks shared by every deployable (each composes them in its own ``config.py``).
+
+Environment names: ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_SPARK__*`` (nested with
+``__``); each processor's own options are ``REFOLD_<PROCESSOR>__*`` (see
+:class:`contracts.processors.ProcessorOptions`). Secrets are ``SecretStr``: they print as
+``**********`` and reach clients only through :meth:`KafkaSettings.as_librdkafka` and
+:meth:`RedisSettings.client_kwargs`.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from contracts.layout import DEFAULT_KEY_PREFIX
 
-__all__ = ["KafkaSettings", "RedisSettings"]
+__all__ = ["KafkaSettings", "RedisSettings", "SparkSettings"]
 
 
 class KafkaSettings(BaseModel):
@@ -14,23 +21,74 @@ class KafkaSettings(BaseModel):
 
     Attributes:
         bootstrap_servers: Comma-separated ``host:port`` list.
-        client_properties: Extra librdkafka properties (security, timeouts, ...), applied last.
+        client_properties: Extra librdkafka properties (security protocol, timeouts, ...),
+            applied last.
+        secret_properties: librdkafka properties that are secrets (``sasl.password``,
+            ``ssl.key.password``): never logged, applied after ``client_properties``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap_servers: str = "127.0.0.1:19092"
     client_properties: dict[str, str] = Field(default_factory=dict)
+    secret_properties: dict[str, SecretStr] = Field(default_factory=dict)
 
     def as_librdkafka(self) -> dict[str, str]:
         """The one translation point to librdkafka configuration."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.client_properties}
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            **self.client_properties,
+            **{k: v.get_secret_value() for k, v in self.secret_properties.items()},
+        }
 
 
 class RedisSettings(BaseModel):
-    """Where Redis is, and the key prefix of refold's keys."""
+    """Where Redis is, and the key prefix of refold's keys.
+
+    Attributes:
+        url: redis-py URL (``redis://`` or ``rediss://`` for TLS); keep passwords out of it
+            and in ``password``.
+        key_prefix: Prefix of every key refold writes (tests use a unique one each).
+        username: ACL user, if any.
+        password: AUTH password, if any.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str = "redis://127.0.0.1:16379/0"
     key_prefix: str = DEFAULT_KEY_PREFIX
+    username: str | None = None
+    password: SecretStr | None = None
+
+    def client_url(self) -> str:
+        """The URL with the credentials in it (for clients that take only a URL)."""
+        if self.password is None:
+            return self.url
+        scheme, sep, rest = self.url.partition("://")
+        if not sep or "@" in rest:
+            return self.url
+        user = self.username or ""
+        return f"{scheme}://{user}:{self.password.get_secret_value()}@{rest}"
+
+
+class SparkSettings(BaseModel):
+    """Where processors run Spark, and how much of the cluster one application may take.
+
+    Attributes:
+        master: Spark master URL: ``local[2]`` (in-process), ``spark://host:7077`` (standalone,
+            e.g. ``refold cluster up``), ``yarn``, ``k8s://...``.
+        cores_max: ``spark.cores.max``: cores one application takes on a cluster, so that several
+            applications share it (None: Spark's default, which is every core).
+        executor_memory: ``spark.executor.memory`` on a cluster.
+        driver_memory: ``spark.driver.memory``.
+        checkpoint_url: Where Spark checkpoints live (a URL or path; shared storage such as
+            ``hdfs://`` or ``s3a://`` in production). Default: ``<state_dir>/checkpoints``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    master: str = "local[2]"
+    cores_max: int | None = None
+    executor_memory: str = "1g"
+    driver_memory: str = "2g"
+    checkpoint_url: str | None = None

@@ -1,10 +1,10 @@
-"""Topic specs: the single source of truth for every topic refold creates and reads."""
+"""Topic specs: what a topic carries; contract sets (:mod:`contracts.registry`) declare them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ORDERS", "TOPICS", "TopicSpec", "dead_letter_spec", "dead_letter_topic", "effects_spec"]
+__all__ = ["TopicSpec", "dead_letter_spec", "dead_letter_topic", "effects_spec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,24 +33,6 @@ class TopicSpec:
         if not self.event_types:
             msg = f"topic {self.name}: no event types"
             raise ValueError(msg)
-
-
-# 8 partitions: enough parallelism for a few processor tasks, few enough for 2-core machines.
-ORDERS = TopicSpec(
-    name="commerce.orders",
-    partitions=8,
-    key_field="order_id",
-    event_types=(
-        "OrderPlaced",
-        "OrderLineAdded",
-        "OrderLineRemoved",
-        "OrderPaid",
-        "OrderShipped",
-        "OrderCancelled",
-    ),
-)
-
-TOPICS: dict[str, TopicSpec] = {spec.name: spec for spec in (ORDERS,)}
 
 
 def dead_letter_topic(processor: str) -> str:

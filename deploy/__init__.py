@@ -1,1 +1,1 @@
-"""Deployment: the embedded local stack, the demo and the ``refold`` command."""
+"""Deployment: the local stack, the demo, test-data simulators and the ``refold`` command."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from deploy.local_stack import (
     DEFAULT_KAFKA_PORT,
@@ -58,14 +59,60 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_process(args: argparse.Namespace) -> int:
-    module = importlib.import_module(f"processors.{args.name}.__main__")
-    return int(module.main(args.rest))
+    from processors.runtime.cli import main as process_main
+
+    return process_main(args.rest)
+
+
+def _cmd_processors(args: argparse.Namespace) -> int:
+    from contracts.registry import default_registry
+
+    registry = default_registry()
+    rows: list[dict[str, Any]] = []
+    for spec in sorted(registry.processors.values(), key=lambda s: s.name):
+        keys = {registry.topics[t].key_field if t in registry.topics else "?" for t in spec.topics}
+        rekeyed = keys != {spec.key}
+        state = ", ".join(
+            [*(f"table {t}" for t in spec.tables), *(f"hash {a}" for a in spec.aggregates)]
+        )
+        rows.append(
+            {
+                "name": spec.name,
+                "topics": list(spec.topics),
+                "key": spec.key,
+                "rekeyed": rekeyed,
+                "state": state,
+                "package": spec.package,
+                "description": spec.description,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no processors registered (entry point group refold.processors)")
+        return 0
+    for row in rows:
+        key = f"{row['key']} (re-keyed)" if row["rekeyed"] else row["key"]
+        print(f"{row['name']}  [{row['package']}]")
+        print(f"  topics  {', '.join(row['topics'])}")
+        print(f"  key     {key}")
+        print(f"  state   {row['state']}")
+        if row["description"]:
+            print(f"  about   {row['description']}")
+    return 0
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from replay.__main__ import main as replay_main
 
     return replay_main(args.rest)
+
+
+def _cmd_contracts(args: argparse.Namespace) -> int:
+    from deploy.contracts_cli import main as contracts_main
+
+    return contracts_main(args.rest)
 
 
 def _port(text: str) -> int:
@@ -137,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=text)
         _add_stack_options(command, after_subcommand=True)
         command.set_defaults(func=func)
+    # `refold cluster up|down|status`: a local Spark standalone master + worker.
+    from deploy.cluster import add_cluster_commands
+
+    add_cluster_commands(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on a private local stack")
     demo.add_argument(
         "--orders",
@@ -145,21 +196,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="orders to simulate (~10 events each; default 10500)",
     )
     demo.set_defaults(func=_cmd_demo)
-    process = sub.add_parser("process", help="run a processor (see `refold process NAME -h`)")
-    process.add_argument("name", choices=["order_state"])
+    process = sub.add_parser(
+        "process",
+        help="run processors in one Spark application (see `refold process -h`)",
+        add_help=False,
+    )
     process.add_argument("rest", nargs=argparse.REMAINDER)
     process.set_defaults(func=_cmd_process)
+    listing = sub.add_parser(
+        "processors", help="list the registered processors: topics, key, state, package"
+    )
+    listing.add_argument("--json", action="store_true", help="as JSON")
+    listing.set_defaults(func=_cmd_processors)
     replay = sub.add_parser(
         "replay", help="rebuild a processor's state (see `replay -h`)", add_help=False
     )
     replay.add_argument("rest", nargs=argparse.REMAINDER)
     replay.set_defaults(func=_cmd_replay)
+    contracts = sub.add_parser(
+        "contracts",
+        help="check | lock the published schema versions (see `refold contracts -h`)",
+        add_help=False,
+    )
+    contracts.add_argument("rest", nargs=argparse.REMAINDER)
+    contracts.set_defaults(func=_cmd_contracts)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if not hasattr(args, "rest"):  # only the pass-through commands take unknown options
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.rest = [*unknown, *args.rest]
     try:
         return int(args.func(args))
     except LocalStackError as exc:

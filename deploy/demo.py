@@ -15,19 +15,21 @@ from typing import Any
 import redis
 from tqdm import tqdm
 
+from contracts.commerce import ORDERS
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
-from contracts.processors import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings
+from contracts.processors import ProcessLauncher
+from contracts.registry import processor_spec
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
-from contracts.topics import ORDERS, dead_letter_spec
+from contracts.topics import dead_letter_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
+from deploy.simulators.orders import OrderSimulator
 from replay.plan import ToEarliest
 from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 from services.producer.publisher import EventPublisher
-from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 
 __all__ = ["run_demo", "wait_until_caught_up"]
@@ -149,14 +151,12 @@ def run_demo(orders: int, state_dir: Path) -> int:
         print(f"Kafka {stack.bootstrap_servers}, Redis {stack.redis_url}")
         ensure_topics(kafka.as_librdkafka(), [ORDERS, dead_letter_spec(PROCESSOR)])
         print(f"topic {ORDERS.name}: {ORDERS.partitions} partitions, key {ORDERS.key_field}")
-        env = {
-            "REFOLD_KAFKA__BOOTSTRAP_SERVERS": stack.bootstrap_servers,
-            "REFOLD_REDIS__URL": stack.redis_url,
-            "REFOLD_STATE_DIR": str(demo_dir),
-        }
+        launcher = ProcessLauncher(kafka, redis_settings, SparkSettings(), demo_dir)
         _say("starting the order_state processor (Spark Structured Streaming, generation 1)")
         processor = ProcessorProcess(
-            "processors.order_state", [], env, demo_dir / "logs" / "order_state-live.log"
+            launcher.argv([PROCESSOR]),
+            launcher.env(),
+            demo_dir / "logs" / "order_state-live.log",
         ).start()
         print(f"pid {processor.pid}, log {processor.log_path}")
 
@@ -202,7 +202,13 @@ def run_demo(orders: int, state_dir: Path) -> int:
                     bar.set_postfix_str(f"lag {sum(progress.lag.values())}")
 
                 result = run_rebuild(
-                    plan, spec, kafka, redis_settings, state_dir=demo_dir, on_progress=_progress
+                    plan,
+                    spec,
+                    kafka,
+                    redis_settings,
+                    state_dir=demo_dir,
+                    on_progress=_progress,
+                    launcher=launcher,
                 )
             print(
                 f"generation {result.generation} built from {result.events:,} events in "

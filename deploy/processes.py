@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +21,12 @@ _STOP_GRACE_S = 30.0  # a micro-batch in flight finishes; Spark stops its query 
 
 @dataclass
 class ProcessorProcess:
-    """A processor started as ``python -m <module> <args>`` with its output in ``log_path``."""
+    """A processor process (``argv`` from the process contract) with its output in ``log_path``.
 
-    module: str
-    args: list[str]
+    Build ``argv`` and ``env`` with :class:`contracts.processors.ProcessLauncher`.
+    """
+
+    argv: list[str]
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
@@ -35,7 +36,7 @@ class ProcessorProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(  # noqa: S603 - our interpreter, our module
-                [sys.executable, "-m", self.module, *self.args],
+                self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +20,8 @@ from contracts.errors import RefoldError
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
 from contracts.logconfig import configure_logging
-from contracts.processors import PROCESSORS, ProcessorSpec, processor_spec
+from contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
+from contracts.registry import default_registry, processor_spec, with_fallback
 from contracts.store.generations import GenerationRegistry, checkpoint_root
 from replay.config import ReplaySettings
 from replay.deploy_gate import check_deploy, deployed_fingerprints
@@ -28,7 +30,9 @@ from replay.generations_admin import (
     collect_garbage,
     diff_generations,
     generation_status,
+    processors_in_redis,
     rollback,
+    unregistered_spec,
 )
 from replay.in_place import reset_in_place
 from replay.plan import (
@@ -65,8 +69,15 @@ _COMMANDS = ("plan", "status", "rollback", "gc", "diff", "check", "snapshot")
 
 def _add_processor(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     parser.add_argument(
-        "--processor", required=required, choices=sorted(PROCESSORS), help="the processor"
+        "--processor", required=required, metavar="NAME", help=f"the processor ({_known()})"
     )
+
+
+def _known() -> str:
+    """The registered processors, for help texts."""
+    empty: list[str] = []
+    names = with_fallback(lambda: sorted(default_registry().processors), empty)
+    return ", ".join(names) or "none registered"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument(
         "--processor",
         action="append",
-        choices=sorted(PROCESSORS),
+        metavar="NAME",
         help="the processor (repeatable)",
     )
     which.add_argument("--all", action="store_true", help="every processor")
@@ -236,7 +247,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
-    names = sorted(PROCESSORS) if args.all else list(dict.fromkeys(args.processor))
+    names = (
+        sorted(default_registry().processors) if args.all else list(dict.fromkeys(args.processor))
+    )
     if args.json and len(names) > 1:
         print("replay: --json takes one processor", file=sys.stderr)
         return 2
@@ -318,6 +331,13 @@ def _plan_one(
             lag_threshold=settings.lag_threshold,
             timeout_s=settings.replay_timeout_s,
             on_progress=_progress,
+            launcher=ProcessLauncher(
+                settings.kafka,
+                settings.redis,
+                settings.spark,
+                settings.state_dir,
+                options_environ([spec.name], os.environ),
+            ),
         )
     previous = "none" if result.previous is None else f"g{result.previous}"
     print(
@@ -355,14 +375,25 @@ def _reset_spec(args: argparse.Namespace) -> ResetSpec:
 
 
 def _cmd_status(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
-    names = [args.processor] if args.processor else sorted(PROCESSORS)
+    registered = default_registry().processors
+    found = processors_in_redis(client, settings.redis.key_prefix)
+    if args.processor:
+        names = [args.processor]
+        if args.processor not in registered and args.processor not in found:
+            processor_spec(args.processor)  # raises, naming the registered ones
+    else:
+        names = sorted(set(registered) | set(found))
     offsets = LogOffsets(settings.kafka.as_librdkafka())
     try:
         rows = [
             row
             for name in names
             for row in generation_status(
-                processor_spec(name), client, settings.redis.key_prefix, offsets
+                registered.get(name) or unregistered_spec(name),
+                client,
+                settings.redis.key_prefix,
+                offsets,
+                known=name in registered,
             )
         ]
     finally:
@@ -373,11 +404,14 @@ def _cmd_status(args: argparse.Namespace, settings: ReplaySettings, client: redi
     if not rows:
         print("no generations yet: start a processor (`refold process NAME`)")
         return 0
+    if any(not r.registered for r in rows):
+        print("NAME? = in Redis, but no installed package registers it (see `refold processors`)")
     print(f"{'PROCESSOR':<14} {'GEN':>4} {'STATUS':<9} {'AGE':>8} {'APPLIED':>10} {'LAG':>8}  CODE")
     for r in rows:
         lag = "-" if r.lag is None else str(r.lag)
+        name = r.processor if r.registered else f"{r.processor}?"
         print(
-            f"{r.processor:<14} {r.generation:>4} {r.status:<9} {r.age_s:>7.0f}s "
+            f"{name:<14} {r.generation:>4} {r.status:<9} {r.age_s:>7.0f}s "
             f"{r.applied:>10} {lag:>8}  {r.code_fingerprint}"
         )
     return 0

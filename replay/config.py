@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.settings import KafkaSettings, RedisSettings
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 
 __all__ = ["ReplaySettings"]
 
@@ -21,6 +21,8 @@ class ReplaySettings(BaseSettings):
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    # Passed on to the rebuild's processor (the process contract).
+    spark: SparkSettings = Field(default_factory=SparkSettings)
     state_dir: Path = Path(".state")
     # Cut over when the shadow generation is this many records behind the log end or less.
     lag_threshold: int = 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import redis
 
 from contracts.layout import StateLayout
-from contracts.processors import ProcessorSpec
+from contracts.processors import ProcessorSpec, process_argv
 from contracts.store.generations import GenerationRegistry
 from replay.errors import ReplayError
 
@@ -55,20 +55,21 @@ class GateVerdict:
 
 
 def deployed_fingerprints(spec: ProcessorSpec, python: str = sys.executable) -> dict[str, str]:
-    """Ask the deployed processor module for its fingerprints.
+    """Ask the deployed processor code for its fingerprints (in a process of its own).
 
     Raises:
-        ReplayError: The module could not be run.
+        ReplayError: The processor command could not be run.
     """
+    command = process_argv([spec.name], print_fingerprint=True, python=python)
     done = subprocess.run(  # noqa: S603 - our interpreter and module
-        [python, "-m", spec.module, "--print-fingerprint"],
+        command,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     if done.returncode != 0:
-        msg = f"`python -m {spec.module} --print-fingerprint` failed: {done.stderr.strip()[-500:]}"
+        msg = f"`{' '.join(command[1:])}` failed: {done.stderr.strip()[-500:]}"
         raise ReplayError(msg)
     fingerprints = json.loads(done.stdout.strip().splitlines()[-1])
     return {k: str(v) for k, v in fingerprints.items() if k in _FIELDS}

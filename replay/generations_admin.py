@@ -17,7 +17,7 @@ from typing import Any, cast
 import redis
 
 from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
+from contracts.layout import StateLayout, processor_of_registry_key, registries_pattern
 from contracts.processors import ProcessorSpec
 from contracts.store.generations import GenerationInfo, GenerationRegistry, Positions
 from replay.errors import ReplayError
@@ -28,7 +28,9 @@ __all__ = [
     "collect_garbage",
     "diff_generations",
     "generation_status",
+    "processors_in_redis",
     "rollback",
+    "unregistered_spec",
 ]
 
 _SCAN_COUNT = 1000  # keys per SCAN round trip
@@ -47,11 +49,13 @@ class GenerationStatus:
     lag: int | None
     code_fingerprint: str
     meta: dict[str, str]
+    registered: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """For ``--json``."""
         return {
             "processor": self.processor,
+            "registered": self.registered,
             "generation": self.generation,
             "status": self.status,
             "age_s": round(self.age_s, 1),
@@ -67,8 +71,31 @@ def _age(info: GenerationInfo) -> float:
     return max(0.0, time.time() - int(created) / 1000) if created else 0.0
 
 
+def processors_in_redis(client: redis.Redis, key_prefix: str) -> list[str]:
+    """Every processor that has a generations registry in Redis, registered or not."""
+    names = set()
+    for key in client.scan_iter(match=registries_pattern(key_prefix), count=_SCAN_COUNT):
+        text = key.decode() if isinstance(key, bytes) else str(key)
+        name = processor_of_registry_key(text, key_prefix)
+        if name is not None:
+            names.add(name)
+    return sorted(names)
+
+
+def unregistered_spec(name: str) -> ProcessorSpec:
+    """A stand-in spec for a processor found in Redis that no installed package registers."""
+    return ProcessorSpec(
+        name=name, projection="(unregistered):-", topics=("(unknown)",), key="", tables=()
+    )
+
+
 def generation_status(
-    spec: ProcessorSpec, client: redis.Redis, key_prefix: str, offsets: LogOffsets | None
+    spec: ProcessorSpec,
+    client: redis.Redis,
+    key_prefix: str,
+    offsets: LogOffsets | None,
+    *,
+    known: bool = True,
 ) -> list[GenerationStatus]:
     """Every generation of a processor with its applied records and lag to the log end.
 
@@ -77,6 +104,7 @@ def generation_status(
         client: Redis.
         key_prefix: Key prefix.
         offsets: Used to compute lag; None skips it.
+        known: False for a processor no installed package registers (shown as such).
     """
     registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
     rows = []
@@ -86,7 +114,9 @@ def generation_status(
         lag = None
         if offsets is not None:
             if ends is None:
-                topics = json.loads(info.meta.get("topics", "[]")) or list(spec.topics)
+                topics = json.loads(info.meta.get("topics", "[]")) or [
+                    t for t in spec.topics if t != "(unknown)"
+                ]
                 tps = [(t, p) for t in topics for p in offsets.partitions(t)]
                 ends = offsets.end_offsets(tps)
             lag = sum(max(0, end - positions.get(tp, 0)) for tp, end in ends.items())
@@ -102,6 +132,7 @@ def generation_status(
                 lag,
                 info.meta.get("code_fingerprint", ""),
                 info.meta,
+                known,
             )
         )
     return rows

@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,8 +37,8 @@ import redis
 from contracts.codec import EventCodec
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
-from contracts.processors import ProcessorSpec
-from contracts.settings import KafkaSettings, RedisSettings
+from contracts.processors import ProcessLauncher, ProcessorSpec
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
     GenerationRegistry,
     Positions,
@@ -299,7 +298,7 @@ def run_rebuild(
     lag_threshold: int = 0,
     timeout_s: float = 3600.0,
     on_progress: Callable[[RebuildProgress], None] | None = None,
-    python: str = sys.executable,
+    launcher: ProcessLauncher | None = None,
 ) -> RebuildResult:
     """Build a new generation from ``plan`` and make it live.
 
@@ -312,7 +311,10 @@ def run_rebuild(
         lag_threshold: Flip when at most this many records behind, per partition.
         timeout_s: Give up (readers stay where they are) after this long.
         on_progress: Called about twice a second.
-        python: Interpreter for the processor process.
+        launcher: How the rebuild's processor is started (the process contract: every
+            setting, including the processor's own ``REFOLD_<PROCESSOR>__*`` options); default:
+            ``kafka``, ``redis_settings`` and ``state_dir`` with default Spark settings and
+            the processor's default options.
 
     Returns:
         The new generation, the previous live one, and timings.
@@ -374,7 +376,11 @@ def run_rebuild(
             started = time.monotonic()
             with guard.held():
                 process = _start_processor(
-                    spec, plan, generation, kafka, redis_settings, state_dir, log_path, python
+                    spec,
+                    plan,
+                    generation,
+                    launcher or ProcessLauncher(kafka, redis_settings, SparkSettings(), state_dir),
+                    log_path,
                 )
                 guard.on_repeat = functools.partial(_kill_group, process.pid)
             guard.check()
@@ -467,33 +473,18 @@ def _start_processor(
     spec: ProcessorSpec,
     plan: ReplayPlan,
     generation: int,
-    kafka: KafkaSettings,
-    redis_settings: RedisSettings,
-    state_dir: Path,
+    launcher: ProcessLauncher,
     log_path: Path,
-    python: str,
 ) -> subprocess.Popen[bytes]:
-    """Start ``python -m <module> --generation N`` in a session (and process group) of its own.
+    """Start ``python -m processors NAME --generation N`` in a session and group of its own.
 
     Its own group: a Ctrl-C in replay's terminal reaches replay only, which stops the
     processor in order, and :func:`_stop` can end the processor's JVM and workers with it.
     """
-    env = {
-        **os.environ,
-        "REFOLD_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "REFOLD_REDIS__URL": redis_settings.url,
-        "REFOLD_REDIS__KEY_PREFIX": redis_settings.key_prefix,
-        "REFOLD_STATE_DIR": str(state_dir),
-    }
-    command = [
-        python,
-        "-m",
-        spec.module,
-        "--generation",
-        str(generation),
-        "--starting-offsets",
-        plan.starting_offsets(),
-    ]
+    env = {**os.environ, **launcher.env()}
+    command = launcher.argv(
+        [spec.name], generation=generation, starting_offsets=plan.starting_offsets()
+    )
     with log_path.open("ab") as log:
         return subprocess.Popen(  # noqa: S603 - our own interpreter and module
             command,

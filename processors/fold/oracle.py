@@ -19,6 +19,7 @@ from processors.fold.projection import (
     UnstorableStateError,
     fold_one,
 )
+from processors.fold.rekey import KeyResolver
 
 __all__ = ["FoldResult", "fold_all"]
 
@@ -32,19 +33,34 @@ class FoldResult:
     rejected: list[tuple[str, str]] = field(default_factory=list)
 
 
-def fold_all(projection: Projection, events: Iterable[tuple[str, Mapping[str, Any]]]) -> FoldResult:
+def fold_all(
+    projection: Projection,
+    events: Iterable[tuple[str, Mapping[str, Any]]],
+    resolver: KeyResolver | None = None,
+) -> FoldResult:
     """Fold events (in log order per entity) the plain way: the oracle.
 
     Args:
         projection: The fold.
-        events: ``(event_type, event)`` pairs.
+        events: ``(event_type, event)`` pairs, in the order they were published (each
+            partition's log order is a sub-sequence of it).
+        resolver: For a re-keyed processor with links: resolves each event's entity as the
+            live writers do (an event without the key takes its link's), and fills it in.
 
     Returns:
         Final states by entity key, the aggregate (zero counters dropped) and rejected
         ``(event_id-or-key, reason)`` pairs.
     """
     result = FoldResult()
-    for event_type, event in events:
+    for position, (event_type, raw) in enumerate(events):
+        event = raw
+        if resolver is not None:
+            entity, _made = resolver.resolve(position, raw)
+            if entity is None:
+                result.rejected.append((str(raw.get("event_id")), "key-missing"))
+                continue
+            if raw.get(resolver.key) is None:
+                event = {**raw, resolver.key: entity}
         if event_type not in projection.event_types:
             result.rejected.append((str(event.get("event_id")), f"unknown type {event_type}"))
             continue

@@ -9,11 +9,14 @@ Lifecycle: ``placed`` -> (lines added/removed) -> ``paid`` -> ``shipped``; ``pla
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processors.fold.projection import EventRejectedError, SideEffect, State
 
-__all__ = ["DEFAULT_NOTIFICATIONS_TOPIC", "OrderStateProjection"]
+if TYPE_CHECKING:
+    from processors.order_state.config import OrderStateOptions
+
+__all__ = ["DEFAULT_NOTIFICATIONS_TOPIC", "OrderStateProjection", "build"]
 
 _OPEN = "placed"
 _REVENUE_STATUSES = frozenset({"paid", "shipped"})
@@ -208,3 +211,8 @@ class OrderStateProjection:
             "updated_at": at,
             "events": state["events"] + 1,
         }
+
+
+def build(options: OrderStateOptions) -> OrderStateProjection:
+    """The projection for a run with ``options`` (the spec's ``projection`` factory)."""
+    return OrderStateProjection(options.notifications_topic)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from contracts.codec import EventCodec
+from contracts.codec import DecodedEvent, EventCodec
 from contracts.errors import DeserializationError
 from contracts.layout import (
     BATCH_ID_FIELD,
@@ -60,6 +61,7 @@ from processors.fold.projection import (
     fold_one,
 )
 from processors.fold.records import SourceRecord
+from processors.fold.rekey import KeyResolver, Link, decode_link, encode_link, slot_of
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]
@@ -74,6 +76,22 @@ _MAX_ATTEMPTS = 5
 # that loads a large RDB. Positions only move with the state, so waiting never loses anything.
 _REDIS_OUTAGE_S = 600.0
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
+# Re-keyed generations: the generation's positions are the minimum over its writer slots'
+# positions, recomputed atomically in the slot's transaction (KEYS[1] positions, KEYS[2..] the
+# slots' hashes, ARGV the fields). A slot without a position for a field leaves it alone.
+_MIN_POSITIONS = """
+for _, f in ipairs(ARGV) do
+  local low = nil
+  for i = 2, #KEYS do
+    local v = redis.call('HGET', KEYS[i], f)
+    if not v then low = nil break end
+    v = tonumber(v)
+    if low == nil or v < low then low = v end
+  end
+  if low ~= nil then redis.call('HSET', KEYS[1], f, low) end
+end
+return 0
+"""
 # Dead-letter reasons that mean the bytes did not decode (the rest: the record was refused).
 _DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "undecodable"})
 # Dead letters and side effects are acknowledged before the commit; while the broker is away
@@ -95,7 +113,14 @@ class FoldTarget:
         dlq_topic: Dead-letter topic.
         check_keys: Dead-letter records whose Kafka key is not their entity key (reason
             ``key-mismatch``): such a record may sit on another partition than the rest of its
-            entity, where another writer folds it.
+            entity, where another writer folds it. For a re-keyed processor: whose Kafka key
+            is not the value of its topic's partition key field.
+        slots: 0 when entities are owned by partitions (the key is every topic's partition
+            key); otherwise the number of writer slots that own the entities of a re-keyed
+            processor (:mod:`processors.fold.rekey`), fixed for the generation.
+        key_field: The entity key field (re-keyed processors).
+        key_links: ``via`` fields that link events without the key to it (re-keyed).
+        partition_keys: ``(topic, partition key field)`` of each topic (re-keyed).
     """
 
     processor: str
@@ -105,6 +130,10 @@ class FoldTarget:
     kafka: tuple[tuple[str, str], ...]
     dlq_topic: str
     check_keys: bool = True
+    slots: int = 0
+    key_field: str = ""
+    key_links: tuple[str, ...] = ()
+    partition_keys: tuple[tuple[str, str], ...] = ()
 
     @property
     def layout(self) -> StateLayout:
@@ -291,11 +320,27 @@ class FoldWriter:
     """
 
     def __init__(
-        self, target: FoldTarget, projection: Projection, codec: EventCodec | None = None
+        self,
+        target: FoldTarget,
+        projection: Projection,
+        codec: EventCodec | None = None,
+        slot: int | None = None,
     ) -> None:
+        if (slot is None) != (target.slots == 0) or (slot is not None and slot >= target.slots):
+            msg = f"slot {slot} does not fit a target with {target.slots} slots"
+            raise ValueError(msg)
         self.target = target
         self.projection = projection
         self.codec = codec or EventCodec()
+        self.slot = slot
+        self._resolver = KeyResolver(target.key_field, target.key_links)
+        self._scanned: set[str] = set()
+        self._partition_keys = dict(target.partition_keys)
+        # Per topic, the links usable on it: those through its partition key (log order).
+        self._via = {
+            topic: tuple(v for v in target.key_links if v == pk)
+            for topic, pk in target.partition_keys
+        }
         self._redis: redis.Redis | None = None
         self._producer: Producer | None = None
         self._has_effects = getattr(projection, "effects", None) is not None
@@ -319,6 +364,15 @@ class FoldWriter:
                 }
             )
         return self._producer
+
+    def begin_task(self) -> None:
+        """Forget what the last task learned (links, scanned partitions): a new task begins.
+
+        Links learned in memory are facts of the log, but a task only needs those of the
+        records it reads; everything before them is in Redis (:meth:`_learn_before`).
+        """
+        self._resolver = KeyResolver(self.target.key_field, self.target.key_links)
+        self._scanned.clear()
 
     def connect(self) -> None:
         """Connect to Redis and start the producer's handshake now rather than at first use.
@@ -387,7 +441,12 @@ class FoldWriter:
         for _attempt in range(_MAX_ATTEMPTS):
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(*(keys.guard(f) for f in fields))  # type: ignore[no-untyped-call]
+                    guards = (
+                        [keys.guard(f) for f in fields]
+                        if self.slot is None
+                        else [keys.slot_guard(self.slot)]
+                    )
+                    pipe.watch(*guards)  # type: ignore[no-untyped-call]
                     return self._apply_once(pipe, records, fields, batch_id, covered)
                 except redis.WatchError:
                     logger.warning(
@@ -439,15 +498,20 @@ class FoldWriter:
     ) -> BatchOutcome:
         keys = self.target.keys
         outcome = BatchOutcome(records=len(records))
+        positions_key = keys.positions if self.slot is None else keys.slot_positions(self.slot)
         applied_pos = {
             f: int(v)
-            for f, v in zip(fields, pipe.hmget(keys.positions, fields), strict=True)
+            for f, v in zip(fields, pipe.hmget(positions_key, fields), strict=True)
             if v is not None
         }
         _check_holes(records, applied_pos, covered)
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]] = []
         dead: list[_DeadLetter] = []
         new_pos: dict[str, int] = {}
+        links: list[tuple[str, str, Link]] = []
+        if self.slot is not None:
+            self._route(pipe, records, applied_pos, pending, dead, new_pos, links, outcome)
+            records = ()  # routed: the loop below is the partition-owned path
         # Hot loop: per-partition lookups are cached by (topic, partition) tuple.
         names: dict[tuple[str, int], str] = {}
         floor: dict[str, int] = {}
@@ -510,16 +574,163 @@ class FoldWriter:
         for name, amount in sorted(delta.items()):
             if amount:
                 pipe.hincrby(aggregate_key, name, amount)
+        for via, value, link in links:
+            pipe.hsetnx(keys.links(via), value, encode_link(link))
         position_update: dict[FieldT, EncodableT] = {f: str(o) for f, o in new_pos.items()}
         if batch_id is not None:
             position_update[BATCH_ID_FIELD] = str(batch_id)
         if position_update:
-            pipe.hset(keys.positions, mapping=position_update)
-        for field_name, offset in new_pos.items():
-            pipe.set(keys.guard(field_name), offset)
+            pipe.hset(positions_key, mapping=position_update)
+        if self.slot is None:
+            for field_name, offset in new_pos.items():
+                pipe.set(keys.guard(field_name), offset)
+        else:
+            pipe.incr(keys.slot_guard(self.slot))
+            if new_pos:
+                slot_keys = [keys.slot_positions(s) for s in range(self.target.slots)]
+                pipe.eval(_MIN_POSITIONS, 1 + len(slot_keys), keys.positions, *slot_keys, *new_pos)
         pipe.execute()
         outcome.positions = new_pos
         return outcome
+
+    def _route(
+        self,
+        pipe: Pipeline,
+        records: Sequence[SourceRecord],
+        applied_pos: Mapping[str, int],
+        pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
+        dead: list[_DeadLetter],
+        new_pos: dict[str, int],
+        links: list[tuple[str, str, Link]],
+        outcome: BatchOutcome,
+    ) -> None:
+        """Re-keyed: find each record's entity and keep those of this writer's slot.
+
+        Every slot's task reads every record (and learns links from all of them, also from
+        those it has applied already); it folds the records of its own entities and
+        dead-letters the undecodable or keyless ones whose Kafka key hashes to it.
+        """
+        slot, slots = cast("int", self.slot), self.target.slots
+        self._learn_before(pipe, records)
+        decoded = [(r, self._decode(r)) for r in records]
+        stored = self._stored_links(
+            pipe, [e for _r, e in decoded if not isinstance(e, _DeadLetter)]
+        )
+        own = 0
+        for record, event in decoded:
+            field_name = position_field(record.topic, record.partition)
+            done = record.offset < applied_pos.get(field_name, 0)
+            if not done and record.offset >= new_pos.get(field_name, 0):
+                new_pos[field_name] = record.offset + 1
+            fallback = zlib.crc32(record.key or b"") % slots == slot
+            if isinstance(event, _DeadLetter):
+                if fallback and not done:
+                    dead.append(event)
+                    own += 1
+                continue
+            entity, made = self._resolver.resolve(
+                record.offset, event.data, stored, self._via.get(record.topic, ())
+            )
+            links.extend(m for m in made if slot_of(m[2].key, slots) == slot)
+            mine = (slot_of(entity, slots) == slot) if entity is not None else fallback
+            if not mine:
+                continue
+            own += 1
+            if done:
+                outcome.skipped += 1
+                continue
+            letter = self._check_rekeyed(record, event, entity)
+            if letter is not None:
+                dead.append(letter)
+                continue
+            data = event.data
+            if data.get(self.target.key_field) is None:
+                data = {**data, self.target.key_field: entity}
+            pending.append((record, event.event_type, data, cast("str", entity)))
+        outcome.records = own
+
+    def _decode(self, record: SourceRecord) -> DecodedEvent | _DeadLetter:
+        try:
+            return self.codec.decode(record.value)
+        except DeserializationError as exc:
+            return _DeadLetter(record, exc.reason, str(exc))
+        except Exception as exc:  # the codec's own guard missed a kind: still this record only
+            return _DeadLetter(record, "undecodable", repr(exc))
+
+    def _check_rekeyed(
+        self, record: SourceRecord, event: DecodedEvent, entity: str | None
+    ) -> _DeadLetter | None:
+        if event.event_type not in self.projection.event_types:
+            detail = f"{self.target.processor} does not fold {event.event_type}"
+            return _DeadLetter(record, "unexpected-type", detail)
+        if entity is None:
+            detail = (
+                f"this {event.event_type} has no {self.target.key_field} and no earlier event "
+                f"links it to one (through {', '.join(self.target.key_links) or 'no link'})"
+            )
+            return _DeadLetter(record, "key-missing", detail)
+        partition_key = self._partition_keys.get(record.topic)
+        if self.target.check_keys and partition_key is not None:
+            value = event.data.get(partition_key)
+            if value is None or record.key != str(value).encode():
+                detail = (
+                    f"record key {record.key!r} is not the partition key {partition_key}="
+                    f"{value!r} of this {event.event_type}: the events it links to may sit "
+                    "on another partition. Operator action: produce it again keyed by "
+                    f"{partition_key} (the producer SDK does)."
+                )
+                return _DeadLetter(record, "key-mismatch", detail)
+        return None
+
+    def _stored_links(
+        self, pipe: Pipeline, events: Sequence[DecodedEvent]
+    ) -> dict[tuple[str, str], Link]:
+        """The stored links of the ``via`` values of ``events`` (one HMGET per via field)."""
+        stored: dict[tuple[str, str], Link] = {}
+        for via in self.target.key_links:
+            values = sorted({str(e.data[via]) for e in events if e.data.get(via) is not None})
+            if not values:
+                continue
+            raw = cast("list[bytes | None]", pipe.hmget(self.target.keys.links(via), values))
+            for value, item in zip(values, raw, strict=True):
+                if item is not None:
+                    stored[(via, value)] = decode_link(item)
+        return stored
+
+    def _learn_before(self, pipe: Pipeline, records: Sequence[SourceRecord]) -> None:
+        """Learn the links of what the slowest slot has not applied yet, below ``records``.
+
+        Links are written by the slot that owns their entity. Where another slot is behind
+        this task's records (a crash mid-batch, Redis restored from a backup), links it has
+        not written yet are read from the log here, so that every slot resolves alike.
+        """
+        if not self.target.key_links:
+            return
+        firsts: dict[str, SourceRecord] = {}
+        for record in records:
+            firsts.setdefault(position_field(record.topic, record.partition), record)
+        fields = [f for f in firsts if f not in self._scanned]
+        if not fields:
+            return
+        self._scanned.update(fields)
+        low = pipe.hmget(self.target.keys.positions, fields)
+        spans = [
+            (firsts[f].topic, firsts[f].partition, int(v), firsts[f].offset)
+            for f, v in zip(fields, low, strict=True)
+            if v is not None and int(v) < firsts[f].offset
+        ]
+        if not spans:
+            return
+        options = SourceOptions(
+            kafka=self.target.kafka, topics=tuple(sorted({s[0] for s in spans}))
+        )
+        for chunk in read_messages(options, tuple(spans), slot="learn"):
+            records = [SourceRecord.of_message(m) for m in chunk]
+            events = [(r, e) for r in records if not isinstance(e := self._decode(r), _DeadLetter)]
+            stored = self._stored_links(pipe, [e for _r, e in events])
+            for record, event in events:
+                via = self._via.get(record.topic, ())
+                self._resolver.resolve(record.offset, event.data, stored, via)
 
     def _decode_and_key(
         self,

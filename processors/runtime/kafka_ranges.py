@@ -129,24 +129,32 @@ def coalesce_ranges(
 ) -> list[tuple[Range, ...]]:
     """Group partition ranges into at most ``max_tasks`` tasks of similar record counts.
 
-    Each Kafka partition range stays whole in one task (its keys are folded by one writer).
-    With ``min_records_per_task``, a small batch gets fewer tasks (at least one): each task has
-    a fixed cost, so splitting a few thousand records only adds latency.
+    Tasks are planned by partition id across all subscribed topics: the ranges of one partition
+    number (of every topic) stay whole in one task, so an entity of co-partitioned topics
+    (same key, same partition count) is folded by one writer. With ``min_records_per_task``, a
+    small batch gets fewer tasks (at least one): each task has a fixed cost, so splitting a few
+    thousand records only adds latency.
     """
     if not ranges:
         return []
+    units: dict[int, list[Range]] = {}
+    for rng in ranges:
+        units.setdefault(rng[1], []).append(rng)
     if min_records_per_task > 0:
         records = sum(r[3] - r[2] for r in ranges)
         by_size = max(1, records // min_records_per_task)
         max_tasks = by_size if max_tasks is None else min(max_tasks, by_size)
-    if max_tasks is None or max_tasks >= len(ranges):
-        return [(r,) for r in ranges]
+    if max_tasks is None or max_tasks >= len(units):
+        return [tuple(sorted(u)) for _p, u in sorted(units.items())]
     bins: list[list[Range]] = [[] for _ in range(max(1, max_tasks))]
     sizes = [0] * len(bins)
-    for rng in sorted(ranges, key=lambda r: (-(r[3] - r[2]), r[0], r[1])):
+    for partition, unit in sorted(
+        units.items(), key=lambda kv: (-sum(r[3] - r[2] for r in kv[1]), kv[0])
+    ):
+        del partition
         lightest = sizes.index(min(sizes))
-        bins[lightest].append(rng)
-        sizes[lightest] += rng[3] - rng[2]
+        bins[lightest].extend(unit)
+        sizes[lightest] += sum(r[3] - r[2] for r in unit)
     return [tuple(sorted(b)) for b in bins if b]
 
 

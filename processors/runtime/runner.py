@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import redis
 
@@ -32,8 +32,8 @@ from contracts.fingerprints import code_fingerprint, schema_fingerprints
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import STATE_LAYOUT_VERSION, StateLayout, position_field
-from contracts.processors import consumer_group
-from contracts.settings import KafkaSettings, RedisSettings
+from contracts.processors import ProcessorSpec, consumer_group
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
@@ -46,6 +46,7 @@ from contracts.store.lease import GenerationLease
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
 from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
 from processors.fold.projection import Projection
+from processors.fold.rekey import Keying, KeyingError, plan_keying
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import resolve_starting_offsets
@@ -55,7 +56,14 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["ProcessorRun", "RunOptions", "consumer_group", "run_processor"]
+__all__ = [
+    "ProcessorJob",
+    "ProcessorRun",
+    "RunOptions",
+    "consumer_group",
+    "run_processor",
+    "run_processors",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +109,16 @@ class RunOptions:
     # A processor stopping after a cutover finishes its micro-batch first (SIGTERM), which
     # takes seconds; two minutes also covers a slow batch without hiding a real duplicate.
     lease_wait_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorJob:
+    """One processor query to run: its spec, its fold, its topics and how to run it."""
+
+    spec: ProcessorSpec
+    projection: Projection
+    topics: list[TopicSpec]
+    options: RunOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +192,14 @@ def resolve_run(
     redis_settings: RedisSettings,
     options: RunOptions,
     client: redis.Redis,
+    keying: Keying | None = None,
 ) -> ProcessorRun:
     """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
     meta = {
         "topics": [t.name for t in topics],
         "starting_offsets": options.starting_offsets,
+        "slots": str(keying.slots if keying else 0),
         **build_fingerprints(projection),
     }
     created = False
@@ -219,12 +239,46 @@ def resolve_run(
     target = FoldTarget(
         processor=projection.name,
         generation=generation,
-        redis_url=redis_settings.url,
+        redis_url=redis_settings.client_url(),
         key_prefix=redis_settings.key_prefix,
         kafka=tuple(sorted(kafka.as_librdkafka().items())),
         dlq_topic=options.dead_letter_topic or dead_letter_topic(projection.name),
+        **_keying_fields(registry, generation, keying),
     )
     return ProcessorRun(generation, checkpoint, starting, target)
+
+
+def _keying_fields(
+    registry: GenerationRegistry, generation: int, keying: Keying | None
+) -> dict[str, Any]:
+    """The target's keying: a generation's writer slots never change once it has some."""
+    if keying is None:
+        return {}
+    slots = keying.slots
+    recorded = registry.meta(generation).get("slots")
+    if recorded is None:
+        registry.update_meta(generation, {"slots": str(slots)})
+    elif int(recorded) != slots:
+        logger.warning(
+            "g%d was built with %s writer slots; keeping them (not %d): an entity's slot must "
+            "not change within a generation",
+            generation,
+            recorded,
+            slots,
+        )
+        slots = int(recorded)
+    if not slots and keying.slots:
+        msg = (
+            f"g{generation} was built co-partitioned, but its topics are not any more "
+            f"({keying.reason}). Operator action: rebuild it with replay --to-earliest --execute."
+        )
+        raise ProcessorConfigError(msg)
+    return {
+        "slots": slots,
+        "key_field": keying.key_field,
+        "key_links": keying.via,
+        "partition_keys": keying.partition_keys,
+    }
 
 
 def build_query(
@@ -341,24 +395,38 @@ def run_processor(
     redis_settings: RedisSettings,
     options: RunOptions,
     spark: SparkSession | None = None,
+    stop: threading.Event | None = None,
+    spec: ProcessorSpec | None = None,
 ) -> int:
-    """Run until stopped (SIGTERM/SIGINT) or, with ``available_now``, until caught up.
+    """Run until stopped (SIGTERM/SIGINT, or ``stop``) or, with ``available_now``, caught up.
 
     With ``generation="live"`` the processor follows the live alias: when ``replay`` cuts
     readers over to a rebuilt generation, this one is retired, and the processor stops its
     query and continues the new live generation (from its checkpoint or Redis positions) as
     soon as the rebuild's own processor has let go of it.
 
+    Args:
+        projection: The fold.
+        topics: Its topics.
+        kafka: Broker settings.
+        redis_settings: Redis settings.
+        options: How to run.
+        spark: The application's session (default: a new one).
+        stop: Set to stop (several processors in one application share one).
+        spec: The processor's spec: its key decides whether it is re-keyed (checked against
+            the broker's partition counts at start). None: entities are owned by partitions.
+
     Returns:
         The generation that ran last.
     """
-    client = redis.Redis.from_url(redis_settings.url)
+    keying = None if spec is None else _plan_keying(spec, topics, kafka, options)
+    client = redis.Redis.from_url(redis_settings.client_url())
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
     following = options.generation == "live" and not options.available_now
     wait_s = options.lease_wait_s
     while True:
         picked = _until_redis_answers(
-            lambda: resolve_run(projection, topics, kafka, redis_settings, options, client),
+            lambda: resolve_run(projection, topics, kafka, redis_settings, options, client, keying),
             redis_settings,
         )
         lease = GenerationLease(registry, picked.generation)
@@ -367,7 +435,7 @@ def run_processor(
             # Resolved again under the lease: while it waited, the previous holder went on
             # committing, and an in-place reset may have moved the checkpoint epoch.
             exact = dataclasses.replace(options, generation=picked.generation)
-            run = resolve_run(projection, topics, kafka, redis_settings, exact, client)
+            run = resolve_run(projection, topics, kafka, redis_settings, exact, client, keying)
             if options.generation == "live" and registry.live() != run.generation:
                 logger.info("g%d is no longer live; picking again", run.generation)
                 continue
@@ -375,9 +443,11 @@ def run_processor(
             if spark is None:
                 from processors.runtime.spark import build_spark_session
 
-                spark = build_spark_session(f"refold-{projection.name}-g{run.generation}")
+                spark = build_spark_session(
+                    f"refold-{projection.name}-g{run.generation}", SparkSettings()
+                )
             outcome = _run_generation(
-                projection, topics, kafka, options, spark, run, registry, lease, following
+                projection, topics, kafka, options, spark, run, registry, lease, following, stop
             )
         finally:
             with contextlib.suppress(*REDIS_UNAVAILABLE):  # an expired lease frees itself
@@ -451,6 +521,8 @@ def _record_starting_positions(
             field_name = position_field(topic, partition)
             pipe.hsetnx(keys.positions, field_name, str(offset))
             pipe.set(keys.guard(field_name), offset, nx=True)
+            for slot in range(run.target.slots):  # re-keyed: every writer slot starts there
+                pipe.hsetnx(keys.slot_positions(slot), field_name, str(offset))
         pipe.execute()
     starting = _offsets_json(registry.positions(run.generation)[0])
     logger.info("g%d starts at %s", run.generation, starting)
@@ -485,6 +557,7 @@ def _run_generation(
     registry: GenerationRegistry,
     lease: GenerationLease,
     following: bool,
+    external_stop: threading.Event | None = None,
 ) -> Outcome:
     """Run one generation's query until a signal, the catch-up target, or a change in Redis.
 
@@ -514,7 +587,7 @@ def _run_generation(
     catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
     query = build_query(spark, topics, kafka, run, sink, options)
     watch = _RedisWatch(registry, run.generation, options.source_format)
-    stop = threading.Event()
+    stop = external_stop or threading.Event()
     outcome: Outcome = "stopped"
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -522,7 +595,7 @@ def _run_generation(
         stop.set()
 
     previous_handlers = {}
-    if threading.current_thread() is threading.main_thread():
+    if external_stop is None and threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous_handlers[signum] = signal.signal(signum, _on_signal)
     logged_batch = -1
@@ -632,3 +705,106 @@ class _RedisWatch:
             ", ".join(f"{t}/{p}: {a} < {e}" for (t, p), (a, e) in sorted(behind.items())[:5]),
         )
         return "behind"
+
+
+def _plan_keying(
+    spec: ProcessorSpec, topics: list[TopicSpec], kafka: KafkaSettings, options: RunOptions
+) -> Keying:
+    """Co-partitioned or re-keyed, from the topics as the broker has them (created if missing)."""
+    ensure_topics(kafka.as_librdkafka(), topics)
+    probe = LogOffsets(kafka.as_librdkafka())
+    try:
+        counts = {t.name: len(probe.partitions(t.name)) for t in topics}
+    finally:
+        probe.close()
+    try:
+        keying = plan_keying(
+            spec.key,
+            [(t.name, t.key_field, counts[t.name]) for t in topics],
+            [(link.via, link.key) for link in spec.key_links],
+            options.max_tasks or 1,
+        )
+    except KeyingError as exc:
+        raise ProcessorConfigError(str(exc)) from exc
+    logger.info("%s: %s", spec.name, keying.reason)
+    if keying.slots and not options.source_format.startswith("refold_kafka_ranges"):
+        msg = (
+            f"{spec.name} is re-keyed ({keying.reason}): it needs source_format "
+            "refold_kafka_ranges, where each writer slot reads the batch's ranges itself"
+        )
+        raise ProcessorConfigError(msg)
+    return keying
+
+
+def _top_packages(*references: str) -> list[str]:
+    return sorted({ref.partition(":")[0].split(".")[0] for ref in references if ref})
+
+
+def run_processors(
+    jobs: list[ProcessorJob],
+    kafka: KafkaSettings,
+    redis_settings: RedisSettings,
+    spark_settings: SparkSettings,
+) -> list[str]:
+    """Run processors as queries of ONE Spark application, until stopped or caught up.
+
+    Each query keeps its own generation, checkpoint, lease and restarts (it runs
+    :func:`run_processor` in a thread of its own, in a FAIR scheduler pool named after it); a
+    query that fails stops alone and the others go on. SIGTERM/SIGINT stop them all after their
+    current micro-batch.
+
+    Returns:
+        The names of the processors that failed (each failure is logged).
+    """
+    from processors.runtime.spark import build_spark_session
+
+    names = [job.spec.name for job in jobs]
+    ship = _top_packages(
+        "processors",
+        "contracts",
+        *(j.spec.projection for j in jobs),
+        *(j.spec.options for j in jobs),
+    )
+    spark = build_spark_session(f"refold-{'+'.join(names)}", spark_settings, ship=ship)
+    stop = threading.Event()
+    failed: list[str] = []
+
+    def _run(job: ProcessorJob) -> None:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", job.spec.name)
+        try:
+            run_processor(
+                job.projection,
+                job.topics,
+                kafka,
+                redis_settings,
+                job.options,
+                spark,
+                stop,
+                job.spec,
+            )
+        except Exception:  # one processor's failure must not stop the others
+            logger.exception("%s failed; the other processors go on", job.spec.name)
+            failed.append(job.spec.name)
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        logger.info("signal %d: stopping %s after their current batch", signum, ", ".join(names))
+        stop.set()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, _on_signal)
+    threads = [threading.Thread(target=_run, args=(job,), name=job.spec.name) for job in jobs]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return failed

@@ -50,7 +50,7 @@ _OUTCOME_ARROW = pa.schema(
 
 # One FoldWriter per (target, processor) per Python worker: Spark reuses workers, so the Redis
 # connection and the dead-letter producer survive from task to task.
-_WRITERS: dict[tuple[FoldTarget, str], FoldWriter] = {}
+_WRITERS: dict[tuple[FoldTarget, str, int | None], FoldWriter] = {}
 
 # Records per FoldWriter.apply (one Redis transaction) inside a task: big enough that the
 # per-transaction round trips do not matter, small enough that the next chunk arrives while
@@ -58,12 +58,13 @@ _WRITERS: dict[tuple[FoldTarget, str], FoldWriter] = {}
 _APPLY_CHUNK = 25_000
 
 
-def _writer(target: FoldTarget, projection: Projection) -> FoldWriter:
-    key = (target, projection.name)
+def _writer(target: FoldTarget, projection: Projection, slot: int | None = None) -> FoldWriter:
+    key = (target, projection.name, slot)
     writer = _WRITERS.get(key)
     if writer is None:
-        writer = _WRITERS[key] = FoldWriter(target, projection)
+        writer = _WRITERS[key] = FoldWriter(target, projection, slot=slot)
         writer.connect()
+    writer.begin_task()
     return writer
 
 
@@ -140,6 +141,35 @@ def _fold_task(
     writer = _writer(target, projection)  # first: a new one connects while the records come
     ranges = _ranges_of(batches) if ranges_mode else ()
     parts = _records_of_ranges(target, ranges) if ranges_mode else _records_of_rows(batches)
+    yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
+
+
+def _slot_task(
+    target: FoldTarget,
+    projection: Projection,
+    batch_id: int,
+    ranges: tuple[Range, ...],
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """Executor side, re-keyed processors: one writer slot reads every range of the batch.
+
+    It folds the records whose entity belongs to its slot (:mod:`processors.fold.rekey`) and
+    moves its slot's positions to the ranges' ends, in guarded transactions of its own.
+    """
+    slots = [s for batch in batches for s in batch.column("id").to_pylist()]
+    for slot in slots:
+        writer = _writer(target, projection, slot)
+        parts = _records_of_ranges(target, ranges)
+        yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
+
+
+def _apply_all(
+    writer: FoldWriter,
+    parts: Iterator[list[SourceRecord]],
+    ranges: tuple[Range, ...],
+    batch_id: int,
+) -> BatchOutcome:
+    """Apply ``parts`` chunk by chunk, then close each range at its end."""
     outcome = BatchOutcome()
     for records in _in_chunks(parts):
         # No sort: the source hands each partition's records over in offset order.
@@ -154,6 +184,10 @@ def _fold_task(
     if short:
         closing = writer.apply([], batch_id, covered=short)
         outcome.positions.update(closing.positions)
+    return outcome
+
+
+def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
     if not outcome.records:
         return
     yield pa.RecordBatch.from_pylist(
@@ -194,13 +228,34 @@ class RedisFoldSink:
         self.last_outcome = BatchOutcome()
         self.total = BatchOutcome()
 
+    def _generation_positions(self, reported: dict[str, int]) -> dict[str, int]:
+        """Re-keyed: the generation's positions (the slots' minimum), for the consumer group."""
+        if not reported:
+            return reported
+        writer = _writer(self.target, self.projection, 0)
+        fields = sorted(reported)
+        raw = writer.redis.hmget(self.target.keys.positions, fields)
+        return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch; idempotent per batch (re-execution changes nothing)."""
         started = time.perf_counter()
         ranges = "start_offset" in df.columns  # refold_kafka_ranges: the task reads the records
-        task = functools.partial(_fold_task, self.target, self.projection, batch_id, ranges)
+        if self.target.slots:
+            # Re-keyed: the batch's ranges (a few rows) go to every writer slot's task.
+            planned = tuple(
+                (r.topic, r.partition, r.start_offset, r.end_offset)
+                for r in df.select("topic", "partition", "start_offset", "end_offset").collect()
+            )
+            slots = self.target.slots
+            task = functools.partial(_slot_task, self.target, self.projection, batch_id, planned)
+            tasks = df.sparkSession.range(0, slots, 1, slots) if planned else None
+        else:
+            task = functools.partial(_fold_task, self.target, self.projection, batch_id, ranges)
+            tasks = df
         outcome = BatchOutcome()
-        for row in df.mapInArrow(task, OUTCOME_SCHEMA).collect():
+        rows = [] if tasks is None else tasks.mapInArrow(task, OUTCOME_SCHEMA).collect()
+        for row in rows:
             outcome.merge(
                 BatchOutcome(
                     row.records,
@@ -213,6 +268,8 @@ class RedisFoldSink:
                     row.suppressed,
                 )
             )
+        if self.target.slots:
+            outcome.positions = self._generation_positions(outcome.positions)
         self.last_outcome = outcome
         self.total.merge(outcome)
         if self.mirror is not None:

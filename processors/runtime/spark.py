@@ -1,54 +1,263 @@
-"""SparkSession construction for processors and tests (driver side only)."""
+"""SparkSession construction for processors and tests (driver side only).
+
+One session is one Spark application: several processors' streaming queries share it, each in
+its own FAIR scheduler pool (``sc.setLocalProperty("spark.scheduler.pool", name)`` in the thread
+that starts the query). The master comes from :class:`contracts.settings.SparkSettings`:
+``local[2]`` runs in-process; on a cluster (``spark://``, ``yarn``, ``k8s://``) the user code
+named in ``ship`` is zipped and sent to the executors with ``SparkContext.addPyFile``.
+
+Under ``spark-submit`` (the driver's JVM already exists: ``PYSPARK_GATEWAY_PORT`` is set), what
+spark-submit was given (``--master``, ``--conf``, ``spark-defaults.conf``) wins over the settings;
+the settings fill in the rest.
+"""
 
 from __future__ import annotations
 
+import atexit
+import functools
+import hashlib
+import importlib.util
 import os
+import shutil
 import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from contracts.settings import SparkSettings
+from processors.errors import ProcessorConfigError
+
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-__all__ = ["build_spark_session"]
+__all__ = [
+    "build_spark_session",
+    "is_local_master",
+    "package_archive",
+    "ship_packages",
+    "spark_conf",
+]
+
+# Spark's own archives and caches are never user code.
+_SKIPPED_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".git"})
+_SKIPPED_SUFFIXES = (".pyc", ".pyo")
+# A fixed timestamp for every zip entry: the same code gives the same archive, byte for byte.
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
-def build_spark_session(app_name: str, master: str | None = None) -> SparkSession:
-    """Build (or get) a SparkSession tuned for small local streaming jobs.
+def is_local_master(master: str) -> bool:
+    """True for an in-process master (``local``, ``local[N]``, ``local[*]``, ``local-cluster``)."""
+    return master.startswith("local")
+
+
+def spark_conf(app_name: str, spark: SparkSettings) -> dict[str, str]:
+    """The Spark configuration refold applies to its sessions (pure; no JVM).
 
     Args:
-        app_name: Shown in Spark's logs.
-        master: Spark master URL; default ``REFOLD_SPARK_MASTER`` or ``local[2]``.
+        app_name: ``spark.app.name``, shown in Spark's logs and the master's UI.
+        spark: Where to run and how much of the cluster to take.
 
     Returns:
-        The session, with the refold Kafka source registered.
+        Spark properties, ``spark.master`` included.
+    """
+    conf = {
+        "spark.master": spark.master,
+        "spark.app.name": app_name,
+        # Several processors' queries share one application, each in its own pool: FAIR
+        # scheduling keeps a busy query from starving the others (pools are created on first
+        # use with weight 1, so no allocation file is needed).
+        "spark.scheduler.mode": "FAIR",
+        "spark.driver.memory": spark.driver_memory,
+        # Ignored by local masters; on a cluster, one executor's heap.
+        "spark.executor.memory": spark.executor_memory,
+        # No UI: nothing to look at in tests and demos, and it saves a port and memory.
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Tiny batches: the default 200 shuffle partitions would be 200 empty tasks.
+        "spark.sql.shuffle.partitions": "2",
+        # Python workers are reused, so per-process Kafka/Redis clients survive across tasks.
+        "spark.python.worker.reuse": "true",
+        # Drops pyspark.zip from the workers' path: saves ~55 ms per task (spark_daemon.py).
+        # The executors' Python must import refold for it (the same virtualenv, or refold
+        # installed there); otherwise pass --conf spark.python.daemon.module=pyspark.daemon.
+        "spark.python.daemon.module": "processors.runtime.spark_daemon",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Streaming progress is reported by refold itself; keep Spark's own logs quiet.
+        "spark.sql.streaming.metricsEnabled": "false",
+        "spark.driver.extraJavaOptions": "-Dlog4j2.level=warn",
+    }
+    if spark.cores_max is not None:
+        # Without it one application takes every core of the cluster and the next one waits.
+        conf["spark.cores.max"] = str(spark.cores_max)
+    return conf
+
+
+def _submitted_conf() -> dict[str, str]:
+    """What ``spark-submit`` set for this driver; empty when not run by spark-submit."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return {}
+    from pyspark import SparkConf
+
+    # The JVM exists already (spark-submit started it): reading its properties starts nothing.
+    return dict(SparkConf().getAll())
+
+
+def build_spark_session(
+    app_name: str,
+    spark: SparkSettings | None = None,
+    ship: Sequence[str] = (),
+) -> SparkSession:
+    """Build (or get) the SparkSession of this process.
+
+    Driver side only. Not idempotent in one respect: ``getOrCreate`` returns an existing session
+    unchanged (its master and memory stay), but ``ship`` is applied to it again (shipping the same
+    code twice is harmless).
+
+    Args:
+        app_name: ``spark.app.name``.
+        spark: Master, cores, memory; default :class:`SparkSettings` (``local[2]``). Under
+            spark-submit, spark-submit's own settings win (see the module docstring).
+        ship: Top-level importable package or module names (``["processors", "contracts",
+            "customer_pkg"]``) zipped and added to the executors' path when the master is not
+            local, so user code that is not installed on the cluster can be imported by tasks.
+
+    Returns:
+        The session, with the refold Kafka sources registered.
+
+    Raises:
+        ProcessorConfigError: A name in ``ship`` cannot be imported (or is not top-level).
     """
     from pyspark.sql import SparkSession
 
-    # Executors must run the same interpreter (and virtualenv) as the driver.
+    settings = spark if spark is not None else SparkSettings()
+    # Executors must run the same interpreter (and virtualenv) as the driver; the driver sends
+    # PYSPARK_PYTHON to them with every Python function, on a cluster too.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("REFOLD_SPARK_MASTER", "local[2]"))
-        # No UI: nothing to look at in tests and demos, and it saves a port and memory.
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        # Tiny batches: the default 200 shuffle partitions would be 200 empty tasks.
-        .config("spark.sql.shuffle.partitions", "2")
-        # Python workers are reused, so per-process Kafka/Redis clients survive across tasks.
-        .config("spark.python.worker.reuse", "true")
-        # Drops pyspark.zip from the workers' path: saves ~55 ms per task (spark_daemon.py).
-        .config("spark.python.daemon.module", "processors.runtime.spark_daemon")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        # Streaming progress is reported by refold itself; keep Spark's own logs quiet.
-        .config("spark.sql.streaming.metricsEnabled", "false")
-        .config("spark.driver.memory", os.environ.get("REFOLD_SPARK_DRIVER_MEMORY", "2g"))
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=warn")
-        .getOrCreate()
-    )
+    submitted = _submitted_conf()
+    builder = SparkSession.builder
+    for key, value in spark_conf(app_name, settings).items():
+        # spark-submit's choices win, except the name (spark-submit's default is the file name).
+        if key == "spark.app.name" or key not in submitted:
+            builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    if not is_local_master(session.sparkContext.master or "local"):
+        ship_packages(session.sparkContext, ship)
     from processors.runtime.kafka_source import KafkaDataSource, KafkaRangesDataSource
 
     session.dataSource.register(KafkaDataSource)
     session.dataSource.register(KafkaRangesDataSource)
     return session
+
+
+def ship_packages(sc: SparkContext, names: Sequence[str]) -> list[Path]:
+    """Zip each named package (or module) and add it to every executor's Python path.
+
+    Driver side. The archives live in a private temporary directory until this process exits
+    (Spark's file server serves them from there, also to executors that join later).
+
+    Args:
+        sc: The application's context.
+        names: Top-level importable names.
+
+    Returns:
+        The archives added, in the order of ``names``.
+
+    Raises:
+        ProcessorConfigError: A name cannot be imported, or is not top-level.
+    """
+    archives = [package_archive(name, _archive_dir()) for name in names]
+    for archive in archives:
+        sc.addPyFile(str(archive))
+    return archives
+
+
+@functools.cache
+def _archive_dir() -> Path:
+    """One private directory per process, removed at exit."""
+    directory = Path(tempfile.mkdtemp(prefix="refold-ship-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
+
+
+def _sources(name: str) -> list[tuple[str, Path]]:
+    """``(path in the archive, file)`` for every file of the package or module ``name``."""
+    if not name.isidentifier():
+        msg = (
+            f"cannot ship {name!r}: only top-level package or module names can be shipped. "
+            f"Operator action: ship {name.split('.')[0]!r} instead."
+        )
+        raise ProcessorConfigError(msg)
+    cause: Exception | None = None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as exc:
+        spec, cause = None, exc
+    if spec is None:
+        msg = (
+            f"cannot ship {name!r}: the driver cannot import it. Operator action: install it, "
+            "or put its parent directory on PYTHONPATH, or remove it from the list to ship."
+        )
+        raise ProcessorConfigError(msg) from cause
+    if spec.submodule_search_locations:  # a package (a namespace package may have several)
+        found: dict[str, Path] = {}
+        for location in spec.submodule_search_locations:
+            root = Path(location)
+            for path in _walk(root):
+                found.setdefault(f"{name}/{path.relative_to(root).as_posix()}", path)
+        return sorted(found.items())
+    if spec.origin is None or not spec.has_location:
+        msg = (
+            f"cannot ship {name!r}: it has no source file (a built-in module?). "
+            "Operator action: remove it from the list to ship."
+        )
+        raise ProcessorConfigError(msg)
+    origin = Path(spec.origin)
+    return [(origin.name, origin)]
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if d not in _SKIPPED_DIRS)
+        for file in sorted(files):
+            if not file.endswith(_SKIPPED_SUFFIXES):
+                yield Path(directory, file)
+
+
+def package_archive(name: str, directory: Path) -> Path:
+    """Zip the package or module ``name`` (as the driver imports it) into ``directory``.
+
+    The file is ``<name>-<digest>.zip``, the digest over the archive's paths and contents: the
+    same code gives the same file (written once), changed code a new name, because Spark refuses
+    a second file of one name from another path.
+
+    Args:
+        name: A top-level importable name.
+        directory: Where the archive is written.
+
+    Returns:
+        The archive's path.
+
+    Raises:
+        ProcessorConfigError: ``name`` cannot be imported, or is not top-level.
+    """
+    sources = _sources(name)
+    digest = hashlib.sha256()
+    contents = []
+    for arcname, path in sources:
+        data = path.read_bytes()
+        contents.append((arcname, data))
+        digest.update(arcname.encode() + b"\0" + hashlib.sha256(data).digest())
+    archive = Path(directory) / f"{name}-{digest.hexdigest()[:16]}.zip"
+    if archive.exists():
+        return archive
+    partial = archive.with_suffix(".tmp")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as out:
+        for arcname, data in contents:
+            out.writestr(zipfile.ZipInfo(arcname, _ZIP_EPOCH), data, zipfile.ZIP_DEFLATED)
+    partial.replace(archive)
+    return archive

@@ -1,1 +1,1 @@
-"""Producer SDK: contract-checked publishing, and a realistic event simulator."""
+"""Producer SDK: contract-checked publishing (test-data simulators live in deploy.simulators)."""

@@ -20,8 +20,10 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.codec import EventCodec
 from contracts.errors import UnknownEventTypeError
+from contracts.lock import PublishGate, default_publish_gate
+from contracts.registry import default_registry
 from contracts.settings import KafkaSettings
-from contracts.topics import TOPICS, TopicSpec
+from contracts.topics import TopicSpec
 from services.errors import PublishError, UnacknowledgedEvent
 
 __all__ = ["DeliveryToken", "EventPublisher"]
@@ -100,7 +102,16 @@ class EventPublisher:
     Args:
         kafka: Broker settings.
         codec: Contract codec; default the shipped schemas.
-        topics: Topic specs; default :data:`contracts.topics.TOPICS`.
+        topics: Topic specs; default every topic of the installed contract sets
+            (:mod:`contracts.registry`).
+        gate: Which schema versions may be written; default the locks of the installed
+            contract sets (:mod:`contracts.lock`). An event type whose newest version is not
+            published (not in its ``contracts.lock``) or is refused is not sent.
+        allow_unlocked: Development only: also write new compatible versions not locked yet.
+
+    Raises:
+        SchemaLockError: A published schema version was changed or deleted (default codec).
+        SchemaIncompatibleError: A new schema version breaks BACKWARD_TRANSITIVE (default codec).
     """
 
     def __init__(
@@ -108,6 +119,9 @@ class EventPublisher:
         kafka: KafkaSettings,
         codec: EventCodec | None = None,
         topics: Iterable[TopicSpec] | None = None,
+        *,
+        gate: PublishGate | None = None,
+        allow_unlocked: bool = False,
     ) -> None:
         self._config: dict[str, Any] = {
             **_PRODUCER_DEFAULTS,
@@ -115,7 +129,10 @@ class EventPublisher:
             "error_cb": self._on_client_error,
         }
         self._codec = codec or EventCodec()
-        self._topics = list(TOPICS.values() if topics is None else topics)
+        self._topics = list(default_registry().topics.values() if topics is None else topics)
+        self._gate = default_publish_gate() if gate is None else gate
+        self._allow_unlocked = allow_unlocked
+        self._cleared: set[str] = set()  # event types whose newest version the gate let through
         self._producer: Producer | None = None
         # The latest client-level error (e.g. connection refused) and when (monotonic) it came.
         self._client_error: tuple[float, str] | None = None
@@ -136,6 +153,10 @@ class EventPublisher:
 
     def _prepare(self, event_type: str, event: dict[str, Any]) -> tuple[str, bytes, bytes]:
         spec = _topic_for(event_type, self._topics)
+        if event_type not in self._cleared:  # once per type: its newest version is publishable
+            latest = self._codec.catalog.latest(event_type)
+            self._gate.check(latest, allow_unlocked=self._allow_unlocked)
+            self._cleared.add(event_type)
         self._codec.validate(event_type, event)
         value = self._codec.encode(event_type, event, validated=True)
         return spec.name, str(event[spec.key_field]).encode(), value
@@ -146,6 +167,9 @@ class EventPublisher:
         Raises:
             EventValidationError: The event breaks its contract (the message names the field);
                 nothing was sent.
+            SchemaUnlockedError: Its type's newest schema version is not published (not in
+                its contract set's lock); nothing was sent. Also SchemaLockError or
+                SchemaIncompatibleError when the gate refuses its schema family.
             PublishError: The broker did not acknowledge it within ``timeout``; it was purged
                 from the producer and may or may not have been written (see PublishError).
         """
@@ -178,6 +202,8 @@ class EventPublisher:
 
         Raises:
             EventValidationError: An event breaks its contract.
+            SchemaUnlockedError: An event's newest schema version is not published; like an
+                invalid event, it stops the call before it is queued (see :meth:`emit`).
             PublishError: Some events were not acknowledged; the message counts them, names the
                 first few (index, type, topic, key, event_id, librdkafka's error) and says
                 whether the client reported an error meanwhile.

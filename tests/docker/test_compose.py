@@ -9,16 +9,17 @@ from __future__ import annotations
 import redis
 
 from contracts.codec import EventCodec
+from contracts.commerce import ORDERS
 from contracts.kafka.admin import delete_topics, ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.settings import KafkaSettings
-from contracts.topics import ORDERS, TopicSpec
+from contracts.topics import TopicSpec
+from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
 from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.envelope import FoldTarget, FoldWriter
 from services.producer.publisher import EventPublisher
-from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 

@@ -3,10 +3,10 @@
 import pytest
 import redis
 
+from contracts.commerce import ORDERS
 from contracts.layout import StateLayout
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.store.generations import GenerationRegistry
-from contracts.topics import ORDERS
 from processors.errors import ProcessorConfigError
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.runner import RunOptions, build_fingerprints, resolve_run

@@ -9,12 +9,12 @@ from confluent_kafka import Consumer, TopicPartition
 from contracts.codec import EventCodec
 from contracts.layout import StateLayout
 from contracts.store.generations import GenerationRegistry
+from deploy.simulators.orders import OrderSimulator
 from processors.errors import SinkConflictError
 from processors.fold.oracle import fold_all
 from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.envelope import FoldWriter
-from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 
 P = OrderStateProjection()

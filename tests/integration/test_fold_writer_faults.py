@@ -12,14 +12,14 @@ import dataclasses
 import redis
 
 from contracts.codec import EventCodec
-from contracts.topics import ORDERS
+from contracts.commerce import ORDERS
+from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
 from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.envelope import FoldWriter
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
 from services.producer.publisher import EventPublisher
-from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 
 P = OrderStateProjection()

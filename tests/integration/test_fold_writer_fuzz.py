@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError
 from contracts.layout import position_field
+from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
 from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.envelope import FoldTarget, FoldWriter
-from services.producer.simulator import OrderSimulator
 from tests.support.waiting import assert_eventually
 
 P = OrderStateProjection()

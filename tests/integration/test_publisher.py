@@ -6,13 +6,14 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.codec import EventCodec
+from contracts.commerce import ORDERS
 from contracts.errors import EventValidationError
 from contracts.settings import KafkaSettings
-from contracts.topics import ORDERS, TopicSpec
+from contracts.topics import TopicSpec
 from deploy.local_stack import LocalStack, free_port
+from deploy.simulators.orders import OrderSimulator
 from services.errors import PublishError
 from services.producer.publisher import EventPublisher
-from services.producer.simulator import OrderSimulator
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import redis
 from contracts.codec import EventCodec
 from contracts.layout import StateLayout
 from contracts.store.generations import GenerationRegistry
+from deploy.simulators.orders import OrderSimulator
 from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.envelope import FoldTarget, FoldWriter
 from replay.__main__ import main as replay
-from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 
 

@@ -22,12 +22,14 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient
 
 from contracts.codec import EventCodec
+from contracts.commerce import ORDERS
 from contracts.layout import StateLayout
-from contracts.processors import consumer_group, processor_spec
+from contracts.processors import consumer_group
+from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.store.generations import GenerationRegistry
 from contracts.store.lease import GenerationLease, lease_holder_alive
-from contracts.topics import ORDERS
+from deploy.simulators.orders import OrderSimulator
 from processors.errors import ProcessorConfigError
 from processors.fold.oracle import fold_all
 from processors.fold.records import SourceRecord
@@ -50,7 +52,6 @@ from replay.plan import (
 from replay.rebuild import plan_replay, run_rebuild
 from replay.snapshots import SnapshotError, SnapshotStore
 from services.producer.publisher import EventPublisher
-from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 
@@ -521,9 +522,9 @@ def test_sigterm_stops_the_rebuild_processor_and_leaves_readers_on_the_live_gene
         "REFOLD_REDIS__URL": redis_url,
         "REFOLD_REDIS__KEY_PREFIX": prefix,
         "REFOLD_STATE_DIR": str(tmp_path),
-        "REFOLD_ORDERS_TOPIC": topic,
-        "REFOLD_DEAD_LETTER_TOPIC": make_topic(partitions=1, prefix="dlq"),
-        "REFOLD_NOTIFICATIONS_TOPIC": f"{topic}.notifications",
+        "REFOLD_ORDER_STATE__TOPICS": json.dumps([topic]),
+        "REFOLD_ORDER_STATE__DEAD_LETTER_TOPIC": make_topic(partitions=1, prefix="dlq"),
+        "REFOLD_ORDER_STATE__NOTIFICATIONS_TOPIC": f"{topic}.notifications",
     }
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     events = list(OrderSimulator(120, seed=11, anomaly_rate=0))  # ~1,200 records
@@ -553,7 +554,9 @@ def test_sigterm_stops_the_rebuild_processor_and_leaves_readers_on_the_live_gene
         return None
 
     # Small batches: still folding when the signal comes (~25 batches), as a long rebuild is.
-    replay_process = _start_replay({**env, "REFOLD_MAX_OFFSETS_PER_TRIGGER": "50"}, out_path)
+    replay_process = _start_replay(
+        {**env, "REFOLD_ORDER_STATE__MAX_OFFSETS_PER_TRIGGER": "50"}, out_path
+    )
     driver = group = None
     try:
         owner = assert_eventually(

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import redis
 
+from contracts.commerce import ORDERS
 from contracts.kafka.offsets import LogOffsets
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.topics import ORDERS, TopicSpec
+from contracts.processors import ProcessLauncher
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from contracts.topics import TopicSpec
 from deploy.processes import ProcessorProcess
 from processors.fold.oracle import FoldResult, fold_all
+from processors.order_state.config import OrderStateOptions
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.runner import RunOptions, run_processor
 from services.producer.publisher import EventPublisher
@@ -27,8 +30,12 @@ class OrdersWorld:
     kafka: KafkaSettings
     redis: RedisSettings
     state_dir: Path
-    env: dict[str, str]
+    launcher: ProcessLauncher
     client: redis.Redis
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.launcher.env()
 
     def publisher(self) -> EventPublisher:
         return EventPublisher(self.kafka, topics=[self.topic])
@@ -56,7 +63,9 @@ class OrdersWorld:
 
     def processor(self, *args: str, name: str = "processor") -> ProcessorProcess:
         return ProcessorProcess(
-            "processors.order_state", list(args), self.env, self.state_dir / "logs" / f"{name}.log"
+            [*self.launcher.argv(["order_state"]), *args],
+            self.env,
+            self.state_dir / "logs" / f"{name}.log",
         )
 
     def state(self, generation: int | None = None) -> tuple[dict, dict]:
@@ -76,23 +85,24 @@ def world(kafka_bootstrap, redis_url, make_topic, unique, tmp_path) -> OrdersWor
     name = make_topic(partitions=ORDERS.partitions, prefix="orders")
     dlq = make_topic(partitions=1, prefix="dlq")
     prefix = f"test-{unique}"
-    env = {
-        "REFOLD_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "REFOLD_REDIS__URL": redis_url,
-        "REFOLD_REDIS__KEY_PREFIX": prefix,
-        "REFOLD_STATE_DIR": str(tmp_path),
-        "REFOLD_ORDERS_TOPIC": name,
-        "REFOLD_DEAD_LETTER_TOPIC": dlq,
-        "REFOLD_NOTIFICATIONS_TOPIC": f"{name}.notifications",
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    redis_settings = RedisSettings(url=redis_url, key_prefix=prefix)
+    options = OrderStateOptions(
+        topics=[name],
+        dead_letter_topic=dlq,
+        notifications_topic=f"{name}.notifications",
         # Small batches: several micro-batches per test, and crash points between them.
-        "REFOLD_MAX_OFFSETS_PER_TRIGGER": "5000",
-    }
+        max_offsets_per_trigger=5000,
+    )
+    launcher = ProcessLauncher(
+        kafka, redis_settings, SparkSettings(), tmp_path, {"order_state": options}
+    )
     return OrdersWorld(
         topic=dataclasses.replace(ORDERS, name=name),
         dlq=dlq,
-        kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap),
-        redis=RedisSettings(url=redis_url, key_prefix=prefix),
+        kafka=kafka,
+        redis=redis_settings,
         state_dir=tmp_path,
-        env=env,
+        launcher=launcher,
         client=redis.Redis.from_url(redis_url),
     )

@@ -7,14 +7,14 @@ import threading
 import time
 
 from contracts.layout import StateLayout
-from contracts.processors import processor_spec
+from contracts.registry import processor_spec
 from contracts.store.generations import GenerationRegistry
 from deploy.demo import wait_until_caught_up
+from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
 from processors.order_state.projection import OrderStateProjection
 from replay.plan import ToEarliest
 from replay.rebuild import plan_replay, run_rebuild
-from services.producer.simulator import OrderSimulator
 
 from .conftest import oracle
 

@@ -7,12 +7,12 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from contracts.processors import processor_spec
+from contracts.registry import processor_spec
 from deploy.demo import wait_until_caught_up
+from deploy.simulators.orders import OrderSimulator
 from processors.runtime.runner import consumer_group
 from replay.plan import ToEarliest
 from replay.rebuild import plan_replay, run_rebuild
-from services.producer.simulator import OrderSimulator
 from tests.support.groups import committed_offsets
 
 from .conftest import oracle

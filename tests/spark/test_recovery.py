@@ -13,9 +13,9 @@ from confluent_kafka import Producer
 from contracts.codec import EventCodec
 from contracts.layout import StateLayout, position_field
 from contracts.store.generations import GenerationRegistry
+from deploy.simulators.orders import OrderSimulator
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.runner import consumer_group
-from services.producer.simulator import OrderSimulator
 from tests.support.groups import committed_offsets
 from tests.support.waiting import assert_eventually
 

@@ -25,18 +25,20 @@ from pathlib import Path
 
 import redis
 
+from contracts.commerce import ORDERS
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
-from contracts.processors import consumer_group
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.topics import ORDERS, TopicSpec
+from contracts.processors import ProcessLauncher, consumer_group
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from contracts.topics import TopicSpec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
+from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
+from processors.order_state.config import OrderStateOptions
 from processors.order_state.projection import OrderStateProjection
 from services.producer.publisher import EventPublisher
-from services.producer.simulator import OrderSimulator
 from services.reader.state_reader import StateReader
 from tests.support.groups import committed_offsets
 from tests.support.waiting import assert_eventually
@@ -73,7 +75,7 @@ class FaultWorld:
     kafka: KafkaSettings
     redis: RedisSettings
     work: Path
-    env: dict[str, str]
+    launcher: ProcessLauncher
     acknowledged: list[Event] = field(default_factory=list)
     _count: int = 0
 
@@ -84,7 +86,9 @@ class FaultWorld:
     def processor(self, name: str = "processor") -> ProcessorProcess:
         self._count += 1
         log = self.work / "logs" / f"{self._count:03d}-{name}.log"
-        return ProcessorProcess("processors.order_state", [], self.env, log).start()
+        return ProcessorProcess(
+            self.launcher.argv(["order_state"]), self.launcher.env(), log
+        ).start()
 
     def publish(self, events: list[Event], publisher: EventPublisher | None = None) -> None:
         """Publish and remember what was acknowledged (the oracle's input)."""
@@ -160,7 +164,7 @@ class FaultWorld:
 
 
 @contextmanager
-def private_world(work: Path, **env: str) -> Iterator[FaultWorld]:
+def private_world(work: Path) -> Iterator[FaultWorld]:
     """Start a private stack in ``work`` and create the orders topic; stop it all afterwards."""
     work.mkdir(parents=True, exist_ok=True)
     stack = LocalStack(work / "stack", free_port(), free_port())
@@ -168,19 +172,17 @@ def private_world(work: Path, **env: str) -> Iterator[FaultWorld]:
         kafka = KafkaSettings(bootstrap_servers=stack.bootstrap_servers)
         topic = dataclasses.replace(ORDERS, name="commerce.orders")
         ensure_topics(kafka.as_librdkafka(), [topic])
+        redis_settings = RedisSettings(url=stack.redis_url)
+        options = OrderStateOptions(max_offsets_per_trigger=20_000)
         world = FaultWorld(
             stack=stack,
             topic=topic,
             kafka=kafka,
-            redis=RedisSettings(url=stack.redis_url),
+            redis=redis_settings,
             work=work,
-            env={
-                "REFOLD_KAFKA__BOOTSTRAP_SERVERS": stack.bootstrap_servers,
-                "REFOLD_REDIS__URL": stack.redis_url,
-                "REFOLD_STATE_DIR": str(work / "state"),
-                "REFOLD_MAX_OFFSETS_PER_TRIGGER": "20000",
-                **env,
-            },
+            launcher=ProcessLauncher(
+                kafka, redis_settings, SparkSettings(), work / "state", {"order_state": options}
+            ),
         )
         yield world
 

@@ -6,15 +6,19 @@ import pytest
 
 from deploy.cli import build_parser as refold_parser
 from deploy.cli import main as refold_main
-from processors.order_state.__main__ import build_parser as processor_parser
+from processors.runtime.cli import build_parser as processor_parser
 from replay.__main__ import build_parser as replay_parser
+from replay.__main__ import main as replay_main
 from replay.__main__ import parse_args as replay_args
 
 
 @pytest.mark.parametrize(
     ("parser", "words"),
     [
-        (refold_parser, ["up", "down", "status", "demo", "process", "replay"]),
+        (
+            refold_parser,
+            ["up", "down", "status", "demo", "process", "processors", "contracts", "replay"],
+        ),
         (processor_parser, ["--generation", "--starting-offsets", "--available-now"]),
         (
             replay_parser,
@@ -54,18 +58,20 @@ def test_replay_needs_exactly_one_reset_spec(capsys):
 def test_replay_refuses_negative_offsets_and_unknown_processors(capsys):
     with pytest.raises(SystemExit):
         replay_args(["--processor", "order_state", "--from-offset", "-1"])
-    with pytest.raises(SystemExit):
-        replay_args(["--processor", "nope", "--to-earliest"])
-    assert "invalid choice" in capsys.readouterr().err
+    assert replay_main(["--processor", "nope", "--to-earliest"]) != 0
+    err = capsys.readouterr().err
+    assert "unknown processor 'nope'" in err
+    assert "order_state" in err  # the registered ones are named
 
 
 def test_processor_generation_argument():
     parse = processor_parser().parse_args
-    assert parse([]).generation == "live"
-    assert parse(["--generation", "new"]).generation == "new"
-    assert parse(["--generation", "4"]).generation == 4
+    assert parse(["order_state"]).generation == "live"
+    assert parse(["order_state", "--generation", "new"]).generation == "new"
+    assert parse(["order_state", "--generation", "4"]).generation == 4
+    assert parse(["a", "b", "c"]).names == ["a", "b", "c"]
     with pytest.raises(SystemExit):
-        parse(["--generation", "latest"])
+        parse(["order_state", "--generation", "latest"])
 
 
 def test_replay_takes_several_processors_or_all(capsys):

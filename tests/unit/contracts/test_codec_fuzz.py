@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from contracts.catalog import default_catalog
 from contracts.codec import MAGIC, DecodedEvent, EventCodec
 from contracts.errors import DeserializationError
-from services.producer.simulator import OrderSimulator
+from deploy.simulators.orders import OrderSimulator
 
 CODEC = EventCodec()
 CATALOG = default_catalog()

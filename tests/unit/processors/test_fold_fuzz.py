@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
 from processors.fold.projection import (
     EventRejectedError,
@@ -24,7 +25,6 @@ from processors.fold.projection import (
     store_state,
 )
 from processors.order_state.projection import OrderStateProjection
-from services.producer.simulator import OrderSimulator
 
 P = OrderStateProjection()
 # A few hundred sequences of ~5-60 events each keep the file at a few seconds.

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OrderSimulator", "SimulatedEvent"]
+__all__ = ["OrderSimulator", "SimulatedEvent", "customer_id"]
 
 SimulatedEvent = tuple[str, dict[str, Any]]
 
@@ -22,6 +22,14 @@ _CARRIERS = ("DHL", "UPS", "PostNL", "DPD")
 _METHODS = ("CARD", "BANK_TRANSFER", "WALLET")
 _CHANNELS = ("web", "app", "store")
 _BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+def customer_id(number: int) -> str:
+    """The id of the ``number``-th simulated customer (``cus-000001``...), shared by simulators.
+
+    Orders and the clickstream use the same ids, so commerce and web events join on them.
+    """
+    return f"cus-{number:06d}"
 
 
 @dataclass(slots=True)
@@ -48,6 +56,8 @@ class OrderSimulator:
         concurrency: Open carts at a time (how interleaved the stream is).
         order_prefix: Prefix of the order ids (``ord-0000001``...); two simulators that write
             to the same topic need different prefixes, or their orders collide.
+
+    Orders are placed by the customers :attr:`customer_ids`, picked uniformly.
     """
 
     def __init__(
@@ -64,6 +74,16 @@ class OrderSimulator:
         self.order_prefix = order_prefix
         self._rng = random.Random(seed)  # noqa: S311 - test data, not security
         self._clock = _BASE_MS
+
+    @property
+    def customer_count(self) -> int:
+        """How many customers place the orders (one per three orders)."""
+        return max(1, self.orders // 3)
+
+    @property
+    def customer_ids(self) -> tuple[str, ...]:
+        """Every customer id orders may carry; pass them to the clickstream simulator."""
+        return tuple(customer_id(n) for n in range(1, self.customer_count + 1))
 
     def _id(self) -> str:
         return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
@@ -116,7 +136,7 @@ class OrderSimulator:
         return "OrderPlaced", {
             "event_id": self._id(),
             "order_id": cart.order_id,
-            "customer_id": f"cus-{self._rng.randint(1, max(1, self.orders // 3)):06d}",
+            "customer_id": customer_id(self._rng.randint(1, self.customer_count)),
             "lines": lines,
             "currency": cart.currency,
             "placed_at": self._tick(),

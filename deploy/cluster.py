@@ -1,0 +1,646 @@
+"""A local Spark standalone cluster (one master, one worker) from the pyspark wheel.
+
+``refold cluster up|down|status``: the master and the worker are ``$SPARK_HOME/bin/spark-class``
+processes (``org.apache.spark.deploy.master.Master`` / ``...worker.Worker``), with
+``SPARK_HOME`` the pyspark package directory. Processors submit to it with
+``REFOLD_SPARK__MASTER=spark://127.0.0.1:17077`` and ``REFOLD_SPARK__CORES_MAX`` (so several
+applications share its cores); see ``docs/cluster.md``.
+
+Lifecycle contract, as for :mod:`deploy.local_stack`: :meth:`SparkCluster.start` writes one pid
+file per daemon under ``state_dir`` (``master.pid``: "PID PORT WEBUI_PORT", ``worker.pid``:
+"PID WEBUI_PORT") and one log file each; the worker's application directories (executor logs,
+shipped code) go to ``state_dir/work``. Each daemon runs in its own process group (its executors
+and their Python workers join it), and :meth:`SparkCluster.stop` ends exactly the recorded groups
+after checking that the recorded PID still runs that daemon; never processes found by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from contracts.errors import RefoldError
+
+__all__ = [
+    "DEFAULT_MASTER_PORT",
+    "DEFAULT_WEBUI_PORT",
+    "DEFAULT_WORKER_CORES",
+    "DEFAULT_WORKER_MEMORY",
+    "DEFAULT_WORKER_WEBUI_PORT",
+    "ClusterError",
+    "ClusterSpec",
+    "DaemonStatus",
+    "SparkCluster",
+    "add_cluster_commands",
+    "daemon_command",
+    "daemon_env",
+    "parse_pid_file",
+]
+
+# Away from Spark's own 7077/8080/8081, so a developer's Spark is not disturbed.
+DEFAULT_MASTER_PORT = 17077
+DEFAULT_WEBUI_PORT = 18080
+DEFAULT_WORKER_WEBUI_PORT = 18081
+# The whole 2-core development machine; applications take a share with spark.cores.max.
+DEFAULT_WORKER_CORES = 2
+# Two applications with the default 1g executors (SparkSettings.executor_memory) fit side by side.
+DEFAULT_WORKER_MEMORY = "2g"
+# Heap of the master and worker daemons themselves (Spark's default is 1g each); executors are
+# separate JVMs sized by spark.executor.memory.
+_DAEMON_MEMORY = "512m"
+# JVM start-up and worker registration took ~11 s on the loaded 2-core machine.
+_READY_TIMEOUT_S = 90.0
+# The worker stops its executors (and they their Python workers) on SIGTERM.
+_STOP_GRACE_S = 20.0
+
+Role = Literal["master", "worker"]
+_START_ORDER: tuple[Role, ...] = ("master", "worker")
+_MAIN_CLASS: dict[Role, str] = {
+    "master": "org.apache.spark.deploy.master.Master",
+    "worker": "org.apache.spark.deploy.worker.Worker",
+}
+_MEMORY = re.compile(r"[1-9][0-9]*[mgtMGT]?")
+
+
+class ClusterError(RefoldError):
+    """The local Spark cluster could not be started, stopped or inspected."""
+
+    code: ClassVar[str] = "CLUSTER_ERROR"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """Where the cluster listens and what its one worker offers.
+
+    Attributes:
+        master_port: The master's RPC port (the ``spark://`` URL).
+        webui_port: The master's web UI (and its JSON status at ``/json/``).
+        worker_webui_port: The worker's web UI.
+        worker_cores: Cores the worker offers to applications.
+        worker_memory: Memory the worker offers to executors (``2g``, ``512m``).
+        host: The loopback address every daemon binds to.
+    """
+
+    master_port: int = DEFAULT_MASTER_PORT
+    webui_port: int = DEFAULT_WEBUI_PORT
+    worker_webui_port: int = DEFAULT_WORKER_WEBUI_PORT
+    worker_cores: int = DEFAULT_WORKER_CORES
+    worker_memory: str = DEFAULT_WORKER_MEMORY
+    host: str = "127.0.0.1"
+
+    @property
+    def master_url(self) -> str:
+        """The URL applications submit to."""
+        return f"spark://{self.host}:{self.master_port}"
+
+    @property
+    def webui_url(self) -> str:
+        """The master's web UI."""
+        return f"http://{self.host}:{self.webui_port}"
+
+    def ports(self) -> dict[str, int]:
+        """Each port ``up`` needs free, by the option that changes it."""
+        return {
+            "--master-port / REFOLD_CLUSTER_MASTER_PORT": self.master_port,
+            "--webui-port / REFOLD_CLUSTER_WEBUI_PORT": self.webui_port,
+            "--worker-webui-port / REFOLD_CLUSTER_WORKER_WEBUI_PORT": self.worker_webui_port,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStatus:
+    """What ``refold cluster status`` reports for one daemon."""
+
+    role: Role
+    pid: int | None
+    port: int | None
+    webui_port: int | None
+    running: bool
+    log_file: Path
+
+
+def parse_pid_file(text: str) -> tuple[int | None, list[int]]:
+    """Read a pid file: ``"PID PORT..."``.
+
+    Args:
+        text: The file's content.
+
+    Returns:
+        The PID (None if unreadable) and the recorded ports, in order.
+    """
+    words = text.split()
+    try:
+        pid = int(words[0])
+    except (ValueError, IndexError):
+        return None, []
+    ports = []
+    for word in words[1:]:
+        try:
+            ports.append(int(word))
+        except ValueError:
+            break
+    return pid, ports
+
+
+def daemon_command(role: Role, spec: ClusterSpec, spark_home: Path, work_dir: Path) -> list[str]:
+    """The ``spark-class`` command line of one daemon (pure).
+
+    Args:
+        role: ``master`` or ``worker``.
+        spec: Ports, cores, memory.
+        spark_home: Spark's home (the pyspark package directory for the wheel).
+        work_dir: The worker's directory for application files and executor logs.
+
+    Returns:
+        The argv.
+    """
+    spark_class = str(spark_home / "bin" / "spark-class")
+    if role == "master":
+        return [
+            spark_class,
+            _MAIN_CLASS["master"],
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.master_port),
+            "--webui-port",
+            str(spec.webui_port),
+        ]
+    return [
+        spark_class,
+        _MAIN_CLASS["worker"],
+        spec.master_url,
+        "--cores",
+        str(spec.worker_cores),
+        "--memory",
+        spec.worker_memory,
+        "--host",
+        spec.host,
+        "--webui-port",
+        str(spec.worker_webui_port),
+        "--work-dir",
+        str(work_dir),
+    ]
+
+
+def daemon_env(
+    role: Role, spec: ClusterSpec, spark_home: Path, base: Mapping[str, str]
+) -> dict[str, str]:
+    """The environment of one daemon (pure): ``base`` plus Spark's launcher variables.
+
+    Args:
+        role: ``master`` or ``worker``.
+        spec: Its host.
+        spark_home: Spark's home.
+        base: The caller's environment (its ``SPARK_*_OPTS`` are kept, ours appended).
+
+    Returns:
+        The environment.
+    """
+    # A taken port must fail, not silently move to the next one (Spark's default retries 16
+    # ports, and `status` and the printed URL would then be wrong).
+    opts = ["-Dspark.port.maxRetries=0"]
+    if role == "master":
+        # The REST submission server would take port 6066 on every cluster; refold does not use it.
+        opts.append("-Dspark.master.rest.enabled=false")
+    key = "SPARK_MASTER_OPTS" if role == "master" else "SPARK_WORKER_OPTS"
+    return {
+        **base,
+        "SPARK_HOME": str(spark_home),
+        # Bind to loopback and skip the "hostname resolves to a loopback address" probe.
+        "SPARK_LOCAL_IP": spec.host,
+        "SPARK_DAEMON_MEMORY": base.get("SPARK_DAEMON_MEMORY", _DAEMON_MEMORY),
+        key: " ".join([base.get(key, ""), *opts]).strip(),
+    }
+
+
+def _spark_home() -> Path:
+    """``SPARK_HOME`` if set (as pyspark itself does), else the pyspark package directory."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        msg = "pyspark is not installed. Operator action: `pip install -e '.[spark]'` (make setup)."
+        raise ClusterError(msg)
+    home = Path(os.environ.get("SPARK_HOME") or Path(spec.origin).parent)
+    if not (home / "bin" / "spark-class").exists():
+        msg = (
+            f"no bin/spark-class under SPARK_HOME {home}. Operator action: unset SPARK_HOME "
+            "(the pyspark wheel ships it) or point it at a Spark 4 distribution."
+        )
+        raise ClusterError(msg)
+    return home
+
+
+def _check_java() -> None:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return
+    if shutil.which("java") is None:
+        msg = (
+            "java is not installed. Operator action: `apt-get install -y "
+            "openjdk-17-jre-headless` (Spark 4 needs Java 17 or 21), or set JAVA_HOME."
+        )
+        raise ClusterError(msg)
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _pid_runs(pid: int, main_class: str) -> bool:
+    """True if ``pid`` is alive and runs ``main_class`` (guards against PID reuse)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return True  # no /proc: trust the pid file
+    # Empty for a few milliseconds while the process execs (measured right after spawning).
+    return not cmdline or main_class in cmdline
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SparkCluster:
+    """One Spark standalone master and one worker on loopback, with pid and log files.
+
+    Args:
+        state_dir: Pid files, logs and the worker's work directory.
+        spec: Ports, cores and memory for :meth:`start`; :meth:`status` and :meth:`stop` use
+            the ports recorded in the pid files.
+    """
+
+    def __init__(self, state_dir: Path, spec: ClusterSpec | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.spec = spec if spec is not None else ClusterSpec()
+
+    def _pid_file(self, role: Role) -> Path:
+        return self.state_dir / f"{role}.pid"
+
+    def log_file(self, role: Role) -> Path:
+        """The daemon's log (its stdout and stderr)."""
+        return self.state_dir / f"{role}.log"
+
+    @property
+    def work_dir(self) -> Path:
+        """The worker's application directories (executor logs, shipped code)."""
+        return self.state_dir / "work"
+
+    def _recorded(self, role: Role) -> tuple[int | None, list[int]]:
+        try:
+            return parse_pid_file(self._pid_file(role).read_text())
+        except OSError:
+            return None, []
+
+    def status(self) -> list[DaemonStatus]:
+        """Each daemon's recorded pid and ports, and whether it still runs.
+
+        Returns:
+            The master, then the worker.
+        """
+        result = []
+        for role in _START_ORDER:
+            pid, ports = self._recorded(role)
+            running = pid is not None and _pid_runs(pid, _MAIN_CLASS[role])
+            port = ports[0] if role == "master" and ports else None
+            webui_at = 1 if role == "master" else 0
+            webui = ports[webui_at] if len(ports) > webui_at else None
+            result.append(DaemonStatus(role, pid, port, webui, running, self.log_file(role)))
+        return result
+
+    def master_state(self) -> dict[str, Any] | None:
+        """The master's JSON status (workers, applications), or None if it does not answer."""
+        master = self.status()[0]
+        if not master.running or master.webui_port is None:
+            return None
+        return _master_json(self.spec.host, master.webui_port)
+
+    def start(self) -> SparkCluster:
+        """Start the master, then the worker; wait until the worker has registered.
+
+        Raises:
+            ClusterError: Already running, a port is taken, java or pyspark is missing, or a
+                daemon did not become ready (its log's end is in the message). Nothing is left
+                running then.
+        """
+        for daemon in self.status():
+            if daemon.running:
+                msg = (
+                    f"the Spark {daemon.role} is already running (pid {daemon.pid}). "
+                    "Operator action: `refold cluster down` first, or use it as it is "
+                    "(`refold cluster status`)."
+                )
+                raise ClusterError(msg)
+        for option, port in self.spec.ports().items():
+            if _port_open(self.spec.host, port):
+                msg = (
+                    f"port {port} is taken by another program. Operator action: stop it, or "
+                    f"choose another port with {option}."
+                )
+                raise ClusterError(msg)
+        _check_java()
+        spark_home = _spark_home()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(exist_ok=True)
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        try:
+            master = self._spawn("master", spark_home)
+            self._wait(
+                master,
+                "master",
+                lambda: _port_open(self.spec.host, self.spec.master_port),
+                deadline,
+            )
+            worker = self._spawn("worker", spark_home)
+            self._wait(worker, "worker", self._worker_registered, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, role: Role, spark_home: Path) -> subprocess.Popen[bytes]:
+        command = daemon_command(role, self.spec, spark_home, self.work_dir)
+        with self.log_file(role).open("ab") as log:
+            # A new session (and process group): `refold cluster up` returns while the daemons
+            # go on, Ctrl-C does not reach them, and `down` stops each group by its PID.
+            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=daemon_env(role, self.spec, spark_home, os.environ),
+                cwd=self.state_dir,
+            )
+        ports = (
+            [self.spec.master_port, self.spec.webui_port]
+            if role == "master"
+            else [self.spec.worker_webui_port]
+        )
+        self._pid_file(role).write_text(" ".join(map(str, [proc.pid, *ports])) + "\n")
+        return proc
+
+    def _worker_registered(self) -> bool:
+        state = _master_json(self.spec.host, self.spec.webui_port)
+        suffix = f":{self.spec.worker_webui_port}"
+        return state is not None and any(
+            worker.get("state") == "ALIVE" and str(worker.get("webuiaddress", "")).endswith(suffix)
+            for worker in state.get("workers", [])
+        )
+
+    def _wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        role: Role,
+        ready: Callable[[], bool],
+        deadline: float,
+    ) -> None:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:  # our child: no pid-reuse question while it starts
+                break
+            if ready():
+                return
+            time.sleep(0.2)
+        what = "register with the master" if role == "worker" else "start"
+        ports = ", ".join(map(str, self.spec.ports().values()))
+        code = proc.poll()
+        why = f"it exited with status {code}" if code is not None else "it timed out"
+        msg = (
+            f"the Spark {role} did not {what} ({why}; ports {ports}). Operator action: read "
+            f"its log {self.log_file(role)}, which ends with:\n{self.log_tail(role)}"
+        )
+        raise ClusterError(msg)
+
+    def log_tail(self, role: Role, lines: int = 15) -> str:
+        """The end of a daemon's log, for error messages."""
+        try:
+            text = self.log_file(role).read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> list[Role]:
+        """Stop the recorded daemons (worker first), each with its process group.
+
+        Idempotent; a daemon that is not running is not an error. Needs no ports.
+
+        Returns:
+            The daemons that were running.
+        """
+        stopped: list[Role] = []
+        for role in _START_ORDER[::-1]:
+            pid = self._recorded(role)[0]
+            if pid is not None and _pid_runs(pid, _MAIN_CLASS[role]):
+                _terminate_group(pid)
+                stopped.append(role)
+            with contextlib.suppress(FileNotFoundError):
+                self._pid_file(role).unlink()
+        return stopped[::-1]
+
+
+def _master_json(host: str, webui_port: int) -> dict[str, Any] | None:
+    url = f"http://{host}:{webui_port}/json/"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            data = json.load(response)
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _terminate_group(pgid: int) -> None:
+    """SIGTERM the process group ``pgid`` (a daemon started in its own session), then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_GRACE_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pgid, os.WNOHANG)  # reap it if it is our child
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pgid, 0)
+
+
+# -- the `refold cluster` command -------------------------------------------------------------
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        msg = f"{text!r} is not a TCP port 1-65535"
+        raise argparse.ArgumentTypeError(msg)
+    return port
+
+
+def _cores(text: str) -> int:
+    try:
+        cores = int(text)
+    except ValueError:
+        cores = 0
+    if cores < 1:
+        msg = f"{text!r} is not a number of cores (1 or more)"
+        raise argparse.ArgumentTypeError(msg)
+    return cores
+
+
+def _memory(text: str) -> str:
+    if not _MEMORY.fullmatch(text):
+        msg = f"{text!r} is not a Spark memory size such as 2g or 512m"
+        raise argparse.ArgumentTypeError(msg)
+    return text
+
+
+def _cluster(args: argparse.Namespace) -> SparkCluster:
+    spec = ClusterSpec(
+        master_port=getattr(args, "master_port", DEFAULT_MASTER_PORT),
+        webui_port=getattr(args, "webui_port", DEFAULT_WEBUI_PORT),
+        worker_webui_port=getattr(args, "worker_webui_port", DEFAULT_WORKER_WEBUI_PORT),
+        worker_cores=getattr(args, "worker_cores", DEFAULT_WORKER_CORES),
+        worker_memory=getattr(args, "worker_memory", DEFAULT_WORKER_MEMORY),
+    )
+    return SparkCluster(Path(args.state_dir) / "cluster", spec)
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    cluster = _cluster(args).start()
+    spec = cluster.spec
+    down = "refold cluster down" + (
+        f" --state-dir {args.state_dir}" if args.state_dir != ".state" else ""
+    )
+    print(
+        f"Spark standalone cluster up: master {spec.master_url} (web UI {spec.webui_url}), "
+        f"one worker with {spec.worker_cores} cores and {spec.worker_memory}\n"
+        f"logs and pid files in {cluster.state_dir}\n"
+        f"use it:  export REFOLD_SPARK__MASTER={spec.master_url} REFOLD_SPARK__CORES_MAX=1\n"
+        f"stop it: {down}"
+    )
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    stopped = _cluster(args).stop()
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    daemons = cluster.status()
+    for daemon in daemons:
+        state = f"running (pid {daemon.pid})" if daemon.running else "stopped"
+        if daemon.role == "master" and daemon.port is not None:
+            where = f"spark://{cluster.spec.host}:{daemon.port} ui :{daemon.webui_port}"
+        else:
+            where = f"ui :{daemon.webui_port}" if daemon.webui_port else ""
+        print(f"{daemon.role:<7} {where:<36} {state:<22} log {daemon.log_file}")
+    master = cluster.master_state()
+    if master is not None:
+        apps = [
+            f"{app.get('name')} ({app.get('cores')} cores)" for app in master.get("activeapps", [])
+        ]
+        print(
+            f"workers alive: {master.get('aliveworkers', 0)}, cores {master.get('coresused', 0)}"
+            f"/{master.get('cores', 0)} used, applications: {', '.join(apps) or 'none'}"
+        )
+    return 0 if any(daemon.running for daemon in daemons) else 3
+
+
+def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(func(args))
+        except ClusterError as exc:
+            print(f"refold: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def add_cluster_commands(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Add ``cluster up|down|status`` to the ``refold`` parser's subcommands.
+
+    Each command's function is ``args.func`` and returns the exit code (1 on a
+    :class:`ClusterError`, printed; ``status`` 3 when nothing runs). ``--state-dir`` is the
+    top-level parser's option, also accepted after the subcommand.
+
+    Args:
+        sub: The top-level parser's subparsers.
+        env: Defaults of the options (``REFOLD_CLUSTER_*``); default ``os.environ``.
+    """
+    env = os.environ if env is None else env
+    cluster = sub.add_parser("cluster", help="a local Spark standalone cluster (master + worker)")
+    commands = cluster.add_subparsers(dest="cluster_command", required=True)
+    for name, func, text in (
+        ("up", _cmd_up, "start a Spark master and one worker on loopback"),
+        ("down", _cmd_down, "stop them (and their executors)"),
+        ("status", _cmd_status, "show them (exit 3 when stopped)"),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument(
+            "--state-dir",
+            default=argparse.SUPPRESS,
+            help="pid files and logs go to STATE_DIR/cluster (env REFOLD_STATE_DIR, "
+            "default .state)",
+        )
+        command.set_defaults(func=_run(func))
+        if name != "up":
+            continue
+        for option, kind, variable, default, meaning in (
+            ("--master-port", _port, "MASTER_PORT", DEFAULT_MASTER_PORT, "master port"),
+            ("--webui-port", _port, "WEBUI_PORT", DEFAULT_WEBUI_PORT, "master web UI port"),
+            (
+                "--worker-webui-port",
+                _port,
+                "WORKER_WEBUI_PORT",
+                DEFAULT_WORKER_WEBUI_PORT,
+                "worker web UI port",
+            ),
+            ("--worker-cores", _cores, "WORKER_CORES", DEFAULT_WORKER_CORES, "worker cores"),
+            ("--worker-memory", _memory, "WORKER_MEMORY", DEFAULT_WORKER_MEMORY, "worker memory"),
+        ):
+            # A string default goes through ``type`` too: a bad REFOLD_CLUSTER_* is a usage error.
+            command.add_argument(
+                option,
+                type=kind,
+                default=env.get(f"REFOLD_CLUSTER_{variable}", str(default)),
+                help=f"{meaning} (env REFOLD_CLUSTER_{variable}, default {default})",
+            )

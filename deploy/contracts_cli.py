@@ -1,0 +1,146 @@
+"""``refold contracts check | lock``: the published schema versions of the installed contract sets.
+
+``check`` prints every contract set (its records, versions, fingerprints, published or new) and
+exits 1 when a published version was changed or deleted, or a new version breaks
+BACKWARD_TRANSITIVE. ``lock`` publishes every version (writes each set's ``contracts.lock``)
+and refuses, with exit 1, the same problems. Run ``lock`` in the source checkout (an editable
+install), where the lock files are committed. See :mod:`contracts.lock`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+
+from contracts.catalog import SchemaCatalog
+from contracts.errors import ContractError
+from contracts.lock import LockedVersion, SchemaLock, lock, verify, versions_of
+from contracts.registry import ContractSet, Registry, default_registry
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``refold contracts`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="refold contracts",
+        description="The published schema versions of the installed contract sets "
+        "(each set's contracts.lock).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        (
+            "check",
+            "list records, versions and fingerprints; exit 1 when a published version was "
+            "changed or deleted or a new version is not BACKWARD_TRANSITIVE compatible",
+        ),
+        (
+            "lock",
+            "publish every version: write each set's contracts.lock (commit it); refuses, "
+            "with exit 1, what check refuses",
+        ),
+    ):
+        command = sub.add_parser(name, help=text, description=text)
+        command.add_argument(
+            "sets", nargs="*", metavar="SET", help="contract set names (default: all)"
+        )
+    return parser
+
+
+def _selected(registry: Registry, names: list[str]) -> list[ContractSet]:
+    unknown = sorted(set(names) - set(registry.contract_sets))
+    if unknown:
+        known = ", ".join(sorted(registry.contract_sets)) or "none"
+        msg = f"unknown contract set(s) {', '.join(unknown)}; known: {known}"
+        raise ContractError(msg)
+    return [s for n, s in sorted(registry.contract_sets.items()) if not names or n in names]
+
+
+def _check(contract_sets: Iterable[ContractSet], registry: Registry) -> int:
+    failures: list[str] = []
+    new = 0
+    for contract_set in contract_sets:
+        origin = f" ({contract_set.package})" if contract_set.package else ""
+        print(f"{contract_set.name}{origin}: {contract_set.schemas}")
+        try:
+            versions = versions_of(contract_set)
+            locked = SchemaLock.read(contract_set.lock_path)
+            problems = verify(contract_set, versions, locked)
+        except ContractError as exc:
+            print(f"  cannot be checked: {exc}")
+            failures.append(f"{contract_set.name}: {exc}")
+            continue
+        missing = "" if contract_set.lock_path.exists() else " (none yet: nothing published)"
+        print(f"  lock: {contract_set.lock_path}{missing}")
+        faulty = {(p.record, p.version): p.kind for p in problems}
+        for version in versions:
+            entry = locked.get(version.name, version.version)
+            state = "published"
+            if entry is None:
+                new += 1
+                state = "new, not locked (the producer SDK does not write it)"
+            elif entry != LockedVersion.of(version):
+                state = "CHANGED since published"
+            if (version.name, version.version) in faulty and entry is None:
+                state = "new, INCOMPATIBLE"
+            print(f"  {version.name:<24} v{version.version:<3} {version.fingerprint_hex}  {state}")
+        present = {(v.name, v.version) for v in versions}
+        for entry in locked.versions:
+            if (entry.record, entry.version) not in present:
+                print(
+                    f"  {entry.record:<24} v{entry.version:<3} {entry.fingerprint_hex}  "
+                    "DELETED (published)"
+                )
+        failures.extend(str(p) for p in problems)
+    try:  # the sets together: no two files share a fingerprint or a record version
+        SchemaCatalog.from_directories(registry.schema_dirs())
+    except ContractError as exc:
+        failures.append(str(exc))
+    if failures:
+        print(f"\n{len(failures)} problem(s):", *failures, sep="\n  - ")
+        print("Operator action: fix each problem as it says, then run `refold contracts check`.")
+        return 1
+    hint = f"; {new} new version(s): `refold contracts lock` publishes them" if new else ""
+    print(f"\ncontracts: ok{hint}")
+    return 0
+
+
+def _lock(contract_sets: Iterable[ContractSet]) -> int:
+    status, changed = 0, False
+    for contract_set in contract_sets:
+        try:
+            published = lock(contract_set)
+        except ContractError as exc:
+            print(f"{contract_set.name}: not locked: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        changed |= bool(published)
+        names = ", ".join(f"{v.name} v{v.version}" for v in published) or "nothing new"
+        print(f"{contract_set.name}: {contract_set.lock_path}: published {names}")
+    if changed:
+        print("commit the contracts.lock files with the schemas")
+    return status
+
+
+def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> int:
+    """Run ``refold contracts``; returns the exit code.
+
+    Args:
+        argv: The arguments after ``contracts``.
+        registry: The contract sets to work on; default the installed ones.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        registry = default_registry() if registry is None else registry
+        contract_sets = _selected(registry, args.sets)
+    except ContractError as exc:
+        print(f"refold contracts: {exc}", file=sys.stderr)
+        return 1
+    if args.command == "lock":
+        return _lock(contract_sets)
+    return _check(contract_sets, registry)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""Test-data simulators: realistic, deterministic event streams for the demo, tests and bench.
+
+They live here, not in the producer SDK: they make data, the SDK publishes it.
+"""
+
+from deploy.simulators.clickstream import SESSION_TIMEOUT_MS, ClickstreamSimulator
+from deploy.simulators.orders import OrderSimulator, SimulatedEvent, customer_id
+
+__all__ = [
+    "SESSION_TIMEOUT_MS",
+    "ClickstreamSimulator",
+    "OrderSimulator",
+    "SimulatedEvent",
+    "customer_id",
+]

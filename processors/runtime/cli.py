@@ -1,0 +1,236 @@
+"""The one processor command: run registered processors as queries of one Spark application.
+
+``python -m processors NAME [NAME ...]`` (also ``refold process ...``). Processors come from the
+``refold.processors`` entry points; settings from ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``,
+``REFOLD_SPARK__*``, ``REFOLD_STATE_DIR`` and, per processor, ``REFOLD_<PROCESSOR>__*``. This
+module is the only one that reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.errors import RefoldError
+from contracts.logconfig import configure_logging
+from contracts.processors import ProcessorOptions, ProcessorSpec, options_env_prefix
+from contracts.registry import Registry, default_registry, import_reference, with_fallback
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from contracts.store.generations import checkpoint_root
+from contracts.topics import TopicSpec
+from processors.errors import ProcessorConfigError
+from processors.fold.projection import Projection
+from processors.runtime.runner import (
+    GenerationChoice,
+    ProcessorJob,
+    RunOptions,
+    build_fingerprints,
+    run_processors,
+)
+
+__all__ = ["ProcessSettings", "build_job", "build_parser", "load_options", "main"]
+
+
+class ProcessSettings(BaseSettings):
+    """The shared settings of a processor process (``REFOLD_*``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="REFOLD_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    state_dir: Path = Path(".state")
+
+
+def _options_class(spec: ProcessorSpec) -> type[ProcessorOptions]:
+    if not spec.options:
+        return ProcessorOptions
+    cls = import_reference(spec.options)
+    if not (isinstance(cls, type) and issubclass(cls, ProcessorOptions)):
+        msg = f"{spec.name}: options {spec.options!r} is not a ProcessorOptions subclass"
+        raise ProcessorConfigError(msg)
+    return cls
+
+
+def load_options(spec: ProcessorSpec, environ: Mapping[str, str]) -> ProcessorOptions:
+    """A processor's options from ``REFOLD_<PROCESSOR>__*`` in ``environ``.
+
+    Raises:
+        ProcessorConfigError: An unknown option or a value of the wrong type, named.
+    """
+    cls = _options_class(spec)
+    prefix = options_env_prefix(spec.name)
+    given = {k: v for k, v in environ.items() if k.upper().startswith(prefix)}
+    unknown = sorted(
+        k for k in given if k[len(prefix) :].split("__")[0].lower() not in cls.model_fields
+    )
+    if unknown:
+        msg = (
+            f"{spec.name}: unknown option(s) {', '.join(unknown)}; known: "
+            f"{', '.join(prefix + f.upper() for f in cls.model_fields)}"
+        )
+        raise ProcessorConfigError(msg)
+    from_env = type(
+        f"{cls.__name__}FromEnv",
+        (BaseSettings, cls),
+        {
+            "model_config": SettingsConfigDict(
+                env_prefix=prefix, env_nested_delimiter="__", extra="ignore", frozen=True
+            )
+        },
+    )
+    try:
+        loaded = from_env()
+        return cls.model_validate(loaded.model_dump())
+    except ValidationError as exc:
+        msg = f"{spec.name}: invalid options ({prefix}*): {exc}"
+        raise ProcessorConfigError(msg) from exc
+
+
+def _topics(spec: ProcessorSpec, options: ProcessorOptions, registry: Registry) -> list[TopicSpec]:
+    specs = [registry.topic(name) for name in spec.topics]
+    if options.topics is None:
+        return specs
+    if len(options.topics) != len(specs):
+        msg = (
+            f"{spec.name}: {options_env_prefix(spec.name)}TOPICS names {len(options.topics)} "
+            f"topics, the processor reads {len(specs)} ({', '.join(spec.topics)})"
+        )
+        raise ProcessorConfigError(msg)
+    return [dataclasses.replace(t, name=n) for t, n in zip(specs, options.topics, strict=True)]
+
+
+def build_job(
+    spec: ProcessorSpec, options: ProcessorOptions, registry: Registry, run: RunOptions
+) -> ProcessorJob:
+    """Everything one processor query needs, resolved from its spec and options."""
+    factory = import_reference(spec.projection)
+    projection: Projection = factory(options)
+    if projection.name != spec.name:
+        msg = f"{spec.projection} builds a projection named {projection.name!r}, not {spec.name!r}"
+        raise ProcessorConfigError(msg)
+    run = dataclasses.replace(
+        run,
+        trigger_interval=options.trigger_interval,
+        max_offsets_per_trigger=options.max_offsets_per_trigger,
+        max_tasks=options.max_tasks,
+        source_format=options.source_format,
+        dead_letter_topic=options.dead_letter_topic,
+    )
+    return ProcessorJob(spec, projection, _topics(spec, options, registry), run)
+
+
+def _generation(value: str) -> GenerationChoice:
+    if value in ("live", "new"):
+        return value  # type: ignore[return-value]
+    try:
+        return int(value)
+    except ValueError:
+        msg = f"expected live, new or a generation number, got {value!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The processor command line."""
+    empty: list[str] = []
+    known = with_fallback(lambda: sorted(default_registry().processors), empty)
+    parser = argparse.ArgumentParser(
+        prog="refold process",
+        description="Run processors as Spark Structured Streaming queries of one application "
+        "(one JVM): each keeps its own generation, checkpoint, lease and restarts, and a failed "
+        "query stops alone. Settings: REFOLD_KAFKA__*, REFOLD_REDIS__*, REFOLD_SPARK__* "
+        "(e.g. REFOLD_SPARK__MASTER=spark://host:7077), REFOLD_STATE_DIR, and per processor "
+        "REFOLD_<PROCESSOR>__* (e.g. REFOLD_ORDER_STATE__MAX_TASKS=4). `refold processors` "
+        "lists them.",
+        epilog=f"registered processors: {', '.join(known) or 'none'}",
+    )
+    parser.add_argument("names", nargs="+", metavar="NAME", help="processors to run")
+    parser.add_argument(
+        "--generation",
+        type=_generation,
+        default="live",
+        help="live (default; the first run creates generation 1), new, or N (one processor)",
+    )
+    parser.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        help='earliest | latest | Spark JSON {"topic":{"0":42}}; used only '
+        "for a generation without checkpoint or applied positions",
+    )
+    parser.add_argument(
+        "--available-now", action="store_true", help="process what is in the log now, then exit"
+    )
+    parser.add_argument(
+        "--accept-code-change",
+        action="store_true",
+        help="resume a generation built by other code (records the new fingerprint) instead "
+        "of refusing",
+    )
+    parser.add_argument(
+        "--print-fingerprint",
+        action="store_true",
+        help="print the code's generation fingerprints as JSON and exit",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("REFOLD_LOG_LEVEL", "INFO"),
+        help="DEBUG adds Spark's phase timings per batch (default: $REFOLD_LOG_LEVEL or INFO)",
+    )
+    return parser
+
+
+def _jobs(args: argparse.Namespace, settings: ProcessSettings) -> list[ProcessorJob]:
+    registry = default_registry()
+    names = list(dict.fromkeys(args.names))
+    if len(names) > 1 and isinstance(args.generation, int):
+        msg = "--generation N names one generation of one processor; run it alone"
+        raise ProcessorConfigError(msg)
+    root = (
+        Path(settings.spark.checkpoint_url.removeprefix("file://"))
+        if settings.spark.checkpoint_url
+        else checkpoint_root(settings.state_dir)
+    )
+    base = RunOptions(
+        generation=args.generation,
+        checkpoint_root=root,
+        starting_offsets=args.starting_offsets,
+        available_now=args.available_now,
+        accept_code_change=args.accept_code_change,
+    )
+    jobs = []
+    for name in names:
+        spec = registry.processor(name)
+        jobs.append(build_job(spec, load_options(spec, os.environ), registry, base))
+    return jobs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (1 when a processor failed, 2 on bad usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settings = ProcessSettings()
+    try:
+        jobs = _jobs(args, settings)
+        if args.print_fingerprint:
+            prints: dict[str, Any] = {j.spec.name: build_fingerprints(j.projection) for j in jobs}
+            print(
+                json.dumps(prints if len(jobs) > 1 else prints[jobs[0].spec.name], sort_keys=True)
+            )
+            return 0
+    except RefoldError as exc:
+        print(f"refold process: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level)
+    failed = run_processors(jobs, settings.kafka, settings.redis, settings.spark)
+    return 1 if failed else 0
