@@ -6,7 +6,10 @@ One run, on a private local stack, over the same pre-produced order events:
 2. the Spark order_state processor catching up on the same backlog (its own generation);
 3. ``replay --to-earliest --execute`` of that processor: rebuild throughput of the shadow
    generation, and the cutover (the alias flip) as a reader sees it;
-4. end-to-end latency (send -> applied in Redis) of the Spark processor at a steady rate.
+4. end-to-end latency (send -> applied in Redis) of the Spark processor at a steady rate;
+5. the re-keyed customer_stats catching up on the same orders (the cost of re-keying);
+6. order_state, customer_stats and session_stats (on a clickstream backlog too) catching up as
+   one Spark application and as three: events/s and peak memory of each.
 Prints a table and writes ``bench/results/latest.json``.
 """
 
@@ -20,28 +23,38 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import redis
-from confluent_kafka import Producer
-from tqdm import tqdm
+from pydantic import BaseModel
 
+from bench.backlog import (
+    CUSTOMERS_TOPIC,
+    EMPTY_CUSTOMERS_TOPIC,
+    ORDERS_TOPIC,
+    PAGEVIEWS_TOPIC,
+    SEARCHES_TOPIC,
+    TOPICS,
+    produce_clickstream,
+    produce_orders,
+)
 from bench.baseline import BaselineResult, run_baseline
+from bench.catch_up import CatchUp, ProcessorCatchUp, Run, Watched, run_catch_up
 from bench.latency import LatencyResult, measure_latency
 from bench.rebuild import measure_rebuild
-from contracts.codec import EventCodec
 from contracts.commerce import ORDERS
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher
+from contracts.processors import ProcessLauncher, ProcessorOptions
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
 from contracts.topics import TopicSpec, dead_letter_spec, effects_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
-from deploy.simulators.orders import OrderSimulator
 from processors.order_state.config import OrderStateOptions
 from processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
 from processors.runtime.envelope import FoldTarget
@@ -50,114 +63,145 @@ RESULTS = Path(__file__).parent / "results" / "latest.json"
 SOURCE_FORMAT = os.environ.get("REFOLD_SOURCE_FORMAT", "")
 
 
-def _produce(bootstrap: str, topic: str, events: int) -> int:
-    codec = EventCodec()
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 20,
-            "partitioner": "murmur2_random",
-            "compression.type": "lz4",
-            "queue.buffering.max.messages": 1_000_000,
-        }
-    )
-    count = 0
-    with tqdm(total=events, unit="ev", desc="producing", dynamic_ncols=True) as bar:
-        for event_type, event in OrderSimulator(events // 9 + 1, seed=2026):
-            if count >= events:
-                break
-            value = codec.encode(event_type, event, validated=True)
-            while True:
-                try:
-                    producer.produce(topic, value, event["order_id"].encode())
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            count += 1
-            if count % 10_000 == 0:
-                producer.poll(0)
-                bar.update(10_000)
-        bar.update(count % 10_000)
-    if producer.flush(120):
-        msg = "the broker did not acknowledge every benchmark event"
-        raise RuntimeError(msg)
-    return count
+# The three reference processors, in the order the one-application run names them.
+_APPS = ("order_state", "customer_stats", "session_stats")
+# Web events of the clickstream backlog per order event (``--web-events`` overrides it).
+_WEB_SHARE = 0.3
 
 
-def _launcher(
-    bootstrap: str, redis_url: str, prefix: str, state: Path, topic: str, **extra: str
-) -> ProcessLauncher:
-    """order_state on ``topic`` with the benchmark's settings (the process contract)."""
-    options = OrderStateOptions(
+def _order_state(topic: str, **extra: str) -> OrderStateOptions:
+    """order_state's options on ``topic`` with the benchmark's settings."""
+    return OrderStateOptions(
         topics=[topic],
         dead_letter_topic=f"{topic}.dlq",
         notifications_topic=f"{topic}.notifications",
         **({"source_format": SOURCE_FORMAT} if SOURCE_FORMAT else {}),
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
+
+
+def _options(topics: Sequence[TopicSpec]) -> ProcessorOptions:
+    """Options of a processor without options of its own, on the benchmark's ``topics``."""
+    return ProcessorOptions(
+        topics=[t.name for t in topics],
+        **({"source_format": SOURCE_FORMAT} if SOURCE_FORMAT else {}),
+    )
+
+
+def _launcher(
+    stack: LocalStack, prefix: str, state: Path, options: Mapping[str, BaseModel]
+) -> ProcessLauncher:
+    """The process contract for ``options``' processors, with their state under ``prefix``."""
     return ProcessLauncher(
-        KafkaSettings(bootstrap_servers=bootstrap),
-        RedisSettings(url=redis_url, key_prefix=prefix),
+        KafkaSettings(bootstrap_servers=stack.bootstrap_servers),
+        RedisSettings(url=stack.redis_url, key_prefix=prefix),
         SparkSettings(),
         state,
-        {"order_state": options},
+        options,
     )
 
 
-def _spark_catch_up(stack: LocalStack, topic: str, total: int, state: Path) -> dict[str, float]:
-    prefix = "bench-spark"
-    registry = GenerationRegistry(
-        redis.Redis.from_url(stack.redis_url), StateLayout("order_state", prefix)
+def _catch_up(
+    stack: LocalStack,
+    state: Path,
+    prefix: str,
+    applications: Sequence[Sequence[str]],
+    options: Mapping[str, BaseModel],
+    totals: Mapping[str, int],
+    desc: str,
+) -> CatchUp:
+    """Catch up with ``--available-now``: one process per entry of ``applications``, together.
+
+    Args:
+        stack: The local stack.
+        state: State directory (checkpoints; logs in ``logs/<prefix>-<names>.log``).
+        prefix: Redis key prefix of the run (fresh generations).
+        applications: The processor names of each process.
+        options: Every processor's options.
+        totals: Records each processor has to apply.
+        desc: Progress bar label.
+    """
+    launcher = _launcher(stack, prefix, state, options)
+    client = redis.Redis.from_url(stack.redis_url)
+    runs = [
+        Run(
+            ProcessorProcess(
+                launcher.argv(list(names), available_now=True),
+                launcher.env(),
+                state / "logs" / f"{prefix}-{'+'.join(names)}.log",
+            ),
+            tuple(
+                Watched(name, GenerationRegistry(client, StateLayout(name, prefix)), totals[name])
+                for name in names
+            ),
+        )
+        for names in applications
+    ]
+    return run_catch_up(runs, desc)
+
+
+def _ends(kafka: dict[str, str], topics: Sequence[TopicSpec]) -> dict[tuple[str, int], int]:
+    """The log end of every partition of ``topics``."""
+    offsets = LogOffsets(kafka)
+    try:
+        return offsets.end_offsets([(t.name, p) for t in topics for p in range(t.partitions)])
+    finally:
+        offsets.close()
+
+
+def _rekeyed(
+    stack: LocalStack, state: Path, orders: int, spark: ProcessorCatchUp
+) -> dict[str, float]:
+    """customer_stats (re-keyed) on the orders backlog alone, against order_state's run."""
+    options = {"customer_stats": _options([ORDERS_TOPIC, EMPTY_CUSTOMERS_TOPIC])}
+    run = _catch_up(
+        stack,
+        state / "rekey",
+        "bench-rekey",
+        [["customer_stats"]],
+        options,
+        {"customer_stats": orders},
+        "re-keyed catch-up",
     )
-    launcher = _launcher(stack.bootstrap_servers, stack.redis_url, prefix, state, topic)
-    process = ProcessorProcess(
-        launcher.argv(["order_state"], available_now=True),
-        launcher.env(),
-        state / "logs" / "spark-catch-up.log",
-    )
-    started = time.monotonic()
-    process.start()
-    first_write = None  # when the first task of batch 0 committed
-    batch0_end = batch0_done = None  # when the last task of batch 0 committed, and the count
-    with tqdm(total=total, unit="ev", desc="spark catch-up", dynamic_ncols=True) as bar:
-        done = 0
-        while True:
-            live = registry.live()
-            positions, batch = registry.positions(live) if live is not None else ({}, None)
-            now = time.monotonic()
-            count = sum(positions.values())
-            if count > done:
-                first_write = first_write or now
-                # Batches run one after the other: batch 0 (JVM and Python worker warm-up)
-                # ends with its last task's commit; steady state is measured from there.
-                if batch == 0:
-                    batch0_end, batch0_done = now, count
-                done = count
-            bar.n = done
-            bar.refresh()
-            if done >= total:
-                break
-            if not process.alive():
-                msg = f"the processor exited early:\n{process.log_tail()}"
-                raise RuntimeError(msg)
-            time.sleep(0.02)
-    finished = time.monotonic()
-    process.stop()
-    assert first_write is not None  # noqa: S101 - the loop ran until everything was applied
-    if batch0_end is None or batch0_done is None or batch0_done >= total:
-        batch0_end, batch0_done = finished, total  # one batch only: no steady state
-    rest = total - batch0_done
-    steady = rest / max(finished - batch0_end, 1e-9) if rest > 0 else 0.0
+    rekeyed = run.processors["customer_stats"]
     return {
-        "events": total,
-        "wall_s": finished - started,
-        "rate_wall": total / (finished - started),
-        "batch0_events": batch0_done,
-        "batch0_s": batch0_end - started,
-        "rate_steady": steady,
-        "startup_to_first_write_s": first_write - started,
+        **rekeyed.summary(),
+        "peak_rss_mb": run.peak_rss_mb,
+        "ratio_steady": rekeyed.rate_steady / spark.rate_steady if spark.rate_steady else 0.0,
+    }
+
+
+def _applications(stack: LocalStack, state: Path, ends: Mapping[str, int]) -> dict[str, Any]:
+    """The three processors as one Spark application, then as three applications."""
+    orders = ends[ORDERS_TOPIC.name]
+    totals = {
+        "order_state": orders,
+        "customer_stats": orders + ends[CUSTOMERS_TOPIC.name],
+        "session_stats": ends[PAGEVIEWS_TOPIC.name] + ends[SEARCHES_TOPIC.name],
+    }
+    options: dict[str, BaseModel] = {
+        "order_state": _order_state(ORDERS_TOPIC.name),
+        "customer_stats": _options([ORDERS_TOPIC, CUSTOMERS_TOPIC]),
+        "session_stats": _options([PAGEVIEWS_TOPIC, SEARCHES_TOPIC]),
+    }
+    one = _catch_up(
+        stack, state / "one-app", "bench-one", [_APPS], options, totals, "1 application"
+    )
+    three = _catch_up(
+        stack,
+        state / "three-apps",
+        "bench-three",
+        [[name] for name in _APPS],
+        options,
+        totals,
+        "3 applications",
+    )
+    return {
+        "one": one.summary(),
+        "three": three.summary(),
+        "rate_ratio": one.rate_wall / three.rate_wall,
+        "memory_ratio": one.peak_rss_mb / three.peak_rss_mb if three.peak_rss_mb else 0.0,
+        "pss_ratio": one.peak_pss_mb / three.peak_pss_mb if three.peak_pss_mb else 0.0,
     }
 
 
@@ -173,7 +217,7 @@ def _latency(
     client = redis.Redis.from_url(stack.redis_url)
     registry = GenerationRegistry(client, StateLayout("order_state", prefix))
     launcher = _launcher(
-        stack.bootstrap_servers, stack.redis_url, prefix, state, topic, trigger_interval=trigger
+        stack, prefix, state, {"order_state": _order_state(topic, trigger_interval=trigger)}
     )
     process = ProcessorProcess(
         launcher.argv(["order_state"]), launcher.env(), state / "logs" / "spark-latency.log"
@@ -215,6 +259,8 @@ def _table(
     rebuild: dict[str, float] | None,
     latency: LatencyResult | None,
     events: int,
+    rekeyed: dict[str, float] | None = None,
+    applications: dict[str, Any] | None = None,
 ) -> str:
     rows = [("machine", f"{os.cpu_count()} cores, Python {platform.python_version()}")]
     if base is not None and spark is not None:
@@ -248,6 +294,40 @@ def _table(
                 f"{rebuild['flip_ms']:.1f} ms / {rebuild['reader_gap_ms']:.2f} ms",
             ),
         ]
+    if rekeyed is not None:
+        rows += [
+            (
+                f"re-keyed customer_stats, steady ({rekeyed['slots']:.0f} slots)",
+                f"{rekeyed['rate_steady']:,.0f} ev/s",
+            ),
+            (
+                "re-keyed customer_stats, incl. start-up",
+                f"{rekeyed['rate_wall']:,.0f} ev/s ({rekeyed['wall_s']:.1f} s)",
+            ),
+            ("re-keyed / order_state (steady)", f"{rekeyed['ratio_steady']:.0%}"),
+        ]
+    if applications is not None:
+        one, three = applications["one"], applications["three"]
+        by_process = " + ".join(f"{mb:,.0f}" for mb in three["peak_rss_mb_by_process"])
+        rows += [
+            ("events, 3 processors (orders twice, web)", f"{one['events']:,.0f}"),
+            (
+                "3 processors, 1 application, until caught up",
+                f"{one['rate_wall']:,.0f} ev/s ({one['wall_s']:.1f} s), "
+                f"peak RSS {one['peak_rss_mb']:,.0f} MB (Pss {one['peak_pss_mb']:,.0f} MB)",
+            ),
+            (
+                "3 processors, 3 applications, until caught up",
+                f"{three['rate_wall']:,.0f} ev/s ({three['wall_s']:.1f} s), "
+                f"peak RSS {three['peak_rss_mb']:,.0f} MB (Pss {three['peak_pss_mb']:,.0f} MB; "
+                f"each at its peak: {by_process} MB)",
+            ),
+            (
+                "1 / 3 applications: events/s, peak RSS (Pss)",
+                f"{applications['rate_ratio']:.0%}, {applications['memory_ratio']:.0%} "
+                f"({applications['pss_ratio']:.0%})",
+            ),
+        ]
     if latency is not None:
         rows.append(
             (
@@ -258,6 +338,54 @@ def _table(
         )
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _throughput(stack: LocalStack, state: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The backlog runs: baseline, order_state, re-keyed, applications, replay."""
+    kafka = {"bootstrap.servers": stack.bootstrap_servers}
+    topic = ORDERS_TOPIC.name
+    out: dict[str, Any] = {"events": produce_orders(stack.bootstrap_servers, args.events)}
+    if not args.skip_apps:
+        web = args.web_events if args.web_events is not None else int(args.events * _WEB_SHARE)
+        out["web_events"] = produce_clickstream(stack.bootstrap_servers, web, args.events)
+    ends = _ends(kafka, TOPICS)
+    orders = {tp: end for tp, end in ends.items() if tp[0] == topic}
+    print(f"backlog: {sum(orders.values()):,} order events in {len(orders)} partitions")
+    target = FoldTarget(
+        "order_state", 1, stack.redis_url, "bench-baseline", tuple(kafka.items()), f"{topic}.dlq"
+    )
+    print(f"baseline: {args.processes} plain Python processes ...", flush=True)
+    out["baseline"] = base = run_baseline(stack.bootstrap_servers, target, orders, args.processes)
+    print(f"baseline: {base.rate:,.0f} events/s")
+    options = {"order_state": _order_state(topic)}
+    total = sum(orders.values())
+    run = _catch_up(
+        stack,
+        state,
+        "bench-spark",
+        [["order_state"]],
+        options,
+        {"order_state": total},
+        "spark catch-up",
+    )
+    spark = run.processors["order_state"]
+    out["spark"] = {**spark.summary(), "peak_rss_mb": run.peak_rss_mb}
+    if not args.skip_rekey:
+        out["rekey"] = _rekeyed(stack, state, total, spark)
+    if not args.skip_apps:
+        totals = {t.name: sum(e for (n, _p), e in ends.items() if n == t.name) for t in TOPICS}
+        out["applications"] = _applications(stack, state, totals)
+    if not args.skip_rebuild:
+        print("replay: rebuilding the same backlog into a new generation ...")
+        out["rebuild"] = measure_rebuild(
+            stack.bootstrap_servers,
+            stack.redis_url,
+            "bench-spark",
+            _launcher(stack, "bench-spark", state, options),
+            state,
+            batch=200_000,
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +415,19 @@ def main(argv: list[str] | None = None) -> int:
         help="only the latency run (no backlog, baseline or catch-up)",
     )
     parser.add_argument(
+        "--skip-rekey", action="store_true", help="no re-keyed customer_stats catch-up"
+    )
+    parser.add_argument(
+        "--skip-apps",
+        action="store_true",
+        help="no run of the three processors as one application and as three",
+    )
+    parser.add_argument(
+        "--web-events",
+        type=int,
+        help=f"clickstream backlog of the applications run (default: {_WEB_SHARE:.0%} of --events)",
+    )
+    parser.add_argument(
         "--work-dir",
         type=Path,
         help="keep the stack's and processors' state and logs here (default: a temporary "
@@ -296,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
     with (
         contextlib.nullcontext(str(args.work_dir))
         if args.work_dir is not None
@@ -303,69 +445,47 @@ def main(argv: list[str] | None = None) -> int:
     ) as tmp:
         state = Path(tmp)
         with LocalStack(state / "stack", free_port(), free_port()) as stack:
-            topic = "bench.orders"
-            kafka = {"bootstrap.servers": stack.bootstrap_servers}
             ensure_topics(
-                kafka,
+                {"bootstrap.servers": stack.bootstrap_servers},
                 [
-                    TopicSpec(topic, ORDERS.partitions, "order_id", ORDERS.event_types),
-                    TopicSpec(f"{topic}.dlq", 1, "(key)", ("(any)",)),
-                    dead_letter_spec("order_state"),
+                    *TOPICS,
+                    TopicSpec(f"{ORDERS_TOPIC.name}.dlq", 1, "(key)", ("(any)",)),
+                    *(dead_letter_spec(name) for name in _APPS),
                     effects_spec(DEFAULT_NOTIFICATIONS_TOPIC),
                 ],
             )
-            base: BaselineResult | None = None
-            spark: dict[str, float] | None = None
-            rebuild: dict[str, float] | None = None
-            events = 0
             if not args.skip_throughput:
-                events = _produce(stack.bootstrap_servers, topic, args.events)
-                offsets = LogOffsets(kafka)
-                ends = offsets.end_offsets([(topic, p) for p in range(ORDERS.partitions)])
-                offsets.close()
-                print(f"backlog: {sum(ends.values()):,} events in {len(ends)} partitions")
-                target = FoldTarget(
-                    "order_state",
-                    1,
-                    stack.redis_url,
-                    "bench-baseline",
-                    tuple(kafka.items()),
-                    f"{topic}.dlq",
-                )
-                print(f"baseline: {args.processes} plain Python processes ...", flush=True)
-                base = run_baseline(stack.bootstrap_servers, target, ends, args.processes)
-                print(f"baseline: {base.rate:,.0f} events/s")
-                spark = _spark_catch_up(stack, topic, sum(ends.values()), state)
-                if not args.skip_rebuild:
-                    print("replay: rebuilding the same backlog into a new generation ...")
-                    rebuild = measure_rebuild(
-                        stack.bootstrap_servers,
-                        stack.redis_url,
-                        "bench-spark",
-                        _launcher(
-                            stack.bootstrap_servers, stack.redis_url, "bench-spark", state, topic
-                        ),
-                        state,
-                        batch=200_000,
-                    )
-            latency = None
+                results.update(_throughput(stack, state, args))
             if not args.skip_latency:
                 print(
                     f"latency: {args.rate:,} events/s for {args.latency_seconds:.0f} s ...",
                     flush=True,
                 )
-                latency = _latency(stack, state, args.rate, args.latency_seconds, args.trigger)
-    table = _table(base, spark, rebuild, latency, events)
+                results["latency"] = _latency(
+                    stack, state, args.rate, args.latency_seconds, args.trigger
+                )
+    base, latency = results.get("baseline"), results.get("latency")
+    table = _table(
+        base,
+        results.get("spark"),
+        results.get("rebuild"),
+        latency,
+        results.get("events", 0),
+        results.get("rekey"),
+        results.get("applications"),
+    )
     print("\n" + table)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(
         json.dumps(
             {
-                "events": events,
+                "events": results.get("events", 0),
                 "cores": os.cpu_count(),
                 "baseline": {**asdict(base), "rate": base.rate} if base else None,
-                "spark": spark,
-                "rebuild": rebuild,
+                "spark": results.get("spark"),
+                "rebuild": results.get("rebuild"),
+                "rekey": results.get("rekey"),
+                "applications": results.get("applications"),
                 "latency": asdict(latency) if latency else None,
                 "trigger": args.trigger,
             },

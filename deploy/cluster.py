@@ -170,33 +170,19 @@ def daemon_command(role: Role, spec: ClusterSpec, spark_home: Path, work_dir: Pa
     Returns:
         The argv.
     """
-    spark_class = str(spark_home / "bin" / "spark-class")
+    head = [str(spark_home / "bin" / "spark-class"), _MAIN_CLASS[role]]
+    options: dict[str, object]
     if role == "master":
-        return [
-            spark_class,
-            _MAIN_CLASS["master"],
-            "--host",
-            spec.host,
-            "--port",
-            str(spec.master_port),
-            "--webui-port",
-            str(spec.webui_port),
-        ]
-    return [
-        spark_class,
-        _MAIN_CLASS["worker"],
-        spec.master_url,
-        "--cores",
-        str(spec.worker_cores),
-        "--memory",
-        spec.worker_memory,
-        "--host",
-        spec.host,
-        "--webui-port",
-        str(spec.worker_webui_port),
-        "--work-dir",
-        str(work_dir),
-    ]
+        options = {"--port": spec.master_port, "--webui-port": spec.webui_port}
+    else:
+        head.append(spec.master_url)
+        options = {
+            "--cores": spec.worker_cores,
+            "--memory": spec.worker_memory,
+            "--webui-port": spec.worker_webui_port,
+            "--work-dir": work_dir,
+        }
+    return [*head, "--host", spec.host, *(str(w) for pair in options.items() for w in pair)]
 
 
 def daemon_env(
@@ -624,23 +610,18 @@ def add_cluster_commands(
         command.set_defaults(func=_run(func))
         if name != "up":
             continue
-        for option, kind, variable, default, meaning in (
-            ("--master-port", _port, "MASTER_PORT", DEFAULT_MASTER_PORT, "master port"),
-            ("--webui-port", _port, "WEBUI_PORT", DEFAULT_WEBUI_PORT, "master web UI port"),
-            (
-                "--worker-webui-port",
-                _port,
-                "WORKER_WEBUI_PORT",
-                DEFAULT_WORKER_WEBUI_PORT,
-                "worker web UI port",
-            ),
-            ("--worker-cores", _cores, "WORKER_CORES", DEFAULT_WORKER_CORES, "worker cores"),
-            ("--worker-memory", _memory, "WORKER_MEMORY", DEFAULT_WORKER_MEMORY, "worker memory"),
+        for option, kind, default, meaning in (
+            ("--master-port", _port, DEFAULT_MASTER_PORT, "master port"),
+            ("--webui-port", _port, DEFAULT_WEBUI_PORT, "master web UI port"),
+            ("--worker-webui-port", _port, DEFAULT_WORKER_WEBUI_PORT, "worker web UI port"),
+            ("--worker-cores", _cores, DEFAULT_WORKER_CORES, "worker cores"),
+            ("--worker-memory", _memory, DEFAULT_WORKER_MEMORY, "worker memory"),
         ):
+            variable = "REFOLD_CLUSTER_" + option.removeprefix("--").replace("-", "_").upper()
             # A string default goes through ``type`` too: a bad REFOLD_CLUSTER_* is a usage error.
             command.add_argument(
                 option,
                 type=kind,
-                default=env.get(f"REFOLD_CLUSTER_{variable}", str(default)),
-                help=f"{meaning} (env REFOLD_CLUSTER_{variable}, default {default})",
+                default=env.get(variable, str(default)),
+                help=f"{meaning} (env {variable}, default {default})",
             )

@@ -15,17 +15,17 @@ from typing import Any
 import redis
 from tqdm import tqdm
 
-from contracts.commerce import ORDERS
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher
-from contracts.registry import processor_spec
+from contracts.registry import default_registry, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
 from contracts.topics import dead_letter_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
+from deploy.simulators.clickstream import ClickstreamSimulator
 from deploy.simulators.orders import OrderSimulator
 from replay.plan import ToEarliest
 from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
@@ -34,7 +34,9 @@ from services.reader.state_reader import StateReader
 
 __all__ = ["run_demo", "wait_until_caught_up"]
 
-PROCESSOR = "order_state"
+PROCESSOR = "order_state"  # the one the demo replays
+# Run together as queries of one Spark application (one JVM).
+PROCESSORS = ("order_state", "customer_stats", "session_stats")
 _CATCH_UP_TIMEOUT_S = 600.0
 _TAKEOVER_TIMEOUT_S = 120.0
 
@@ -130,6 +132,25 @@ def _summary(reader: StateReader, generation: int, dead_letters: int) -> None:
     print(f"freshness (next offset per partition): {applied}")
 
 
+def _platform_summary(client: redis.Redis) -> None:
+    customers = dict(StateReader(client, "customer_stats").scan("customers"))
+    print(f"customer_stats (re-keyed by customer_id): {len(customers):,} customers; top spenders:")
+    spend = sorted(customers.values(), key=lambda c: -sum(c["spend_minor"].values()) if c else 0)
+    for state in spend[:3]:
+        money = ", ".join(f"{_money(v)} {c}" for c, v in sorted(state["spend_minor"].items()))
+        name = (state.get("profile") or {}).get("name", "(no profile yet)")
+        print(
+            f"  {state['customer_id']}  {name:<22} {state['orders']} orders, "
+            f"{state['paid']} paid, {state['cancelled']} cancelled; spend {money}"
+        )
+    sessions = StateReader(client, "session_stats").aggregate("session_totals").value
+    print(
+        f"session_stats: {sessions.get('sessions', 0):,} sessions "
+        f"({sessions.get('identified', 0):,} signed in), {sessions.get('page_views', 0):,} page "
+        f"views, {sessions.get('searches', 0):,} searches, {sessions.get('clicks', 0):,} clicks"
+    )
+
+
 def _tables(reader: StateReader, generation: int) -> tuple[dict[str, Any], dict[str, int]]:
     return (
         dict(reader.scan("orders", generation)),
@@ -149,19 +170,36 @@ def run_demo(orders: int, state_dir: Path) -> int:
         kafka = KafkaSettings(bootstrap_servers=stack.bootstrap_servers)
         redis_settings = RedisSettings(url=stack.redis_url)
         print(f"Kafka {stack.bootstrap_servers}, Redis {stack.redis_url}")
-        ensure_topics(kafka.as_librdkafka(), [ORDERS, dead_letter_spec(PROCESSOR)])
-        print(f"topic {ORDERS.name}: {ORDERS.partitions} partitions, key {ORDERS.key_field}")
+        registry_ = default_registry()
+        topics = [registry_.topic(t) for n in PROCESSORS for t in processor_spec(n).topics]
+        topics = list({t.name: t for t in topics}.values())
+        ensure_topics(kafka.as_librdkafka(), [*topics, *(dead_letter_spec(n) for n in PROCESSORS)])
+        for topic in topics:
+            print(f"topic {topic.name}: {topic.partitions} partitions, key {topic.key_field}")
         launcher = ProcessLauncher(kafka, redis_settings, SparkSettings(), demo_dir)
-        _say("starting the order_state processor (Spark Structured Streaming, generation 1)")
+        _say(
+            f"starting {', '.join(PROCESSORS)} as queries of ONE Spark application "
+            "(generation 1 each; customer_stats is re-keyed by customer_id)"
+        )
         processor = ProcessorProcess(
-            launcher.argv([PROCESSOR]),
+            launcher.argv(list(PROCESSORS)),
             launcher.env(),
-            demo_dir / "logs" / "order_state-live.log",
+            demo_dir / "logs" / "processors-live.log",
         ).start()
         print(f"pid {processor.pid}, log {processor.log_path}")
 
-        events = list(OrderSimulator(orders, seed=2026))
-        _say(f"producing {len(events):,} order events for {orders:,} orders")
+        simulator = OrderSimulator(orders, seed=2026)
+        order_events = list(simulator)
+        web = list(
+            ClickstreamSimulator(
+                max(1, orders // 3), seed=2026, customer_ids=simulator.customer_ids
+            )
+        )
+        events = order_events + web
+        _say(
+            f"producing {len(order_events):,} order events for {orders:,} orders and "
+            f"{len(web):,} clickstream and customer events"
+        )
         publisher = EventPublisher(kafka)
         started = time.monotonic()
         with tqdm(total=len(events), unit="ev", desc="producing", dynamic_ncols=True) as bar:
@@ -177,15 +215,22 @@ def run_demo(orders: int, state_dir: Path) -> int:
         reader = StateReader(client, PROCESSOR)
         offsets = LogOffsets(kafka.as_librdkafka())
         try:
-            _say("waiting for the processor to catch up")
-            waited = wait_until_caught_up(
-                reader, offsets, [ORDERS.name], alive=processor.alive, desc="folding"
-            )
+            _say("waiting for the processors to catch up")
+            waited = 0.0
+            for name in PROCESSORS:
+                waited += wait_until_caught_up(
+                    StateReader(client, name),
+                    offsets,
+                    list(processor_spec(name).topics),
+                    alive=processor.alive,
+                    desc=name,
+                )
             print(f"caught up {waited:.1f}s after the last event was acknowledged")
             dlq = dead_letter_spec(PROCESSOR).name
             dead = sum(offsets.end_offsets([(dlq, 0)]).values())
             live = reader.live_generation()
             _summary(reader, live, dead)
+            _platform_summary(client)
 
             _say("replay: rebuild order_state from the earliest offset into a new generation")
             spec = processor_spec(PROCESSOR)

@@ -57,6 +57,17 @@ class ProcessorProcess:
         """True while the process runs."""
         return self.process is not None and self.process.poll() is None
 
+    def wait(self, timeout: float) -> int:
+        """Wait for it to exit; its exit code.
+
+        Raises:
+            subprocess.TimeoutExpired: Still running after ``timeout`` seconds.
+        """
+        if self.process is None:
+            msg = "not started"
+            raise RuntimeError(msg)
+        return self.process.wait(timeout)
+
     def kill(self) -> None:
         """SIGKILL the whole process group: a crash, for tests."""
         with contextlib.suppress(ProcessLookupError):

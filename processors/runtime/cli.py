@@ -190,17 +190,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _checkpoint_root(settings: ProcessSettings) -> Path:
+    """Where checkpoints live: ``REFOLD_SPARK__CHECKPOINT_URL`` (a path or ``file://`` URL).
+
+    Raises:
+        ProcessorConfigError: Another scheme. The runner inspects and removes checkpoint
+            directories itself (stale checkpoints, in-place resets), which it does through the
+            local file system only so far.
+    """
+    url = settings.spark.checkpoint_url
+    if not url:
+        return checkpoint_root(settings.state_dir)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return Path(url)
+    if scheme == "file":
+        return Path(rest)
+    msg = (
+        f"REFOLD_SPARK__CHECKPOINT_URL={url}: only local paths and file:// URLs are supported "
+        "so far. Operator action: mount the shared storage (NFS, a CSI volume) at the same "
+        "path on the driver hosts and give that path."
+    )
+    raise ProcessorConfigError(msg)
+
+
 def _jobs(args: argparse.Namespace, settings: ProcessSettings) -> list[ProcessorJob]:
     registry = default_registry()
     names = list(dict.fromkeys(args.names))
     if len(names) > 1 and isinstance(args.generation, int):
         msg = "--generation N names one generation of one processor; run it alone"
         raise ProcessorConfigError(msg)
-    root = (
-        Path(settings.spark.checkpoint_url.removeprefix("file://"))
-        if settings.spark.checkpoint_url
-        else checkpoint_root(settings.state_dir)
-    )
+    root = _checkpoint_root(settings)
     base = RunOptions(
         generation=args.generation,
         checkpoint_root=root,

@@ -623,6 +623,10 @@ class FoldWriter:
             if not done and record.offset >= new_pos.get(field_name, 0):
                 new_pos[field_name] = record.offset + 1
             fallback = zlib.crc32(record.key or b"") % slots == slot
+            if not isinstance(event, _DeadLetter):
+                # A record off its partition key's partition must not make or use links: its
+                # order relative to the rest of its order_id (say) is not defined.
+                event = self._check_partition_key(record, event)
             if isinstance(event, _DeadLetter):
                 if fallback and not done:
                     dead.append(event)
@@ -669,18 +673,25 @@ class FoldWriter:
                 f"links it to one (through {', '.join(self.target.key_links) or 'no link'})"
             )
             return _DeadLetter(record, "key-missing", detail)
-        partition_key = self._partition_keys.get(record.topic)
-        if self.target.check_keys and partition_key is not None:
-            value = event.data.get(partition_key)
-            if value is None or record.key != str(value).encode():
-                detail = (
-                    f"record key {record.key!r} is not the partition key {partition_key}="
-                    f"{value!r} of this {event.event_type}: the events it links to may sit "
-                    "on another partition. Operator action: produce it again keyed by "
-                    f"{partition_key} (the producer SDK does)."
-                )
-                return _DeadLetter(record, "key-mismatch", detail)
         return None
+
+    def _check_partition_key(
+        self, record: SourceRecord, event: DecodedEvent
+    ) -> DecodedEvent | _DeadLetter:
+        """Re-keyed: the record's Kafka key must be its topic's partition key field."""
+        partition_key = self._partition_keys.get(record.topic)
+        if not self.target.check_keys or partition_key is None:
+            return event
+        value = event.data.get(partition_key)
+        if value is not None and record.key == str(value).encode():
+            return event
+        detail = (
+            f"record key {record.key!r} is not the partition key {partition_key}={value!r} "
+            f"of this {event.event_type}: it may sit on another partition than the events it "
+            "links to. Operator action: produce it again keyed by "
+            f"{partition_key} (the producer SDK does)."
+        )
+        return _DeadLetter(record, "key-mismatch", detail)
 
     def _stored_links(
         self, pipe: Pipeline, events: Sequence[DecodedEvent]
@@ -726,7 +737,13 @@ class FoldWriter:
         )
         for chunk in read_messages(options, tuple(spans), slot="learn"):
             records = [SourceRecord.of_message(m) for m in chunk]
-            events = [(r, e) for r in records if not isinstance(e := self._decode(r), _DeadLetter)]
+            events = []
+            for record in records:
+                event = self._decode(record)
+                if not isinstance(event, _DeadLetter):
+                    event = self._check_partition_key(record, event)
+                if not isinstance(event, _DeadLetter):
+                    events.append((record, event))
             stored = self._stored_links(pipe, [e for _r, e in events])
             for record, event in events:
                 via = self._via.get(record.topic, ())

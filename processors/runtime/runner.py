@@ -613,6 +613,7 @@ def _run_generation(
                 if catch_up is not None and catch_up.done(query):
                     logger.info("caught up with the log end taken at start; stopping")
                     outcome = "caught_up"
+                    _finish_batch_in_flight(query)
                     break
                 changed = watch.check(query, following)
             except REDIS_UNAVAILABLE as exc:
@@ -640,6 +641,25 @@ def _run_generation(
         sink.total.undecodable,
     )
     return outcome
+
+
+# How long a caught-up run waits for its last micro-batch to end before stopping the query.
+# The tasks commit to Redis (what the catch-up check sees) before the driver has collected
+# their outcomes; a batch's tail after that is short (collect, group commit, Spark's commit log).
+_FINISH_BATCH_S = 30.0
+
+
+def _finish_batch_in_flight(query: StreamingQuery) -> None:
+    """Wait (bounded) until no trigger is running, so that stopping interrupts no batch.
+
+    Driver side. Stopping a query mid-batch interrupts its ``foreachBatch`` (a py4j
+    InterruptedException trace in the log) and loses the batch's totals, its consumer group
+    commit and its entry in Spark's commit log (the next run re-plans it; applied records
+    are skipped, so the state is right either way).
+    """
+    deadline = time.monotonic() + _FINISH_BATCH_S
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class _RedisWatch:

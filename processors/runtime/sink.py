@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from contracts.codec import EventCodec
 from contracts.layout import position_field
 from processors.fold.projection import Projection
 from processors.fold.records import SourceRecord
@@ -58,11 +59,13 @@ _WRITERS: dict[tuple[FoldTarget, str, int | None], FoldWriter] = {}
 _APPLY_CHUNK = 25_000
 
 
-def _writer(target: FoldTarget, projection: Projection, slot: int | None = None) -> FoldWriter:
+def _writer(
+    target: FoldTarget, projection: Projection, codec: EventCodec, slot: int | None = None
+) -> FoldWriter:
     key = (target, projection.name, slot)
     writer = _WRITERS.get(key)
     if writer is None:
-        writer = _WRITERS[key] = FoldWriter(target, projection, slot=slot)
+        writer = _WRITERS[key] = FoldWriter(target, projection, codec, slot=slot)
         writer.connect()
     writer.begin_task()
     return writer
@@ -128,6 +131,7 @@ def _in_chunks(parts: Iterator[list[SourceRecord]]) -> Iterator[list[SourceRecor
 def _fold_task(
     target: FoldTarget,
     projection: Projection,
+    codec: EventCodec,
     batch_id: int,
     ranges_mode: bool,
     batches: Iterator[pa.RecordBatch],
@@ -138,7 +142,7 @@ def _fold_task(
     retried task skips what an earlier attempt applied. Meanwhile the consumer keeps fetching
     the next records in the background: reading overlaps folding, as in the baseline.
     """
-    writer = _writer(target, projection)  # first: a new one connects while the records come
+    writer = _writer(target, projection, codec)  # first: it connects while the records come
     ranges = _ranges_of(batches) if ranges_mode else ()
     parts = _records_of_ranges(target, ranges) if ranges_mode else _records_of_rows(batches)
     yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
@@ -147,6 +151,7 @@ def _fold_task(
 def _slot_task(
     target: FoldTarget,
     projection: Projection,
+    codec: EventCodec,
     batch_id: int,
     ranges: tuple[Range, ...],
     batches: Iterator[pa.RecordBatch],
@@ -158,7 +163,7 @@ def _slot_task(
     """
     slots = [s for batch in batches for s in batch.column("id").to_pylist()]
     for slot in slots:
-        writer = _writer(target, projection, slot)
+        writer = _writer(target, projection, codec, slot)
         parts = _records_of_ranges(target, ranges)
         yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
 
@@ -214,6 +219,7 @@ class RedisFoldSink:
         target: Where the generation lives.
         projection: The fold.
         mirror: Commits each batch's new positions to the generation's consumer group.
+        codec: The contracts (default: the installed contract sets, loaded on the driver).
     """
 
     def __init__(
@@ -221,10 +227,15 @@ class RedisFoldSink:
         target: FoldTarget,
         projection: Projection,
         mirror: ConsumerGroupMirror | None = None,
+        codec: EventCodec | None = None,
     ) -> None:
         self.target = target
         self.projection = projection
         self.mirror = mirror
+        # Built on the driver and shipped with every task: executors decode with the driver's
+        # catalog, even where the user's contract package is only shipped as code (no
+        # installed entry points there).
+        self.codec = codec or EventCodec()
         self.last_outcome = BatchOutcome()
         self.total = BatchOutcome()
 
@@ -232,7 +243,7 @@ class RedisFoldSink:
         """Re-keyed: the generation's positions (the slots' minimum), for the consumer group."""
         if not reported:
             return reported
-        writer = _writer(self.target, self.projection, 0)
+        writer = _writer(self.target, self.projection, self.codec, 0)
         fields = sorted(reported)
         raw = writer.redis.hmget(self.target.keys.positions, fields)
         return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
@@ -248,10 +259,14 @@ class RedisFoldSink:
                 for r in df.select("topic", "partition", "start_offset", "end_offset").collect()
             )
             slots = self.target.slots
-            task = functools.partial(_slot_task, self.target, self.projection, batch_id, planned)
+            task = functools.partial(
+                _slot_task, self.target, self.projection, self.codec, batch_id, planned
+            )
             tasks = df.sparkSession.range(0, slots, 1, slots) if planned else None
         else:
-            task = functools.partial(_fold_task, self.target, self.projection, batch_id, ranges)
+            task = functools.partial(
+                _fold_task, self.target, self.projection, self.codec, batch_id, ranges
+            )
             tasks = df
         outcome = BatchOutcome()
         rows = [] if tasks is None else tasks.mapInArrow(task, OUTCOME_SCHEMA).collect()

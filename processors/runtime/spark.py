@@ -99,9 +99,11 @@ def _submitted_conf() -> dict[str, str]:
     """What ``spark-submit`` set for this driver; empty when not run by spark-submit."""
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return {}
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
 
-    # The JVM exists already (spark-submit started it): reading its properties starts nothing.
+    # Connects to the JVM spark-submit started (nothing is launched), whose system properties
+    # hold spark-submit's settings; SparkConf() sees them only once connected.
+    SparkContext._ensure_initialized()  # noqa: SLF001 - no public way to connect first
     return dict(SparkConf().getAll())
 
 

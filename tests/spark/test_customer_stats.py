@@ -1,5 +1,6 @@
 """The re-keyed customer_stats processor (key customer_id on order_id-partitioned orders, plus
-a customer-keyed profiles topic) equals its oracle through kill -9s under live traffic."""
+a customer-keyed profiles topic) equals its oracle through kill -9s under live traffic, and so
+does its online rebuild (replay --to-earliest --execute of a plug-in processor)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis
 from contracts.commerce import ORDERS
 from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher, ProcessorOptions
+from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
 from contracts.web import CUSTOMERS
@@ -20,6 +22,8 @@ from deploy.simulators.orders import OrderSimulator
 from processors.customer_stats.projection import CustomerStatsProjection
 from processors.fold.oracle import fold_all
 from processors.fold.rekey import KeyResolver
+from replay.plan import ToEarliest
+from replay.rebuild import plan_replay, run_rebuild
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
@@ -115,6 +119,18 @@ def test_rekeyed_customer_stats_equals_the_oracle_through_three_kill_9s(
         # The re-keying was real: states from several partitions of orders and of profiles.
         assert sum(1 for s in expected.states.values() if s["profile"]) > 10
         assert max(s["orders"] for s in expected.states.values()) > 1
+
+        # replay --to-earliest --execute of the plug-in: a new generation, re-keyed the same.
+        spec = processor_spec(NAME)
+        plan = plan_replay(spec, ToEarliest(), kafka, client, redis_settings.key_prefix)
+        assert plan.ready, plan.render()
+        first = registry.live()
+        result = run_rebuild(
+            plan, spec, kafka, redis_settings, state_dir=tmp_path, launcher=launcher
+        )
+        assert (result.previous, reader.live_generation()) == (first, result.generation)
+        assert dict(reader.scan("customers")) == expected.states
+        assert registry.meta(result.generation)["slots"] == registry.meta(first)["slots"] == "2"
     finally:
         for process in processes:
             process.stop()

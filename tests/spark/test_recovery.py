@@ -52,8 +52,10 @@ def test_a_restart_while_another_processor_lets_go_of_the_lease_waits_for_it(spa
     # Like replay's processor finishing its last batch right after a cutover: alive, still
     # holding the lease for a few seconds.
     holder = f"{socket.gethostname()}:{os.getpid()}:cutover"
-    assert registry.claim_lease(generation, holder, 15_000)
-    letting_go = threading.Timer(6.0, registry.release_lease, (generation, holder))
+    # Held longer than the new processor takes to start its Spark application (~10 s on a
+    # busy 2-core machine), so that it meets the lease held.
+    assert registry.claim_lease(generation, holder, 40_000)
+    letting_go = threading.Timer(25.0, registry.release_lease, (generation, holder))
     letting_go.start()
     process = world.processor(name="after-cutover").start()
     try:
