@@ -14,19 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from contracts.commerce import ORDERS
 from contracts.processors import ProcessorOptions
 from processors.fold.projection import EventRejectedError, State
 
 __all__ = ["CustomerStatsProjection", "build"]
 
-_ORDER_EVENTS = (
-    "OrderPlaced",
-    "OrderLineAdded",
-    "OrderLineRemoved",
-    "OrderPaid",
-    "OrderShipped",
-    "OrderCancelled",
-)
+_ORDER_EVENTS = ORDERS.event_types
 _PROFILE_FIELDS = ("email", "name", "country", "tier")
 
 

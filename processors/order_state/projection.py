@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from contracts.commerce import ORDERS
 from processors.fold.projection import EventRejectedError, SideEffect, State
 
 if TYPE_CHECKING:
@@ -82,14 +83,7 @@ class OrderStateProjection:
     name = "order_state"
     table = "orders"
     aggregate = "order_totals"
-    event_types = (
-        "OrderPlaced",
-        "OrderLineAdded",
-        "OrderLineRemoved",
-        "OrderPaid",
-        "OrderShipped",
-        "OrderCancelled",
-    )
+    event_types = ORDERS.event_types
 
     def key(self, event_type: str, event: Mapping[str, Any]) -> str:
         """Orders are keyed by ``order_id``."""

@@ -59,6 +59,22 @@ def test_status_lists_generations_with_lag(two_generations, capsys):
     assert "order_state" in capsys.readouterr().out
 
 
+def test_status_shows_processors_in_redis_that_no_package_registers(two_generations, capsys):
+    client, _registry, prefix, _gens, _tmp = two_generations
+    ghost = GenerationRegistry(client, StateLayout("ghost_stats", prefix))
+    ghost.create({"topics": []}, live=True)  # e.g. a plug-in uninstalled since
+    assert replay(["status", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["processor"], r["registered"]) for r in rows} == {
+        ("order_state", True),
+        ("ghost_stats", False),
+    }
+    assert replay(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "ghost_stats?" in out
+    assert "no installed package registers it" in out
+
+
 def test_diff_finds_a_changed_key(two_generations, capsys):
     client, registry, _prefix, (g1, g2), _tmp = two_generations
     assert replay(["diff", "--processor", "order_state", str(g1), str(g2)]) == 0
