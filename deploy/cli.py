@@ -15,6 +15,7 @@ from deploy.local_stack import (
     LocalStack,
     LocalStackError,
 )
+from deploy.processes import tcp_port
 
 __all__ = ["main"]
 
@@ -115,17 +116,6 @@ def _cmd_contracts(args: argparse.Namespace) -> int:
     return contracts_main(args.rest)
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        msg = f"{text!r} is not a TCP port 1-65535"
-        raise argparse.ArgumentTypeError(msg)
-    return port
-
-
 def _add_stack_options(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
     """Add ``--state-dir``, ``--kafka-port`` and ``--redis-port`` to ``parser``.
 
@@ -149,14 +139,14 @@ def _add_stack_options(parser: argparse.ArgumentParser, *, after_subcommand: boo
     )
     parser.add_argument(
         "--kafka-port",
-        type=_port,
+        type=tcp_port,
         default=default(os.environ.get("REFOLD_KAFKA_PORT", str(DEFAULT_KAFKA_PORT))),
         help="port of the local broker for `up` (env REFOLD_KAFKA_PORT, default "
         f"{DEFAULT_KAFKA_PORT}); `status` and `down` use the port recorded by `up`",
     )
     parser.add_argument(
         "--redis-port",
-        type=_port,
+        type=tcp_port,
         default=default(os.environ.get("REFOLD_REDIS_PORT", str(DEFAULT_REDIS_PORT))),
         help="port of the local redis-server for `up` (env REFOLD_REDIS_PORT, default "
         f"{DEFAULT_REDIS_PORT}); `status` and `down` use the port recorded by `up`",

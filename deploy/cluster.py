@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from contracts.errors import RefoldError
+from deploy.processes import tcp_port, terminate
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -266,16 +266,6 @@ def _pid_runs(pid: int, main_class: str) -> bool:
     return not cmdline or main_class in cmdline
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class SparkCluster:
     """One Spark standalone master and one worker on loopback, with pid and log files.
 
@@ -446,7 +436,7 @@ class SparkCluster:
         for role in _START_ORDER[::-1]:
             pid = self._recorded(role)[0]
             if pid is not None and _pid_runs(pid, _MAIN_CLASS[role]):
-                _terminate_group(pid)
+                terminate(pid, _STOP_GRACE_S, group=True)
                 stopped.append(role)
             with contextlib.suppress(FileNotFoundError):
                 self._pid_file(role).unlink()
@@ -463,35 +453,7 @@ def _master_json(host: str, webui_port: int) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _terminate_group(pgid: int) -> None:
-    """SIGTERM the process group ``pgid`` (a daemon started in its own session), then SIGKILL."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + _STOP_GRACE_S
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pgid, os.WNOHANG)  # reap it if it is our child
-        if not _group_alive(pgid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pgid, 0)
-
-
 # -- the `refold cluster` command -------------------------------------------------------------
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        msg = f"{text!r} is not a TCP port 1-65535"
-        raise argparse.ArgumentTypeError(msg)
-    return port
 
 
 def _cores(text: str) -> int:
@@ -611,9 +573,9 @@ def add_cluster_commands(
         if name != "up":
             continue
         for option, kind, default, meaning in (
-            ("--master-port", _port, DEFAULT_MASTER_PORT, "master port"),
-            ("--webui-port", _port, DEFAULT_WEBUI_PORT, "master web UI port"),
-            ("--worker-webui-port", _port, DEFAULT_WORKER_WEBUI_PORT, "worker web UI port"),
+            ("--master-port", tcp_port, DEFAULT_MASTER_PORT, "master port"),
+            ("--webui-port", tcp_port, DEFAULT_WEBUI_PORT, "master web UI port"),
+            ("--worker-webui-port", tcp_port, DEFAULT_WORKER_WEBUI_PORT, "worker web UI port"),
             ("--worker-cores", _cores, DEFAULT_WORKER_CORES, "worker cores"),
             ("--worker-memory", _memory, DEFAULT_WORKER_MEMORY, "worker memory"),
         ):

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from deploy.processes import alive, terminate
+
 __all__ = [
     "DEFAULT_KAFKA_PORT",
     "DEFAULT_REDIS_PORT",
@@ -74,19 +76,9 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _pid_runs(pid: int, program: str) -> bool:
     """True if ``pid`` is alive and its command line mentions ``program`` (guards PID reuse)."""
-    if not _pid_alive(pid):
+    if not alive(pid):
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -271,7 +263,7 @@ class LocalStack:
         deadline = time.monotonic() + _READY_TIMEOUT_S
         pid = self._recorded_pid(name)
         while time.monotonic() < deadline:
-            if pid is None or not _pid_alive(pid):
+            if pid is None or not alive(pid):
                 break
             if _port_open(self._port(name)):
                 return
@@ -317,25 +309,9 @@ class LocalStack:
         for name in _START_ORDER[::-1]:
             pid = self._recorded_pid(name)
             if pid is not None and _pid_runs(pid, self._program(name)):
-                self._terminate(pid)
+                terminate(pid, _STOP_GRACE_S)
             with contextlib.suppress(FileNotFoundError):
                 self._pid_file(name).unlink()
-
-    @staticmethod
-    def _terminate(pid: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_GRACE_S
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
-            if not _pid_alive(pid):
-                return
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
 
     def __enter__(self) -> LocalStack:
         return self.start()

@@ -6,6 +6,7 @@ Python workers it started, and nothing else.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -14,9 +15,54 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProcessorProcess"]
+__all__ = ["ProcessorProcess", "alive", "tcp_port", "terminate"]
 
 _STOP_GRACE_S = 30.0  # a micro-batch in flight finishes; Spark stops its query cleanly
+
+
+def alive(pid: int, *, group: bool = False) -> bool:
+    """True while ``pid`` (or, with ``group``, any process of its group) exists."""
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def terminate(pid: int, grace_s: float, *, group: bool = False) -> None:
+    """SIGTERM ``pid`` (or its process group), then SIGKILL after ``grace_s``; reap our child.
+
+    The one way refold stops a server or daemon it started (the local stack's servers, the
+    Spark cluster's daemons), by PID, never by name.
+    """
+    send = os.killpg if group else os.kill
+    with contextlib.suppress(ProcessLookupError):
+        send(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+        if not alive(pid, group=group):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        send(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def tcp_port(text: str) -> int:
+    """An argparse type: a TCP port 1-65535 (a bad value is a usage error)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        msg = f"{text!r} is not a TCP port 1-65535"
+        raise argparse.ArgumentTypeError(msg)
+    return port
 
 
 @dataclass
