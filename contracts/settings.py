@@ -9,11 +9,14 @@ Environment names: ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_SPARK__*``
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.layout import DEFAULT_KEY_PREFIX
 
-__all__ = ["KafkaSettings", "RedisSettings", "SparkSettings"]
+__all__ = ["KafkaSettings", "RedisSettings", "SparkSettings", "StackSettings"]
 
 
 class KafkaSettings(BaseModel):
@@ -92,3 +95,22 @@ class SparkSettings(BaseModel):
     executor_memory: str = "1g"
     driver_memory: str = "2g"
     checkpoint_url: str | None = None
+
+
+class StackSettings(BaseSettings):
+    """Where the stack is: the settings every deployable shares.
+
+    Read from ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_SPARK__*`` and
+    ``REFOLD_STATE_DIR``. Built once, in a ``__main__`` (or in a user's script:
+    ``StackSettings()`` reads the variables the processors read), then passed on explicitly.
+    Deployables with settings of their own subclass it.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="REFOLD_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    state_dir: Path = Path(".state")

@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.errors import RefoldError
 from contracts.logconfig import configure_logging
 from contracts.processors import ProcessorOptions, ProcessorSpec, options_env_prefix
 from contracts.registry import Registry, default_registry, import_reference, with_fallback
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from contracts.settings import StackSettings
 from contracts.store.generations import checkpoint_root
 from contracts.topics import TopicSpec
 from processors.errors import ProcessorConfigError
@@ -40,17 +40,8 @@ from processors.runtime.runner import (
 __all__ = ["ProcessSettings", "build_job", "build_parser", "load_options", "main"]
 
 
-class ProcessSettings(BaseSettings):
-    """The shared settings of a processor process (``REFOLD_*``)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="REFOLD_", env_nested_delimiter="__", frozen=True, extra="ignore"
-    )
-
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    redis: RedisSettings = Field(default_factory=RedisSettings)
-    spark: SparkSettings = Field(default_factory=SparkSettings)
-    state_dir: Path = Path(".state")
+class ProcessSettings(StackSettings):
+    """The shared settings of a processor process (``REFOLD_*``; options: per processor)."""
 
 
 def _options_class(spec: ProcessorSpec) -> type[ProcessorOptions]:
