@@ -114,6 +114,12 @@ class KeyResolver:
                 return link.key, made
         return (None if own is None else str(own)), made
 
+    def link_at(
+        self, slot: tuple[str, str], offset: int, stored: Mapping[tuple[str, str], Link] | None
+    ) -> Link | None:
+        """The link of ``(via field, via value)`` usable by the record at ``offset``, if any."""
+        return self._known(slot, offset, stored)
+
     def _known(
         self, slot: tuple[str, str], offset: int, stored: Mapping[tuple[str, str], Link] | None
     ) -> Link | None:

@@ -35,7 +35,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from contracts.codec import DecodedEvent, EventCodec
+from contracts.codec import MAGIC, DecodedEvent, EventCodec
 from contracts.errors import DeserializationError
 from contracts.layout import (
     BATCH_ID_FIELD,
@@ -336,6 +336,7 @@ class FoldWriter:
         self._resolver = KeyResolver(target.key_field, target.key_links)
         self._scanned: set[str] = set()
         self._partition_keys = dict(target.partition_keys)
+        self._carries: dict[bytes, bool] = {}
         # Per topic, the links usable on it: those through its partition key (log order).
         self._via = {
             topic: tuple(v for v in target.key_links if v == pk)
@@ -606,29 +607,36 @@ class FoldWriter:
     ) -> None:
         """Re-keyed: find each record's entity and keep those of this writer's slot.
 
-        Every slot's task reads every record (and learns links from all of them, also from
-        those it has applied already); it folds the records of its own entities and
-        dead-letters the undecodable or keyless ones whose Kafka key hashes to it.
+        Every slot's task reads every record. It decodes those that carry the key (they make
+        links: every slot learns them, also from records it has applied already) and those
+        that may be its own; a record whose Kafka key links to another slot's entity is
+        skipped undecoded (most of a re-keyed batch, measured: decoding was a third of a
+        slot's time). It folds the records of its own entities and dead-letters the records
+        it owns that cannot be folded (see :meth:`_linked_slot` for who owns those).
         """
         slot, slots = cast("int", self.slot), self.target.slots
         self._learn_before(pipe, records)
-        decoded = [(r, self._decode(r)) for r in records]
-        stored = self._stored_links(
-            pipe, [e for _r, e in decoded if not isinstance(e, _DeadLetter)]
-        )
+        stored = self._stored_links(pipe, records)
         own = 0
-        for record, event in decoded:
+        for record in records:
             field_name = position_field(record.topic, record.partition)
             done = record.offset < applied_pos.get(field_name, 0)
             if not done and record.offset >= new_pos.get(field_name, 0):
                 new_pos[field_name] = record.offset + 1
-            fallback = zlib.crc32(record.key or b"") % slots == slot
+            # Who owns the record when its event cannot say (a dead letter): the slot of the
+            # link of its Kafka key (a partition key) when it has one here, else its key's
+            # CRC. Every slot computes the same, from the same log prefix.
+            linked = self._linked_slot(record, stored)
+            owner = linked if linked is not None else zlib.crc32(record.key or b"") % slots
+            if owner != slot and not self._carries_key(record):
+                continue  # another slot's: its entity comes from that link; not decoded here
+            event = self._decode(record)
             if not isinstance(event, _DeadLetter):
                 # A record off its partition key's partition must not make or use links: its
                 # order relative to the rest of its order_id (say) is not defined.
                 event = self._check_partition_key(record, event)
             if isinstance(event, _DeadLetter):
-                if fallback and not done:
+                if owner == slot and not done:
                     dead.append(event)
                     own += 1
                 continue
@@ -636,7 +644,7 @@ class FoldWriter:
                 record.offset, event.data, stored, self._via.get(record.topic, ())
             )
             links.extend(m for m in made if slot_of(m[2].key, slots) == slot)
-            mine = (slot_of(entity, slots) == slot) if entity is not None else fallback
+            mine = (slot_of(entity, slots) == slot) if entity is not None else owner == slot
             if not mine:
                 continue
             own += 1
@@ -694,12 +702,19 @@ class FoldWriter:
         return _DeadLetter(record, "key-mismatch", detail)
 
     def _stored_links(
-        self, pipe: Pipeline, events: Sequence[DecodedEvent]
+        self, pipe: Pipeline, records: Sequence[SourceRecord]
     ) -> dict[tuple[str, str], Link]:
-        """The stored links of the ``via`` values of ``events`` (one HMGET per via field)."""
+        """The stored links of the records' Kafka keys, on topics partitioned by a link field.
+
+        A well-keyed record's ``via`` value is its Kafka key (checked once decoded), so the
+        links are read without decoding anything (one HMGET per link field).
+        """
         stored: dict[tuple[str, str], Link] = {}
         for via in self.target.key_links:
-            values = sorted({str(e.data[via]) for e in events if e.data.get(via) is not None})
+            topics = {t for t, fields in self._via.items() if via in fields}
+            values = sorted(
+                {r.key.decode(errors="replace") for r in records if r.topic in topics and r.key}
+            )
             if not values:
                 continue
             raw = cast("list[bytes | None]", pipe.hmget(self.target.keys.links(via), values))
@@ -707,6 +722,39 @@ class FoldWriter:
                 if item is not None:
                     stored[(via, value)] = decode_link(item)
         return stored
+
+    def _linked_slot(
+        self, record: SourceRecord, stored: Mapping[tuple[str, str], Link]
+    ) -> int | None:
+        """The slot of the link of the record's Kafka key usable at its offset, if any."""
+        if record.key is None:
+            return None
+        value = record.key.decode(errors="replace")
+        for via in self._via.get(record.topic, ()):
+            link = self._resolver.link_at((via, value), record.offset, stored)
+            if link is not None:
+                return slot_of(link.key, self.target.slots)
+        return None
+
+    def _carries_key(self, record: SourceRecord) -> bool:
+        """Whether the record's writer schema has the entity key field (read off its header).
+
+        Such records make links, so every slot decodes them; so are records whose schema is
+        not known (the decode says why).
+        """
+        value = record.value
+        if value is None or len(value) < 10 or value[:2] != MAGIC:
+            return True
+        fingerprint = value[2:10]
+        carries = self._carries.get(fingerprint)
+        if carries is None:
+            try:
+                fields = self.codec.catalog.by_fingerprint(fingerprint).raw.get("fields", [])
+            except DeserializationError:
+                return True
+            key = self.target.key_field
+            carries = self._carries[fingerprint] = any(f.get("name") == key for f in fields)
+        return carries
 
     def _learn_before(self, pipe: Pipeline, records: Sequence[SourceRecord]) -> None:
         """Learn the links of what the slowest slot has not applied yet, below ``records``.
@@ -744,7 +792,7 @@ class FoldWriter:
                     event = self._check_partition_key(record, event)
                 if not isinstance(event, _DeadLetter):
                     events.append((record, event))
-            stored = self._stored_links(pipe, [e for _r, e in events])
+            stored = self._stored_links(pipe, [r for r, _e in events])
             for record, event in events:
                 via = self._via.get(record.topic, ())
                 self._resolver.resolve(record.offset, event.data, stored, via)

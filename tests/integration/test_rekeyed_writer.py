@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import redis
 
+from contracts.codec import EventCodec
 from contracts.commerce import ORDERS
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import position_field
@@ -130,3 +131,40 @@ def test_a_slot_far_behind_the_others_resolves_alike(
     outcomes.append(_apply(writers[0], second, 200))
     outcomes += [_apply(writers[1], records, 300), _apply(writers[2], records, 300)]
     _check(target, events, records, outcomes)
+
+
+def test_records_that_cannot_be_folded_are_dead_lettered_once_by_one_slot(
+    orders, redis_url, kafka_bootstrap, make_topic, unique
+):
+    """Undecodable records and records off their partition key, with and without a link for
+    their Kafka key: exactly one slot owns each (the link's slot, else the key's CRC)."""
+    topic, events, records = orders
+    codec = EventCodec()
+    placed = next(e for t, e in events if t == "OrderPlaced")
+    paid = {
+        "event_id": "bad-paid",
+        "order_id": "ord-elsewhere",
+        "amount_minor": 1,
+        "currency": "EUR",
+        "payment_method": "CARD",
+        "paid_at": 1,
+    }
+    last = max(r.offset for r in records if r.partition == 0)
+    bad = [
+        # Kafka key linked to a customer (its order was placed), bytes that do not decode.
+        SourceRecord(topic, 0, last + 1, placed["order_id"].encode(), b"\xc3\x01garbage"),
+        # Kafka key without a link, not Avro at all.
+        SourceRecord(topic, 0, last + 2, b"ord-unknown", b"not avro"),
+        # A valid OrderPaid under another order's key (off its partition key's partition).
+        SourceRecord(
+            topic, 0, last + 3, placed["order_id"].encode(), codec.encode("OrderPaid", paid)
+        ),
+    ]
+    target = _target(redis_url, kafka_bootstrap, make_topic, unique, topic)
+    _start(target, topic)
+    writers = [FoldWriter(target, P, slot=s) for s in range(SLOTS)]
+    outcomes = [_apply(w, [*records, *bad], 150) for w in writers]
+    expected = fold_all(P, events, KeyResolver("customer_id", ("order_id",)))
+    refused = sum(o.rejected + o.undecodable for o in outcomes)
+    assert refused == len(expected.rejected) + len(bad)
+    assert sum(o.undecodable for o in outcomes) == 2
