@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--web-events",
         type=int,
-        help=f"clickstream backlog of the applications run (default: {_WEB_SHARE:.0%} of --events)",
+        help=f"clickstream backlog of the apps run (default: {_WEB_SHARE:.0%}% of --events)",
     )
     parser.add_argument(
         "--work-dir",
