@@ -104,6 +104,36 @@ def _cmd_processors(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_topics(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from contracts.errors import RefoldError
+    from contracts.kafka.admin import ensure_topics
+    from contracts.registry import default_registry
+    from contracts.settings import StackSettings
+    from contracts.topics import dead_letter_spec
+
+    registry = default_registry()
+    unknown = sorted(set(args.sets) - set(registry.contract_sets))
+    if unknown:
+        known = ", ".join(sorted(registry.contract_sets))
+        print(f"refold topics: unknown contract set(s) {', '.join(unknown)}; known: {known}")
+        return 2
+    chosen = [registry.contract_sets[n] for n in args.sets or sorted(registry.contract_sets)]
+    specs = [t for contract_set in chosen for t in contract_set.topics]
+    if not args.sets:
+        specs += [dead_letter_spec(name) for name in sorted(registry.processors)]
+    kafka = StackSettings().kafka
+    try:
+        ensure_topics(kafka.as_librdkafka(), specs)
+    except (RefoldError, KafkaException) as exc:
+        print(f"refold topics: {exc}", file=sys.stderr)
+        return 1
+    for spec in specs:
+        print(f"{spec.name:<28} {spec.partitions:>3} partitions  key {spec.key_field}")
+    return 0
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from replay.__main__ import main as replay_main
 
@@ -210,6 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     contracts.add_argument("rest", nargs=argparse.REMAINDER)
     contracts.set_defaults(func=_cmd_contracts)
+    topics = sub.add_parser(
+        "topics",
+        help="create the topics of the installed contract sets (and each processor's "
+        "dead-letter topic) where missing; check the partition counts of the others",
+    )
+    topics.add_argument("sets", nargs="*", metavar="SET", help="contract sets (default: all)")
+    topics.set_defaults(func=_cmd_topics)
     return parser
 
 

@@ -17,7 +17,17 @@ from replay.__main__ import parse_args as replay_args
     [
         (
             refold_parser,
-            ["up", "down", "status", "demo", "process", "processors", "contracts", "replay"],
+            [
+                "up",
+                "down",
+                "status",
+                "demo",
+                "process",
+                "processors",
+                "contracts",
+                "topics",
+                "replay",
+            ],
         ),
         (processor_parser, ["--generation", "--starting-offsets", "--available-now"]),
         (
