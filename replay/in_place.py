@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import redis
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
-from redis.typing import EncodableT, FieldT
 
 from contracts.layout import StateLayout, position_field
 from contracts.processors import consumer_group
@@ -94,10 +93,9 @@ def _reset_state(
     if snapshot is not None:
         SnapshotStore(registry).seed(snapshot, generation)
     # Folding restarts at each partition's begin: record it where the processor resumes from.
-    positions: dict[FieldT, EncodableT] = {
-        position_field(r.topic, r.partition): r.begin for r in plan.partitions
-    }
-    client.hset(keys.positions, mapping=positions)
+    registry.set_positions(
+        generation, {position_field(r.topic, r.partition): r.begin for r in plan.partitions}
+    )
     return removed
 
 

@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -29,6 +30,7 @@ from contracts.layout import (
 __all__ = [
     "CHECKPOINT_EPOCH_FIELD",
     "RESET_PENDING_FIELD",
+    "SLOTS_FIELD",
     "GenerationInfo",
     "GenerationRegistry",
     "Positions",
@@ -47,6 +49,8 @@ CHECKPOINT_EPOCH_FIELD = "checkpoint_epoch"
 # Meta field set while an in-place reset rewrites a generation (its reset spec); a processor
 # refuses to start the generation until the reset that set it has finished.
 RESET_PENDING_FIELD = "reset_in_place_pending"
+# Meta field: the writer slots of a re-keyed generation, fixed when it is created.
+SLOTS_FIELD = "slots"
 
 
 def checkpoint_root(state_dir: Path) -> Path:
@@ -169,6 +173,24 @@ class GenerationRegistry:
         if live:
             self.client.set(self.layout.alias, str(generation))
         return generation
+
+    def slots(self, generation: int) -> int:
+        """The writer slots of a re-keyed generation (0: its entities are owned by partitions)."""
+        return int(self.meta(generation).get(SLOTS_FIELD, "0"))
+
+    def set_positions(self, generation: int, positions: Mapping[str, int]) -> None:
+        """Set where folding resumes (``topic/partition`` -> offset), for every writer slot too.
+
+        A re-keyed generation's ``positions`` are the minimum over its slots' positions, so a
+        reset moves the slots' positions with them.
+        """
+        keys = self.keys(generation)
+        mapping: dict[FieldT, EncodableT] = {f: str(o) for f, o in positions.items()}
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.positions, mapping=mapping)
+            for slot in range(self.slots(generation)):
+                pipe.hset(keys.slot_positions(slot), mapping=mapping)
+            pipe.execute()
 
     def positions(self, generation: int) -> tuple[Positions, int | None]:
         """Applied positions (next offset per topic partition) and the last batch id."""

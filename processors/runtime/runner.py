@@ -37,6 +37,7 @@ from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
+    SLOTS_FIELD,
     GenerationRegistry,
     Positions,
     checkpoint_dir,
@@ -199,7 +200,7 @@ def resolve_run(
     meta = {
         "topics": [t.name for t in topics],
         "starting_offsets": options.starting_offsets,
-        "slots": str(keying.slots if keying else 0),
+        SLOTS_FIELD: str(keying.slots if keying else 0),
         **build_fingerprints(projection),
     }
     created = False
@@ -255,9 +256,9 @@ def _keying_fields(
     if keying is None:
         return {}
     slots = keying.slots
-    recorded = registry.meta(generation).get("slots")
+    recorded = registry.meta(generation).get(SLOTS_FIELD)
     if recorded is None:
-        registry.update_meta(generation, {"slots": str(slots)})
+        registry.update_meta(generation, {SLOTS_FIELD: str(slots)})
     elif int(recorded) != slots:
         logger.warning(
             "g%d was built with %s writer slots; keeping them (not %d): an entity's slot must "

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,11 +24,11 @@ from confluent_kafka.admin import AdminClient
 
 from contracts.codec import EventCodec
 from contracts.commerce import ORDERS
-from contracts.layout import StateLayout
+from contracts.layout import StateLayout, position_field
 from contracts.processors import consumer_group
 from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
-from contracts.store.generations import GenerationRegistry
+from contracts.store.generations import SLOTS_FIELD, GenerationRegistry
 from contracts.store.lease import GenerationLease, lease_holder_alive
 from deploy.simulators.orders import OrderSimulator
 from processors.errors import ProcessorConfigError
@@ -78,7 +79,8 @@ class World:
         producer = Producer({"bootstrap.servers": self.kafka.bootstrap_servers, "linger.ms": 5})
         records, counts = [], [0] * PARTITIONS
         for event_type, event in self.events:
-            partition = hash(event["order_id"]) % PARTITIONS
+            # crc32, not hash(): the same partitions whatever PYTHONHASHSEED is.
+            partition = zlib.crc32(event["order_id"].encode()) % PARTITIONS
             value = self.codec.encode(event_type, event)
             producer.produce(self.topic, value, event["order_id"].encode(), partition=partition)
             records.append(
@@ -90,7 +92,7 @@ class World:
         assert producer.flush(30) == 0
         return records
 
-    def writer(self, generation, projection=None):
+    def writer(self, generation, projection=None, *, slot=None, slots=0):
         target = FoldTarget(
             "order_state",
             generation,
@@ -98,8 +100,11 @@ class World:
             self.prefix,
             (("bootstrap.servers", self.kafka.bootstrap_servers),),
             f"{self.topic}.dlq",
+            slots=slots,
+            key_field="order_id",
+            partition_keys=((self.topic, "order_id"),),
         )
-        return FoldWriter(target, projection or OrderStateProjection())
+        return FoldWriter(target, projection or OrderStateProjection(), slot=slot)
 
     def oracle(self, positions):
         """The fold of every record below ``positions`` (per partition)."""
@@ -325,6 +330,34 @@ def test_in_place_reset_rewinds_state_group_and_checkpoint(world):
     assert outcome.skipped == 0
     expected = world.oracle({(world.topic, p): 10**9 for p in range(2)})
     assert world.state(world.live) == expected.states
+
+
+def test_in_place_reset_of_a_re_keyed_generation_moves_every_slot(world):
+    """A generation with writer slots: the reset rewinds each slot's positions with the
+    generation's, and the slots fold it again exactly once."""
+    world.registry.update_meta(world.live, {SLOTS_FIELD: "2"})
+    for slot in range(2):
+        writer = world.writer(world.live, slot=slot, slots=2)
+        writer.begin_task()
+        writer.apply(world.records)
+    ends = {(world.topic, p): 10**9 for p in range(2)}
+    assert world.state(world.live) == world.oracle(ends).states
+    plan = plan_replay(
+        processor_spec("order_state"), ToEarliest(), world.kafka, world.client, world.prefix
+    )
+    reset_in_place(plan, world.kafka, world.client, world.prefix)
+    keys = world.registry.keys(world.live)
+    zero = {position_field(world.topic, p).encode(): b"0" for p in range(2)}
+    assert world.state(world.live) == {}
+    assert world.client.hgetall(keys.positions) == zero
+    assert [world.client.hgetall(keys.slot_positions(s)) for s in range(2)] == [zero, zero]
+    for slot in range(2):
+        writer = world.writer(world.live, slot=slot, slots=2)
+        writer.begin_task()
+        assert writer.apply(world.records).skipped == 0
+    assert world.state(world.live) == world.oracle(ends).states
+    applied = world.registry.positions(world.live)[0]
+    assert sum(applied.values()) == len(world.records)
 
 
 def test_a_processor_refuses_a_generation_whose_in_place_reset_did_not_finish(
