@@ -52,8 +52,8 @@ __all__ = [
     "PublishGate",
     "SchemaLock",
     "default_publish_gate",
-    "lock",
     "problems_error",
+    "relock",
     "schema_digest",
     "verified_catalog",
     "verify",
@@ -348,29 +348,24 @@ def verified_catalog(contract_sets: Iterable[ContractSet]) -> SchemaCatalog:
     return catalog
 
 
-def lock(contract_set: ContractSet) -> list[SchemaVersion]:
-    """Publish every version of a contract set: write its lock (only when it changes).
+def relock(contract_set: ContractSet) -> tuple[str, list[SchemaVersion]]:
+    """The lock that publishes every version of a contract set (pure: nothing is written).
 
     Returns:
-        The versions this call published (empty: the lock was up to date).
+        The lock file's new text, and the versions it publishes that the current lock does
+        not (empty: the lock is up to date). ``refold contracts lock`` writes the text.
 
     Raises:
-        SchemaLockError: A published version was changed or deleted; nothing was written.
-        SchemaIncompatibleError: A new version breaks BACKWARD_TRANSITIVE; nothing was written.
+        SchemaLockError: A published version was changed or deleted.
+        SchemaIncompatibleError: A new version breaks BACKWARD_TRANSITIVE.
     """
     versions = versions_of(contract_set)
     old = SchemaLock.read(contract_set.lock_path)
     problems = verify(contract_set, versions, old)
     if problems:
         raise problems_error(problems, f"refusing to lock {contract_set.name}: ")
-    new = SchemaLock.of(versions)
-    text = new.render(contract_set.name)
-    path = contract_set.lock_path
-    if not path.exists() or path.read_text() != text:
-        staging = path.with_name(path.name + ".tmp")
-        staging.write_text(text)
-        staging.replace(path)  # atomic: a reader sees the old lock or the new one
-    return [v for v in versions if old.get(v.name, v.version) is None]
+    text = SchemaLock.of(versions).render(contract_set.name)
+    return text, [v for v in versions if old.get(v.name, v.version) is None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 from contracts.catalog import SchemaCatalog
 from contracts.errors import ContractError
-from contracts.lock import LockedVersion, SchemaLock, lock, verify, versions_of
+from contracts.lock import LockedVersion, SchemaLock, relock, verify, versions_of
 from contracts.registry import ContractSet, Registry, default_registry
 
 __all__ = ["build_parser", "main"]
@@ -106,15 +107,25 @@ def _check(contract_sets: Iterable[ContractSet], registry: Registry) -> int:
     return 0
 
 
+def _write(path: Path, text: str) -> None:
+    """Write a lock file, only when it changes, atomically (a reader sees old or new)."""
+    if path.exists() and path.read_text() == text:
+        return
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(text)
+    staging.replace(path)
+
+
 def _lock(contract_sets: Iterable[ContractSet]) -> int:
     status, changed = 0, False
     for contract_set in contract_sets:
         try:
-            published = lock(contract_set)
+            text, published = relock(contract_set)
         except ContractError as exc:
             print(f"{contract_set.name}: not locked: {exc}", file=sys.stderr)
             status = 1
             continue
+        _write(contract_set.lock_path, text)
         changed |= bool(published)
         names = ", ".join(f"{v.name} v{v.version}" for v in published) or "nothing new"
         print(f"{contract_set.name}: {contract_set.lock_path}: published {names}")
