@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import os
 import sys
@@ -59,10 +61,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(orders=args.orders, state_dir=Path(args.state_dir))
 
 
-def _cmd_process(args: argparse.Namespace) -> int:
-    from processors.runtime.cli import main as process_main
-
-    return process_main(args.rest)
+def _pass_on(entry: str, args: argparse.Namespace) -> int:
+    """Run a command with a command line of its own (``module:main``), imported when used."""
+    module, _, function = entry.partition(":")
+    main_of = getattr(importlib.import_module(module), function)
+    return int(main_of(args.rest))
 
 
 def _cmd_processors(args: argparse.Namespace) -> int:
@@ -132,18 +135,6 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     for spec in specs:
         print(f"{spec.name:<28} {spec.partitions:>3} partitions  key {spec.key_field}")
     return 0
-
-
-def _cmd_replay(args: argparse.Namespace) -> int:
-    from replay.__main__ import main as replay_main
-
-    return replay_main(args.rest)
-
-
-def _cmd_contracts(args: argparse.Namespace) -> int:
-    from deploy.contracts_cli import main as contracts_main
-
-    return contracts_main(args.rest)
 
 
 def _add_stack_options(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
@@ -216,30 +207,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="orders to simulate (~10 events each; default 10500)",
     )
     demo.set_defaults(func=_cmd_demo)
-    process = sub.add_parser(
-        "process",
-        help="run processors in one Spark application (see `refold process -h`)",
-        add_help=False,
-    )
-    process.add_argument("rest", nargs=argparse.REMAINDER)
-    process.set_defaults(func=_cmd_process)
     listing = sub.add_parser(
         "processors", help="list the registered processors: topics, key, state, package"
     )
     listing.add_argument("--json", action="store_true", help="as JSON")
     listing.set_defaults(func=_cmd_processors)
-    replay = sub.add_parser(
-        "replay", help="rebuild a processor's state (see `replay -h`)", add_help=False
-    )
-    replay.add_argument("rest", nargs=argparse.REMAINDER)
-    replay.set_defaults(func=_cmd_replay)
-    contracts = sub.add_parser(
-        "contracts",
-        help="check | lock the published schema versions (see `refold contracts -h`)",
-        add_help=False,
-    )
-    contracts.add_argument("rest", nargs=argparse.REMAINDER)
-    contracts.set_defaults(func=_cmd_contracts)
+    # Commands with a command line of their own: everything after the name is passed on.
+    for name, text, entry in (
+        (
+            "process",
+            "run processors in one Spark application (see `refold process -h`)",
+            "processors.runtime.cli:main",
+        ),
+        ("replay", "rebuild a processor's state (see `replay -h`)", "replay.__main__:main"),
+        (
+            "contracts",
+            "check | lock the published schema versions (see `refold contracts -h`)",
+            "deploy.contracts_cli:main",
+        ),
+    ):
+        passing = sub.add_parser(name, help=text, add_help=False)
+        passing.add_argument("rest", nargs=argparse.REMAINDER)
+        passing.set_defaults(func=functools.partial(_pass_on, entry))
     topics = sub.add_parser(
         "topics",
         help="create the topics of the installed contract sets (and each processor's "

@@ -103,7 +103,7 @@ class KeyResolver:
             if value is None:
                 continue
             slot = (field_, str(value))
-            link = self._known(slot, offset, stored)
+            link = self.link_at(slot, offset, stored)
             if own is not None:
                 if link is None:
                     new = Link(offset, str(own))
@@ -118,11 +118,6 @@ class KeyResolver:
         self, slot: tuple[str, str], offset: int, stored: Mapping[tuple[str, str], Link] | None
     ) -> Link | None:
         """The link of ``(via field, via value)`` usable by the record at ``offset``, if any."""
-        return self._known(slot, offset, stored)
-
-    def _known(
-        self, slot: tuple[str, str], offset: int, stored: Mapping[tuple[str, str], Link] | None
-    ) -> Link | None:
         for link in (stored.get(slot) if stored else None, self.learned.get(slot)):
             if link is not None and link.offset < offset:
                 return link

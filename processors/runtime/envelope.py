@@ -125,9 +125,10 @@ class FoldTarget:
 
     processor: str
     generation: int
-    redis_url: str
+    # Both may hold credentials (a Redis password, sasl.password): never in a repr or a log.
+    redis_url: str = field(repr=False)
     key_prefix: str
-    kafka: tuple[tuple[str, str], ...]
+    kafka: tuple[tuple[str, str], ...] = field(repr=False)
     dlq_topic: str
     check_keys: bool = True
     slots: int = 0
@@ -510,26 +511,10 @@ class FoldWriter:
         dead: list[_DeadLetter] = []
         new_pos: dict[str, int] = {}
         links: list[tuple[str, str, Link]] = []
-        if self.slot is not None:
+        if self.slot is None:
+            self._take(records, applied_pos, pending, dead, new_pos, outcome)
+        else:
             self._route(pipe, records, applied_pos, pending, dead, new_pos, links, outcome)
-            records = ()  # routed: the loop below is the partition-owned path
-        # Hot loop: per-partition lookups are cached by (topic, partition) tuple.
-        names: dict[tuple[str, int], str] = {}
-        floor: dict[str, int] = {}
-        for record in records:
-            tp = (record.topic, record.partition)
-            field_name = names.get(tp)
-            if field_name is None:
-                field_name = names[tp] = position_field(*tp)
-                floor[field_name] = applied_pos.get(field_name, 0)
-            if record.offset < floor[field_name]:
-                outcome.skipped += 1
-                continue
-            if record.offset >= new_pos.get(field_name, 0):
-                new_pos[field_name] = record.offset + 1
-            letter = self._decode_and_key(record, pending)
-            if letter is not None:
-                dead.append(letter)
         for field_name, (_start, end) in covered.items():
             reached = max(new_pos.get(field_name, 0), applied_pos.get(field_name, 0))
             if end > reached:
@@ -593,6 +578,34 @@ class FoldWriter:
         pipe.execute()
         outcome.positions = new_pos
         return outcome
+
+    def _take(
+        self,
+        records: Sequence[SourceRecord],
+        applied_pos: Mapping[str, int],
+        pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
+        dead: list[_DeadLetter],
+        new_pos: dict[str, int],
+        outcome: BatchOutcome,
+    ) -> None:
+        """Entities owned by partitions: decode every record above its partition's position."""
+        # Hot loop: per-partition lookups are cached by (topic, partition) tuple.
+        names: dict[tuple[str, int], str] = {}
+        floor: dict[str, int] = {}
+        for record in records:
+            tp = (record.topic, record.partition)
+            field_name = names.get(tp)
+            if field_name is None:
+                field_name = names[tp] = position_field(*tp)
+                floor[field_name] = applied_pos.get(field_name, 0)
+            if record.offset < floor[field_name]:
+                outcome.skipped += 1
+                continue
+            if record.offset >= new_pos.get(field_name, 0):
+                new_pos[field_name] = record.offset + 1
+            letter = self._decode_and_key(record, pending)
+            if letter is not None:
+                dead.append(letter)
 
     def _route(
         self,

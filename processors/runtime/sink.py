@@ -12,10 +12,11 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import redis
 
 from contracts.codec import EventCodec
 from contracts.layout import position_field
@@ -236,6 +237,7 @@ class RedisFoldSink:
         # catalog, even where the user's contract package is only shipped as code (no
         # installed entry points there).
         self.codec = codec or EventCodec()
+        self._redis: redis.Redis | None = None
         self.last_outcome = BatchOutcome()
         self.total = BatchOutcome()
 
@@ -243,9 +245,10 @@ class RedisFoldSink:
         """Re-keyed: the generation's positions (the slots' minimum), for the consumer group."""
         if not reported:
             return reported
-        writer = _writer(self.target, self.projection, self.codec, 0)
+        if self._redis is None:  # driver side; opened on the first batch
+            self._redis = redis.Redis.from_url(self.target.redis_url)
         fields = sorted(reported)
-        raw = writer.redis.hmget(self.target.keys.positions, fields)
+        raw = cast("list[bytes | None]", self._redis.hmget(self.target.keys.positions, fields))
         return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:

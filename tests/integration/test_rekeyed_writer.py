@@ -168,3 +168,33 @@ def test_records_that_cannot_be_folded_are_dead_lettered_once_by_one_slot(
     refused = sum(o.rejected + o.undecodable for o in outcomes)
     assert refused == len(expected.rejected) + len(bad)
     assert sum(o.undecodable for o in outcomes) == 2
+
+
+def test_slots_fold_again_what_redis_lost(orders, redis_url, kafka_bootstrap, make_topic, unique):
+    """Redis restored from an older backup under running slots: each slot's next records
+    start above its restored position, so it reads the lost range from the log and folds it
+    again (with the links it held), before the records that follow."""
+    topic, events, records = orders
+    target = _target(redis_url, kafka_bootstrap, make_topic, unique, topic)
+    _start(target, topic)
+    writers = [FoldWriter(target, P, slot=s) for s in range(SLOTS)]
+    last = {p: max(r.offset for r in records if r.partition == p) for p in range(8)}
+    thirds = [
+        [
+            r
+            for r in records
+            if k * (last[r.partition] + 1) // 3 <= r.offset < (k + 1) * (last[r.partition] + 1) // 3
+        ]
+        for k in range(3)
+    ]
+    outcomes = [_apply(w, thirds[0], 100) for w in writers]
+    client = redis.Redis.from_url(redis_url)
+    backup = {k: client.dump(k) for k in client.scan_iter(match=target.keys.pattern())}
+    lost = [_apply(w, thirds[1], 100) for w in writers]
+    assert sum(o.applied for o in lost) > 0
+    # The restore: every key back to the backup, the second third's writes gone.
+    client.delete(*client.scan_iter(match=target.keys.pattern()))
+    for key, value in backup.items():
+        client.restore(key, 0, value)
+    outcomes += [_apply(w, thirds[2], 100) for w in writers]  # these fold the lost third too
+    _check(target, events, records, outcomes)
