@@ -19,7 +19,18 @@ key                                         type    content
 ``<p>:{<proc>.g<N>}:slotpos:<s>``           hash    re-keyed: writer slot s's positions
 ``<p>:{<proc>.g<N>}:guard:slot:<s>``        string  re-keyed: WATCHed by slot s's writer
 ``<p>:{<proc>.g<N>}:k:<via>``               hash    re-keyed: ``via`` value -> offset:entity
+``<p>:{<proc>.g<N>}:w:<win>:<start>:<grp>`` hash    one window bucket: ``count``, ``sum:<m>``,
+                                                    ``min:<m>``, ``max:<m>`` (integers)
+``<p>:{<proc>.g<N>}:wd:<win>:<d>:<st>:<grp>``
+                                            string  HyperLogLog: distinct ``d`` of a bucket
+``<p>:{<proc>.g<N>}:tm:<timers>``           zset    timer -> due event time (ms): ``close`` (a
+                                                    window end), ``expire`` (end + retention)
+``<p>:{<proc>.g<N>}:wm:clocks``             hash    ``<topic>/<partition>`` -> largest event time
+                                                    seen on it (ms), with the positions
 =========================================  ======  =============================================
+
+Window buckets are named by window, start (epoch ms) and group, the group last: it is user data
+and may hold any character.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from typing import Literal
 __all__ = [
     "BATCH_ID_FIELD",
     "DEFAULT_KEY_PREFIX",
+    "RESULT_NAMESPACES",
     "STATE_LAYOUT_VERSION",
     "STATE_NAMESPACES",
     "GenerationKeys",
@@ -48,8 +60,11 @@ BATCH_ID_FIELD = "batch_id"
 # Every kind of key that makes up a generation's state, by namespace: snapshots, in-place resets,
 # ``replay diff`` and gc derive their key lists from this (with ``positions``), so a kind declared
 # here is never left out. t: entity tables, a: aggregate hashes, guard: writer guards,
-# slotpos: re-keyed writer slots' positions, k: re-keying links.
-STATE_NAMESPACES = ("t:", "a:", "guard:", "slotpos:", "k:")
+# slotpos: re-keyed writer slots' positions, k: re-keying links, w: window buckets, wd: their
+# distinct-count sketches, tm: timers, wm: event-time clocks.
+STATE_NAMESPACES = ("t:", "a:", "guard:", "slotpos:", "k:", "w:", "wd:", "tm:", "wm:")
+# The namespaces ``replay diff`` compares (the rest are the envelope's internals).
+RESULT_NAMESPACES = ("t:", "a:", "w:", "wd:")
 GenerationStatus = Literal["building", "live", "retired"]
 
 
@@ -130,6 +145,27 @@ class GenerationKeys:
     def aggregate(self, name: str) -> str:
         """Hash of one aggregate's counters."""
         return f"{self.base}:a:{name}"
+
+    def window_bucket(self, window: str, start: int, group: str) -> str:
+        """Hash of one window bucket's aggregates (``count``, ``sum:<m>``, ``min:<m>``...)."""
+        return f"{self.base}:w:{window}:{start}:{group}"
+
+    def window_pattern(self, window: str) -> str:
+        """SCAN pattern matching every bucket of ``window``."""
+        return f"{self.base}:w:{window}:*"
+
+    def window_distinct(self, window: str, measure: str, start: int, group: str) -> str:
+        """HyperLogLog of the distinct values of ``measure`` in one window bucket."""
+        return f"{self.base}:wd:{window}:{measure}:{start}:{group}"
+
+    def timers(self, name: str) -> str:
+        """Sorted set of timers (member -> due event time in ms)."""
+        return f"{self.base}:tm:{name}"
+
+    @property
+    def clocks(self) -> str:
+        """Hash of the largest event time seen per partition (moves with the positions)."""
+        return f"{self.base}:wm:clocks"
 
     def pattern(self) -> str:
         """SCAN pattern matching every key of this generation."""

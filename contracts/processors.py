@@ -24,7 +24,9 @@ from contracts.errors import ContractError
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 
 __all__ = [
+    "LATE_POLICIES",
     "PROCESSOR_MODULE",
+    "EventTime",
     "KeyLink",
     "ProcessLauncher",
     "ProcessorOptions",
@@ -64,6 +66,51 @@ class KeyLink:
 
     via: str
     key: str
+
+
+LATE_POLICIES = ("dead-letter", "side-output", "accept")
+_WEEK_MS = 7 * 24 * 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class EventTime:
+    """How a processor reads time: its event-time field, allowed lateness and late policy.
+
+    Lateness is decided per source partition, in log order (DESIGN.md decision 11): a
+    partition's watermark is the largest event time seen on it minus ``lateness_ms``, and a
+    record below its partition's watermark is late, whatever the micro-batch boundaries. So
+    live processing and every replay decide alike.
+
+    Attributes:
+        field: The event field holding the event time (Avro ``timestamp-millis`` or epoch
+            milliseconds). Every event type the processor folds must have it.
+        lateness_ms: How far behind its partition's newest event time a record may be.
+        late: What happens to a late record: ``dead-letter`` (reason ``late``),
+            ``side-output`` (the record goes unchanged to ``late_topic``) or ``accept`` (it is
+            folded, and a window it lands in that had closed emits its corrected result).
+        retention_ms: How long after its end a window's buckets are kept (on the processor's
+            watermark, not the wall clock). Under ``accept``, a record older than its
+            partition's watermark minus this is dead-lettered (reason ``expired``): its buckets
+            may be gone.
+        late_topic: The side-output topic; default ``<processor>.late``.
+    """
+
+    field: str
+    lateness_ms: int = 0
+    late: str = "dead-letter"
+    retention_ms: int = _WEEK_MS
+    late_topic: str = ""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.field:
+            problems.append("event_time.field is empty")
+        if self.lateness_ms < 0 or self.retention_ms < 0:
+            problems.append("lateness_ms and retention_ms must be >= 0")
+        if self.late not in LATE_POLICIES:
+            problems.append(f"late must be one of {', '.join(LATE_POLICIES)}, not {self.late!r}")
+        if problems:
+            raise ContractError("; ".join(problems))
 
 
 class ProcessorOptions(BaseModel):
@@ -111,6 +158,9 @@ class ProcessorSpec:
         tables: Entity tables it writes.
         aggregates: Aggregate hashes it writes.
         key_links: How events without ``key`` find it (see :class:`KeyLink`).
+        event_time: Its event time, lateness and late policy (see :class:`EventTime`); needed
+            by windows and timers.
+        windows: Names of the windows it writes (``refold processors``, the readers).
         options: ``module:Class`` of its options (a :class:`ProcessorOptions` subclass), or
             empty for the common ones.
         description: One line for ``refold processors``.
@@ -124,6 +174,8 @@ class ProcessorSpec:
     tables: tuple[str, ...]
     aggregates: tuple[str, ...] = ()
     key_links: tuple[KeyLink, ...] = ()
+    event_time: EventTime | None = None
+    windows: tuple[str, ...] = ()
     options: str = ""
     description: str = ""
     package: str = ""

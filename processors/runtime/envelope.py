@@ -44,12 +44,14 @@ from contracts.layout import (
     parse_position_field,
     position_field,
 )
+from contracts.processors import EventTime
 from processors.errors import (
     REDIS_UNAVAILABLE,
     DeadLetterError,
     SinkConflictError,
     StateStoreUnavailableError,
 )
+from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms
 from processors.fold.projection import (
     EventRejectedError,
     FoldError,
@@ -62,7 +64,9 @@ from processors.fold.projection import (
 )
 from processors.fold.records import SourceRecord
 from processors.fold.rekey import KeyResolver, Link, decode_link, encode_link, slot_of
+from processors.fold.windows import WindowDelta, WindowFold
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
+from processors.runtime.window_store import write_windows
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]
 
@@ -121,6 +125,7 @@ class FoldTarget:
         key_field: The entity key field (re-keyed processors).
         key_links: ``via`` fields that link events without the key to it (re-keyed).
         partition_keys: ``(topic, partition key field)`` of each topic (re-keyed).
+        event_time: The processor's event time (lateness is judged per partition), if any.
     """
 
     processor: str
@@ -135,6 +140,13 @@ class FoldTarget:
     key_field: str = ""
     key_links: tuple[str, ...] = ()
     partition_keys: tuple[tuple[str, str], ...] = ()
+    event_time: EventTime | None = None
+
+    @property
+    def late_topic(self) -> str:
+        """Where late records go under the ``side-output`` policy."""
+        custom = self.event_time.late_topic if self.event_time else ""
+        return custom or f"{self.processor}.late"
 
     @property
     def layout(self) -> StateLayout:
@@ -159,6 +171,7 @@ class BatchOutcome:
     positions: dict[str, int] = field(default_factory=dict)
     effects: int = 0
     suppressed: int = 0
+    late: int = 0
 
     def merge(self, other: BatchOutcome) -> None:
         """Add another outcome (from another task) into this one."""
@@ -170,6 +183,7 @@ class BatchOutcome:
         self.positions.update(other.positions)
         self.effects += other.effects
         self.suppressed += other.suppressed
+        self.late += other.late
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +360,16 @@ class FoldWriter:
         self._redis: redis.Redis | None = None
         self._producer: Producer | None = None
         self._has_effects = getattr(projection, "effects", None) is not None
+        # A window processor counts events into buckets; an entity processor folds states.
+        self._windows: WindowFold | None = (
+            cast("WindowFold", projection) if getattr(projection, "windows", None) else None
+        )
+        if (target.slots or target.event_time is None) and self._windows is not None:
+            msg = (
+                f"{target.processor}: a window processor needs an event time and the partition "
+                "key as its key (its buckets are additive, no re-keying)"
+            )
+            raise ValueError(msg)
 
     @property
     def redis(self) -> redis.Redis:
@@ -519,6 +543,19 @@ class FoldWriter:
             reached = max(new_pos.get(field_name, 0), applied_pos.get(field_name, 0))
             if end > reached:
                 new_pos[field_name] = end
+        clocks: dict[str, int] = {}
+        late_out: list[_DeadLetter] = []
+        if self.target.event_time is not None and pending:
+            pending, clocks = self._judge_lateness(pipe, pending, dead, late_out, outcome)
+        if self._windows is not None:
+            windows = self._count_windows(pending, dead, outcome)
+            self._send_records(dead, late_out, batch_id, outcome)
+            pipe.multi()
+            write_windows(pipe, keys, windows)
+            self._write_positions(pipe, positions_key, new_pos, clocks, [], batch_id)
+            pipe.execute()
+            outcome.positions = new_pos
+            return outcome
         entities = sorted({p[3] for p in pending})
         table_keys = [keys.table(self.projection.table, e) for e in entities]
         loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
@@ -544,10 +581,7 @@ class FoldWriter:
             if self._has_effects:
                 folded.effects.extend((record, effect) for effect in effects)
         delta = self._delta(pipe, folded, dead, outcome)
-        outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
-        outcome.rejected = len(dead) - outcome.undecodable
-        if dead:
-            self._send_dead_letters(dead, batch_id)
+        self._send_records(dead, late_out, batch_id, outcome)
         if folded.effects:
             to_send, outcome.suppressed = self._unsuppressed(pipe, folded.effects)
             if to_send:
@@ -560,8 +594,26 @@ class FoldWriter:
         for name, amount in sorted(delta.items()):
             if amount:
                 pipe.hincrby(aggregate_key, name, amount)
+        self._write_positions(pipe, positions_key, new_pos, clocks, links, batch_id)
+        pipe.execute()
+        outcome.positions = new_pos
+        return outcome
+
+    def _write_positions(
+        self,
+        pipe: Pipeline,
+        positions_key: str,
+        new_pos: Mapping[str, int],
+        clocks: Mapping[str, int],
+        links: Sequence[tuple[str, str, Link]],
+        batch_id: int | None,
+    ) -> None:
+        """Queue (inside MULTI) the links, clocks, positions and guards of the transaction."""
+        keys = self.target.keys
         for via, value, link in links:
             pipe.hsetnx(keys.links(via), value, encode_link(link))
+        if clocks:
+            pipe.hset(keys.clocks, mapping={f: str(t) for f, t in clocks.items()})
         position_update: dict[FieldT, EncodableT] = {f: str(o) for f, o in new_pos.items()}
         if batch_id is not None:
             position_update[BATCH_ID_FIELD] = str(batch_id)
@@ -575,9 +627,95 @@ class FoldWriter:
             if new_pos:
                 slot_keys = [keys.slot_positions(s) for s in range(self.target.slots)]
                 pipe.eval(_MIN_POSITIONS, 1 + len(slot_keys), keys.positions, *slot_keys, *new_pos)
-        pipe.execute()
-        outcome.positions = new_pos
-        return outcome
+
+    def _judge_lateness(
+        self,
+        pipe: Pipeline,
+        pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
+        dead: list[_DeadLetter],
+        late_out: list[_DeadLetter],
+        outcome: BatchOutcome,
+    ) -> tuple[list[tuple[SourceRecord, str, dict[str, Any], str]], dict[str, int]]:
+        """Keep the on-time records (and the late ones under ``accept``); advance the clocks.
+
+        Per partition, in log order, against the clock stored with its positions (read under
+        the partition's guard): the same verdict for a record whatever the batch it is in.
+
+        Returns:
+            The records to fold, and the clocks that moved (written with the positions).
+        """
+        event_time = cast("EventTime", self.target.event_time)
+        fields = sorted({position_field(p[0].topic, p[0].partition) for p in pending})
+        raw = cast("list[bytes | None]", pipe.hmget(self.target.keys.clocks, fields))
+        stored = {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+        clocks = PartitionClocks(event_time, stored)
+        kept = []
+        for item in pending:
+            record, _event_type, data, _entity = item
+            try:
+                at = event_time_ms(data, event_time.field)
+            except EventRejectedError as exc:
+                dead.append(_DeadLetter(record, "no-event-time", str(exc)))
+                continue
+            verdict = clocks.observe(position_field(record.topic, record.partition), at)
+            if verdict is Verdict.ON_TIME:
+                kept.append(item)
+                continue
+            outcome.late += 1
+            behind = (
+                f"event time {at} is more than {event_time.lateness_ms} ms behind the newest "
+                f"event time seen on {record.topic}/{record.partition} before it"
+            )
+            if verdict is Verdict.EXPIRED and event_time.late == "accept":
+                detail = f"{behind}, and beyond the retention ({event_time.retention_ms} ms)"
+                dead.append(_DeadLetter(record, "expired", detail))
+            elif event_time.late == "accept":
+                kept.append(item)
+            elif event_time.late == "side-output":
+                late_out.append(_DeadLetter(record, "late", behind))
+            else:
+                dead.append(_DeadLetter(record, "late", behind))
+        return kept, clocks.changed
+
+    def _count_windows(
+        self,
+        pending: Sequence[tuple[SourceRecord, str, dict[str, Any], str]],
+        dead: list[_DeadLetter],
+        outcome: BatchOutcome,
+    ) -> WindowDelta:
+        """A window processor: add each record's measures to its buckets (in memory)."""
+        fold = cast("WindowFold", self._windows)
+        event_time = cast("EventTime", self.target.event_time)
+        delta = WindowDelta()
+        for record, event_type, data, _entity in pending:
+            try:
+                measures = list(fold.measure(event_type, data))
+            except EventRejectedError as exc:
+                dead.append(_DeadLetter(record, "rejected", str(exc)))
+                continue
+            except Exception as exc:  # user code: one record's failure must not stop the stream
+                dead.append(_DeadLetter(record, "fold-error", f"measure() raised {exc!r}"))
+                continue
+            at = event_time_ms(data, event_time.field)
+            for measure in measures:
+                delta.add(fold.windows, at, measure, event_time.retention_ms)
+            outcome.applied += 1
+        return delta
+
+    def _send_records(
+        self,
+        dead: list[_DeadLetter],
+        late_out: list[_DeadLetter],
+        batch_id: int | None,
+        outcome: BatchOutcome,
+    ) -> None:
+        """Count and produce the dead letters and the late side output (before the commit)."""
+        outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
+        outcome.rejected = len(dead) - outcome.undecodable
+        if dead:
+            self._send_dead_letters(dead, batch_id)
+        if late_out:
+            self._send_dead_letters(late_out, batch_id, topic=self.target.late_topic)
 
     def _take(
         self,
@@ -822,6 +960,12 @@ class FoldWriter:
             return _DeadLetter(record, exc.reason, str(exc))
         except Exception as exc:  # the codec's own guard missed a kind: still this record only
             return _DeadLetter(record, "undecodable", repr(exc))
+        if self._windows is not None:
+            # A window processor counts some of its topics' event types and passes the others
+            # by; its buckets are additive: no entity, any partition.
+            if event.event_type in self.projection.event_types:
+                pending.append((record, event.event_type, event.data, ""))
+            return None
         if event.event_type not in self.projection.event_types:
             detail = f"{self.target.processor} does not fold {event.event_type}"
             return _DeadLetter(record, "unexpected-type", detail)
@@ -935,7 +1079,11 @@ class FoldWriter:
             )
         _await_acks(producer, failures, f"{len(effects)} side effects")
 
-    def _send_dead_letters(self, dead: Iterable[_DeadLetter], batch_id: int | None) -> None:
+    def _send_dead_letters(
+        self, dead: Iterable[_DeadLetter], batch_id: int | None, topic: str | None = None
+    ) -> None:
+        """Produce records with their reason and origin headers, and wait for the acks."""
+        topic = topic or self.target.dlq_topic
         producer = self._dead_letter_producer()
         failures: list[str] = []
 
@@ -952,7 +1100,7 @@ class FoldWriter:
                 *self._origin_headers(record),
             ]
             producer.produce(
-                self.target.dlq_topic,
+                topic,
                 record.value,
                 record.key,
                 headers=headers,
@@ -960,7 +1108,8 @@ class FoldWriter:
             )
             count += 1
             logger.warning(
-                "dead-lettered: %s",
+                "%s: %s",
+                "dead-lettered" if topic == self.target.dlq_topic else f"sent to {topic}",
                 letter.detail,
                 extra={
                     "topic": record.topic,
@@ -969,4 +1118,4 @@ class FoldWriter:
                     "batch_id": batch_id,
                 },
             )
-        _await_acks(producer, failures, f"{count} dead letters to {self.target.dlq_topic}")
+        _await_acks(producer, failures, f"{count} records to {topic}")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import redis
 
@@ -32,7 +32,7 @@ from contracts.fingerprints import code_fingerprint, schema_fingerprints
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import STATE_LAYOUT_VERSION, StateLayout, position_field
-from contracts.processors import ProcessorSpec, consumer_group
+from contracts.processors import EventTime, ProcessorSpec, consumer_group
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
@@ -48,10 +48,12 @@ from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, eff
 from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
 from processors.fold.projection import Projection
 from processors.fold.rekey import Keying, KeyingError, plan_keying
+from processors.fold.windows import WindowFold, windows_topic
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import resolve_starting_offsets
 from processors.runtime.sink import RedisFoldSink
+from processors.runtime.window_store import WindowCloser
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -194,6 +196,7 @@ def resolve_run(
     options: RunOptions,
     client: redis.Redis,
     keying: Keying | None = None,
+    event_time: EventTime | None = None,
 ) -> ProcessorRun:
     """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
@@ -244,6 +247,7 @@ def resolve_run(
         key_prefix=redis_settings.key_prefix,
         kafka=tuple(sorted(kafka.as_librdkafka().items())),
         dlq_topic=options.dead_letter_topic or dead_letter_topic(projection.name),
+        event_time=event_time,
         **_keying_fields(registry, generation, keying),
     )
     return ProcessorRun(generation, checkpoint, starting, target)
@@ -421,13 +425,17 @@ def run_processor(
         The generation that ran last.
     """
     keying = None if spec is None else _plan_keying(spec, topics, kafka, options)
+    event_time = None if spec is None else spec.event_time
+    _check_event_time(projection, event_time, keying)
     client = redis.Redis.from_url(redis_settings.client_url())
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
     following = options.generation == "live" and not options.available_now
     wait_s = options.lease_wait_s
     while True:
         picked = _until_redis_answers(
-            lambda: resolve_run(projection, topics, kafka, redis_settings, options, client, keying),
+            lambda: resolve_run(
+                projection, topics, kafka, redis_settings, options, client, keying, event_time
+            ),
             redis_settings,
         )
         lease = GenerationLease(registry, picked.generation)
@@ -436,7 +444,9 @@ def run_processor(
             # Resolved again under the lease: while it waited, the previous holder went on
             # committing, and an in-place reset may have moved the checkpoint epoch.
             exact = dataclasses.replace(options, generation=picked.generation)
-            run = resolve_run(projection, topics, kafka, redis_settings, exact, client, keying)
+            run = resolve_run(
+                projection, topics, kafka, redis_settings, exact, client, keying, event_time
+            )
             if options.generation == "live" and registry.live() != run.generation:
                 logger.info("g%d is no longer live; picking again", run.generation)
                 continue
@@ -567,7 +577,22 @@ def _run_generation(
     from Redis' positions), ``vanished`` when the generation is gone from Redis.
     """
     dead_letters = dataclasses.replace(dead_letter_spec(projection.name), name=run.target.dlq_topic)
-    effect_topics = [effects_spec(t) for t in getattr(projection, "effect_topics", ())]
+    outputs = list(getattr(projection, "effect_topics", ()))
+    closer = None
+    if getattr(projection, "windows", None):
+        outputs.append(windows_topic(projection.name))
+        event_time = cast("EventTime", run.target.event_time)
+        closer = WindowCloser(
+            run.target.layout,
+            run.generation,
+            cast("WindowFold", projection),
+            event_time.lateness_ms,
+            run.target.redis_url,
+            kafka.as_librdkafka(),
+        )
+    if run.target.event_time is not None and run.target.event_time.late == "side-output":
+        outputs.append(run.target.late_topic)
+    effect_topics = [effects_spec(t) for t in outputs]
     ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters, *effect_topics])
     logger.info(
         "starting %s generation %d (checkpoint %s, starting offsets %s)",
@@ -584,7 +609,7 @@ def _run_generation(
     # every record and commits nothing: mirror what Redis holds now, so lag tools agree.
     applied, _batch = registry.positions(run.generation)
     mirror.commit({position_field(t, p): o for (t, p), o in applied.items()})
-    sink = RedisFoldSink(run.target, projection, mirror)
+    sink = RedisFoldSink(run.target, projection, mirror, closer=closer)
     catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
     query = build_query(spark, topics, kafka, run, sink, options)
     watch = _RedisWatch(registry, run.generation, options.source_format)
@@ -755,6 +780,27 @@ def _plan_keying(
         )
         raise ProcessorConfigError(msg)
     return keying
+
+
+def _check_event_time(
+    projection: Projection, event_time: EventTime | None, keying: Keying | None
+) -> None:
+    """Windows need an event time; event time needs entities owned by partitions (for now)."""
+    name = projection.name
+    if getattr(projection, "windows", None) and event_time is None:
+        msg = (
+            f"{name} declares windows but its spec has no event_time. Operator action: add "
+            "event_time=EventTime(field=...) to its ProcessorSpec."
+        )
+        raise ProcessorConfigError(msg)
+    if event_time is not None and keying is not None and keying.slots:
+        msg = (
+            f"{name} has an event time but is re-keyed ({keying.reason}). Lateness is judged "
+            "per source partition, which needs the partition key as the processor's key: "
+            "declare the topics' partition key as its key (window buckets are additive, any "
+            "group works)."
+        )
+        raise ProcessorConfigError(msg)
 
 
 def _top_packages(*references: str) -> list[str]:

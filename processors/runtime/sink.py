@@ -25,6 +25,7 @@ from processors.fold.records import SourceRecord
 from processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
+from processors.runtime.window_store import WindowCloser
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 OUTCOME_SCHEMA = (
     "records long, applied long, skipped long, rejected long, undecodable long, "
-    "effects long, suppressed long, positions string"
+    "effects long, suppressed long, late long, positions string"
 )
 _OUTCOME_ARROW = pa.schema(
     [
@@ -46,6 +47,7 @@ _OUTCOME_ARROW = pa.schema(
         ("undecodable", pa.int64()),
         ("effects", pa.int64()),
         ("suppressed", pa.int64()),
+        ("late", pa.int64()),
         ("positions", pa.string()),
     ]
 )
@@ -206,6 +208,7 @@ def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
                 "undecodable": outcome.undecodable,
                 "effects": outcome.effects,
                 "suppressed": outcome.suppressed,
+                "late": outcome.late,
                 "positions": json.dumps(outcome.positions),
             }
         ],
@@ -220,6 +223,7 @@ class RedisFoldSink:
         target: Where the generation lives.
         projection: The fold.
         mirror: Commits each batch's new positions to the generation's consumer group.
+        closer: A window processor's closer: emits the windows each batch's watermark passed.
         codec: The contracts (default: the installed contract sets, loaded on the driver).
     """
 
@@ -229,10 +233,12 @@ class RedisFoldSink:
         projection: Projection,
         mirror: ConsumerGroupMirror | None = None,
         codec: EventCodec | None = None,
+        closer: WindowCloser | None = None,
     ) -> None:
         self.target = target
         self.projection = projection
         self.mirror = mirror
+        self.closer = closer
         # Built on the driver and shipped with every task: executors decode with the driver's
         # catalog, even where the user's contract package is only shipped as code (no
         # installed entry points there).
@@ -284,6 +290,7 @@ class RedisFoldSink:
                     json.loads(row.positions),
                     row.effects,
                     row.suppressed,
+                    row.late,
                 )
             )
         if self.target.slots:
@@ -292,11 +299,13 @@ class RedisFoldSink:
         self.total.merge(outcome)
         if self.mirror is not None:
             self.mirror.commit(outcome.positions)
+        closed = 0 if self.closer is None else self.closer.close()
         elapsed = time.perf_counter() - started
         if outcome.records:
             logger.info(
                 "batch %d: %d records, %d applied, %d skipped, %d rejected, %d undecodable, "
-                "%d side effects (%d suppressed while replaying) in %.2fs (%.0f/s)",
+                "%d side effects (%d suppressed while replaying), %d late, %d windows closed "
+                "in %.2fs (%.0f/s)",
                 batch_id,
                 outcome.records,
                 outcome.applied,
@@ -305,6 +314,8 @@ class RedisFoldSink:
                 outcome.undecodable,
                 outcome.effects,
                 outcome.suppressed,
+                outcome.late,
+                closed,
                 elapsed,
                 outcome.records / max(elapsed, 1e-9),
                 extra={

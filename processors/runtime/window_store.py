@@ -1,0 +1,323 @@
+"""Window buckets in Redis: the writes of one transaction, and the closer that emits results.
+
+:func:`write_windows` queues, inside the envelope's MULTI, what a :class:`WindowDelta` adds:
+HINCRBY for counts and sums, one Lua call for minimum and maximum, PFADD for distinct values,
+and the close and expiry timers (sorted sets scored by event time). Every one of these commutes,
+so the tasks of several partitions add to one bucket, each under its own partition's guard.
+
+:class:`WindowCloser` runs on the driver after each micro-batch (one per processor query, so one
+at a time): it fires the close timers the processor's watermark has passed, emitting each
+window's result to ``<processor>.windows``, and deletes the buckets whose retention is over.
+A result is produced and acknowledged before its timer is removed: at least once (a crash in
+between emits it again, same headers). A late record that ``accept`` folds into a closed window
+sets its timer again, and the window is emitted again with the corrected result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import orjson
+import redis
+from confluent_kafka import KafkaError, Message, Producer
+from redis.client import Pipeline
+
+from contracts.layout import GenerationKeys, StateLayout
+from processors.errors import DeadLetterError
+from processors.fold.eventtime import processor_watermark
+from processors.fold.windows import (
+    CLOSE_TIMERS,
+    EXPIRE_TIMERS,
+    Window,
+    WindowDelta,
+    WindowFold,
+    combine,
+    decode_timer,
+    result_of,
+    windows_topic,
+)
+
+__all__ = ["WindowCloser", "read_clocks", "write_windows"]
+
+logger = logging.getLogger(__name__)
+
+# KEYS: bucket hashes; ARGV: triples (index into KEYS, field, value), "min:" and "max:" fields.
+_MIN_MAX = """
+for i = 1, #ARGV, 3 do
+  local key, f, v = KEYS[tonumber(ARGV[i])], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local cur = redis.call('HGET', key, f)
+  if not cur or (string.sub(f, 1, 4) == 'min:' and v < tonumber(cur))
+      or (string.sub(f, 1, 4) == 'max:' and v > tonumber(cur)) then
+    redis.call('HSET', key, f, v)
+  end
+end
+return 0
+"""
+_DUE_CHUNK = 2_000  # timers fired per closing transaction
+
+
+def write_windows(pipe: Pipeline, keys: GenerationKeys, delta: WindowDelta) -> None:
+    """Queue (inside MULTI) the bucket increments, extremes, sketches and timers of ``delta``."""
+    for (window, start, group), counts in delta.adds.items():
+        bucket = keys.window_bucket(window, start, group)
+        for name, amount in counts.items():
+            pipe.hincrby(bucket, name, amount)
+    extremes = {**delta.lows, **delta.highs}
+    if extremes:
+        names: dict[str, int] = {}
+        argv: list[str | int] = []
+        for (window, start, group, name), value in extremes.items():
+            bucket = keys.window_bucket(window, start, group)
+            index = names.setdefault(bucket, len(names) + 1)
+            argv += [index, name, value]
+        pipe.eval(_MIN_MAX, len(names), *names, *argv)
+    for (window, measure, start, group), values in delta.distinct.items():
+        pipe.pfadd(keys.window_distinct(window, measure, start, group), *sorted(values))
+    if delta.closes:
+        pipe.zadd(keys.timers(CLOSE_TIMERS), delta.closes)
+    if delta.expiries:
+        pipe.zadd(keys.timers(EXPIRE_TIMERS), delta.expiries)
+
+
+def read_clocks(client: redis.Redis | Pipeline, keys: GenerationKeys) -> dict[str, int]:
+    """The generation's partition clocks (largest event time seen per partition)."""
+    raw = cast("dict[bytes, bytes]", client.hgetall(keys.clocks))
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+class WindowCloser:
+    """Emits the results of the windows the watermark has passed; expires old buckets.
+
+    Driver side, one per processor query. Picklable before first use (clients are lazy).
+
+    Args:
+        layout: The processor's keys.
+        generation: The generation it closes windows of.
+        fold: The window processor.
+        lateness_ms: The allowed lateness (the watermark is the clocks' minimum minus it).
+        redis_url: Redis.
+        kafka: librdkafka settings of the producer.
+        topic: Where results go; default ``<processor>.windows``.
+    """
+
+    def __init__(
+        self,
+        layout: StateLayout,
+        generation: int,
+        fold: WindowFold,
+        lateness_ms: int,
+        redis_url: str,
+        kafka: Mapping[str, str],
+        topic: str | None = None,
+    ) -> None:
+        self.layout = layout
+        self.keys = layout.generation(generation)
+        self.fold = fold
+        self.lateness_ms = lateness_ms
+        self.redis_url = redis_url
+        self.kafka = dict(kafka)
+        self.topic = topic or windows_topic(layout.processor)
+        self._windows = {w.name: w for w in fold.windows}
+        self._redis: redis.Redis | None = None
+        self._producer: Producer | None = None
+        self.emitted = 0
+        self.suppressed = 0
+
+    @property
+    def redis(self) -> redis.Redis:
+        """The Redis client (created on first use)."""
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.redis_url)
+        return self._redis
+
+    def watermark(self) -> int | None:
+        """The processor's watermark: its partitions' clocks' minimum minus the lateness."""
+        return processor_watermark(read_clocks(self.redis, self.keys), self.lateness_ms)
+
+    def close(self) -> int:
+        """Fire every close timer at or below the watermark, then expire; returns emitted."""
+        watermark = self.watermark()
+        if watermark is None:
+            return 0
+        emitted = 0
+        suppress_until = self._live_watermark()
+        while True:
+            fired = self._close_some(watermark, suppress_until)
+            if fired is None:
+                break
+            emitted += fired
+        self._expire(watermark)
+        return emitted
+
+    def _live_watermark(self) -> int | None:
+        """While this generation is being built: the live one's watermark (closed there)."""
+        status = self.redis.hget(self.layout.generations, str(self.keys.generation))
+        if status not in (b"building", "building"):
+            return None
+        raw_live = self.redis.get(self.layout.alias)
+        if raw_live is None or int(cast("bytes", raw_live)) == self.keys.generation:
+            return None
+        live = self.layout.generation(int(cast("bytes", raw_live)))
+        return processor_watermark(read_clocks(self.redis, live), self.lateness_ms)
+
+    def _close_some(self, watermark: int, suppress_until: int | None) -> int | None:
+        """One chunk of due timers: read, emit, remove (None: nothing was due)."""
+        timers = self.keys.timers(CLOSE_TIMERS)
+        with self.redis.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(timers)  # type: ignore[no-untyped-call]
+                due = cast(
+                    "list[bytes]",
+                    pipe.zrangebyscore(timers, "-inf", watermark, start=0, num=_DUE_CHUNK),
+                )
+                if not due:
+                    pipe.unwatch()
+                    return None
+                results = self._results(pipe, [decode_timer(m) for m in due])
+                send = [r for r in results if suppress_until is None or r["end"] > suppress_until]
+                self.suppressed += len(results) - len(send)
+                if send:
+                    self._emit(send)
+                pipe.multi()
+                pipe.zrem(timers, *due)
+                pipe.execute()
+            except redis.WatchError:
+                logger.info("a late record touched a closing window; closing again")
+                return 0
+        self.emitted += len(send)
+        return len(send)
+
+    def _results(self, pipe: Pipeline, due: Sequence[tuple[str, int, str]]) -> list[dict[str, Any]]:
+        """The results of the due windows, sliding ones moved incrementally bucket by bucket."""
+        wanted: dict[tuple[str, int, str], None] = {}
+        for name, end, group in due:
+            window = self._windows.get(name)
+            if window is None:
+                continue
+            for start in window.bucket_starts(end):
+                wanted[(name, start, group)] = None
+        buckets = list(wanted)
+        raw = [
+            cast("dict[bytes, bytes]", pipe.hgetall(self.keys.window_bucket(*b))) for b in buckets
+        ]
+        stored = {
+            b: {k.decode(): int(v) for k, v in r.items()} for b, r in zip(buckets, raw, strict=True)
+        }
+        results = []
+        by_series: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for name, end, group in due:
+            if name in self._windows:
+                by_series[(name, group)].append(end)
+        for (name, group), ends in sorted(by_series.items()):
+            window = self._windows[name]
+            running: dict[str, int] | None = None
+            previous: int | None = None
+            for end in sorted(ends):
+                starts = window.bucket_starts(end)
+                parts = [stored[(name, s, group)] for s in starts]
+                if running is not None and previous == end - window.bucket_ms and len(starts) > 1:
+                    running = _slide(running, stored, name, group, window, end)
+                else:
+                    running = combine(parts)
+                extremes = combine(
+                    {k: v for k, v in p.items() if k.startswith(("min:", "max:"))} for p in parts
+                )
+                aggregates = {
+                    **{k: v for k, v in running.items() if not k.startswith(("min:", "max:"))},
+                    **extremes,
+                }
+                distinct = self._distinct(pipe, name, group, starts)
+                results.append(result_of(window, end, group, aggregates, distinct))
+                previous = end
+        return results
+
+    def _distinct(
+        self, pipe: Pipeline, window: str, group: str, starts: Sequence[int]
+    ) -> dict[str, int]:
+        """HyperLogLog estimates over the window's buckets (PFCOUNT of several keys: a union)."""
+        out = {}
+        for measure in self.fold.distinct:
+            names = [self.keys.window_distinct(window, measure, s, group) for s in starts]
+            out[measure] = int(pipe.pfcount(*names))
+        return out
+
+    def _emit(self, results: Sequence[Mapping[str, Any]]) -> None:
+        """Produce the results and wait for every acknowledgement."""
+        if self._producer is None:
+            self._producer = Producer(
+                {"acks": "all", "enable.idempotence": "true", "linger.ms": "5", **self.kafka}
+            )
+        producer = self._producer
+        failures: list[str] = []
+
+        def _delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failures.append(err.str())
+
+        for result in results:
+            producer.produce(
+                self.topic,
+                orjson.dumps(result),
+                str(result["group"]).encode(),
+                headers=[
+                    ("refold.processor", self.keys.processor.encode()),
+                    ("refold.generation", str(self.keys.generation).encode()),
+                    ("refold.window", str(result["window"]).encode()),
+                    ("refold.window.end", str(result["end"]).encode()),
+                ],
+                on_delivery=_delivered,
+            )
+        remaining = producer.flush(30.0)
+        if remaining or failures:
+            msg = (
+                f"{len(failures) or remaining} window results to {self.topic} not acknowledged "
+                f"({'; '.join(failures[:3]) or 'timeout'}); their timers stay and fire again"
+            )
+            raise DeadLetterError(msg)
+
+    def _expire(self, watermark: int) -> None:
+        """Delete the buckets (and sketches) whose retention the watermark has passed."""
+        timers = self.keys.timers(EXPIRE_TIMERS)
+        while True:
+            due = cast(
+                "list[bytes]",
+                self.redis.zrangebyscore(timers, "-inf", watermark, start=0, num=_DUE_CHUNK),
+            )
+            if not due:
+                return
+            doomed: list[str] = []
+            for member in due:
+                name, start, group = decode_timer(member)
+                doomed.append(self.keys.window_bucket(name, start, group))
+                doomed += [
+                    self.keys.window_distinct(name, m, start, group) for m in self.fold.distinct
+                ]
+            with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(*doomed)
+                pipe.zrem(timers, *due)
+                pipe.execute()
+
+
+def _slide(
+    running: Mapping[str, int],
+    stored: Mapping[tuple[str, int, str], Mapping[str, int]],
+    name: str,
+    group: str,
+    window: Window,
+    end: int,
+) -> dict[str, int]:
+    """The next sliding window's counts and sums: add the newest fine bucket, drop the oldest."""
+    step = window.bucket_ms
+    entering = stored[(name, end - step, group)]
+    leaving = stored.get((name, end - step - window.size_ms, group), {})
+    out = {k: v for k, v in running.items() if not k.startswith(("min:", "max:"))}
+    for k, v in entering.items():
+        if not k.startswith(("min:", "max:")):
+            out[k] = out.get(k, 0) + v
+    for k, v in leaving.items():
+        if not k.startswith(("min:", "max:")):
+            out[k] = out.get(k, 0) - v
+    return out
