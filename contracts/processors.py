@@ -122,6 +122,8 @@ class ProcessorOptions(BaseModel):
         topics: Topic names to read instead of the spec's (same count and order): tests and
             staging run on their own topics.
         dead_letter_topic: Default ``<processor>.dlq``.
+        windows_topic: Where a window processor's closed windows go; default
+            ``<processor>.windows``.
         max_offsets_per_trigger: Records per micro-batch. 200k: big enough to amortise Spark's
             0.3-0.9 s fixed cost per batch during catch-up, small enough to bound memory.
         max_tasks: Spark tasks per micro-batch; two measured fastest on 2 cores (raise on a
@@ -136,6 +138,7 @@ class ProcessorOptions(BaseModel):
 
     topics: list[str] | None = None
     dead_letter_topic: str | None = None
+    windows_topic: str | None = None
     max_offsets_per_trigger: int = 200_000
     max_tasks: int = 2
     trigger_interval: str = "250 milliseconds"

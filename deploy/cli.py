@@ -77,8 +77,13 @@ def _cmd_processors(args: argparse.Namespace) -> int:
         keys = {registry.topics[t].key_field if t in registry.topics else "?" for t in spec.topics}
         rekeyed = keys != {spec.key}
         state = ", ".join(
-            [*(f"table {t}" for t in spec.tables), *(f"hash {a}" for a in spec.aggregates)]
+            [
+                *(f"table {t}" for t in spec.tables),
+                *(f"hash {a}" for a in spec.aggregates),
+                *([f"windows {', '.join(spec.windows)}"] if spec.windows else []),
+            ]
         )
+        event_time = spec.event_time
         rows.append(
             {
                 "name": spec.name,
@@ -86,6 +91,16 @@ def _cmd_processors(args: argparse.Namespace) -> int:
                 "key": spec.key,
                 "rekeyed": rekeyed,
                 "state": state,
+                "windows": list(spec.windows),
+                "event_time": None
+                if event_time is None
+                else {
+                    "field": event_time.field,
+                    "lateness_ms": event_time.lateness_ms,
+                    "late": event_time.late,
+                    "late_topic": event_time.late_topic,  # empty: the default, <name>.late
+                    "retention_ms": event_time.retention_ms,
+                },
                 "package": spec.package,
                 "description": spec.description,
             }
@@ -102,9 +117,23 @@ def _cmd_processors(args: argparse.Namespace) -> int:
         print(f"  topics  {', '.join(row['topics'])}")
         print(f"  key     {key}")
         print(f"  state   {row['state']}")
+        if row["event_time"]:
+            times = row["event_time"]
+            print(
+                f"  time    {times['field']}, lateness {_duration(times['lateness_ms'])}, "
+                f"late records: {times['late']}, retention {_duration(times['retention_ms'])}"
+            )
         if row["description"]:
             print(f"  about   {row['description']}")
     return 0
+
+
+def _duration(ms: int) -> str:
+    """``30s``, ``5m``, ``24h``, ``1500ms``: the largest unit that divides ``ms``."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -17,7 +17,12 @@ from typing import Any, cast
 import redis
 
 from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout, processor_of_registry_key, registries_pattern
+from contracts.layout import (
+    GenerationKeys,
+    StateLayout,
+    processor_of_registry_key,
+    registries_pattern,
+)
 from contracts.processors import ProcessorSpec
 from contracts.store.generations import GenerationInfo, GenerationRegistry, Positions
 from replay.errors import ReplayError
@@ -35,6 +40,8 @@ __all__ = [
 
 _SCAN_COUNT = 1000  # keys per SCAN round trip
 _EXAMPLES = 5
+# The window namespaces of RESULT_NAMESPACES (contracts.layout): bucket hashes, distinct sketches.
+_BUCKETS, _SKETCHES = "w:", "wd:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,11 +239,24 @@ class GenerationDiff:
     aggregates_differing: dict[str, tuple[dict[str, int], dict[str, int]]] = field(
         default_factory=dict
     )
+    buckets_compared: int = 0
+    buckets_differing: dict[str, tuple[dict[str, int], dict[str, int]]] = field(
+        default_factory=dict
+    )
+    sketches_compared: int = 0
+    sketches_differing: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
-        """True when every key and aggregate matches."""
-        return not (self.only_in_a or self.only_in_b or self.differing or self.aggregates_differing)
+        """True when every key, aggregate, window bucket and distinct sketch matches."""
+        return not (
+            self.only_in_a
+            or self.only_in_b
+            or self.differing
+            or self.aggregates_differing
+            or self.buckets_differing
+            or self.sketches_differing
+        )
 
     def render(self) -> str:
         """For people, with a few examples of each kind."""
@@ -256,8 +276,26 @@ class GenerationDiff:
                 lines.append(f"  {label}: {shown}{more}")
         for name, (in_a, in_b) in self.aggregates_differing.items():
             lines.append(f"  aggregate {name}: g{self.a}={in_a} g{self.b}={in_b}")
+        if self.buckets_compared or self.sketches_compared:
+            lines.append(
+                f"  windows: {self.buckets_compared} buckets compared, "
+                f"{len(self.buckets_differing)} differing; {self.sketches_compared} distinct "
+                f"sketches compared, {len(self.sketches_differing)} differing (estimates)"
+            )
+        lines += self._examples("bucket", self.buckets_differing)
+        lines += self._examples("sketch", self.sketches_differing)
         lines.append("identical" if self.identical else "NOT identical")
         return "\n".join(lines)
+
+    def _examples(self, label: str, differing: dict[str, tuple[Any, Any]]) -> list[str]:
+        """A few differing window keys, as aggregates are shown (missing: empty or 0)."""
+        lines = [
+            f"  {label} {key}: g{self.a}={differing[key][0]} g{self.b}={differing[key][1]}"
+            for key in sorted(differing)[:_EXAMPLES]
+        ]
+        if len(differing) > _EXAMPLES:
+            lines.append(f"  (+{len(differing) - _EXAMPLES} more {label}s differing)")
+        return lines
 
 
 def _entities(client: redis.Redis, pattern: str, prefix_len: int) -> Iterator[tuple[str, bytes]]:
@@ -281,7 +319,12 @@ def _load(client: redis.Redis, names: list[bytes], prefix_len: int) -> Iterator[
 def diff_generations(
     spec: ProcessorSpec, client: redis.Redis, key_prefix: str, a: int, b: int
 ) -> GenerationDiff:
-    """Compare every table and aggregate of two generations key by key.
+    """Compare every table, aggregate, window bucket and distinct sketch of two generations.
+
+    Window buckets (``w:``) compare as dicts of integers; distinct sketches (``wd:``) by their
+    HyperLogLog estimates (PFCOUNT), since two sketches of the same values may differ in bytes
+    (sparse or dense encoding, cached cardinality). A bucket or sketch missing on one side is
+    compared as empty (0).
 
     Raises:
         ReplayError: A generation does not exist.
@@ -315,7 +358,63 @@ def diff_generations(
         agg_b = _counters(client, layout.generation(b).aggregate(name))
         if agg_a != agg_b:
             result.aggregates_differing[name] = (agg_a, agg_b)
+    _diff_windows(client, layout.generation(a), layout.generation(b), result)
     return result
+
+
+def _diff_windows(
+    client: redis.Redis, keys_a: GenerationKeys, keys_b: GenerationKeys, result: GenerationDiff
+) -> None:
+    """Compare the window buckets and distinct sketches of two generations (whatever windows)."""
+    buckets_a = _window_keys(client, keys_a, _BUCKETS, _bucket_values)
+    buckets_b = _window_keys(client, keys_b, _BUCKETS, _bucket_values)
+    result.buckets_compared = len(buckets_a.keys() | buckets_b.keys())
+    for key in buckets_a.keys() | buckets_b.keys():
+        in_a, in_b = buckets_a.get(key, {}), buckets_b.get(key, {})
+        if in_a != in_b:
+            result.buckets_differing[key] = (in_a, in_b)
+    sketches_a = _window_keys(client, keys_a, _SKETCHES, _sketch_counts)
+    sketches_b = _window_keys(client, keys_b, _SKETCHES, _sketch_counts)
+    result.sketches_compared = len(sketches_a.keys() | sketches_b.keys())
+    for key in sketches_a.keys() | sketches_b.keys():
+        count_a, count_b = sketches_a.get(key, 0), sketches_b.get(key, 0)
+        if count_a != count_b:
+            result.sketches_differing[key] = (count_a, count_b)
+
+
+def _window_keys(
+    client: redis.Redis,
+    keys: GenerationKeys,
+    namespace: str,
+    load: Callable[[redis.Redis, list[bytes]], list[Any]],
+) -> dict[str, Any]:
+    """Every key of one namespace of a generation, named without the generation's base."""
+    head = len(keys.base) + 1
+    found: dict[str, Any] = {}
+    batch: list[bytes] = []
+    for name in client.scan_iter(match=f"{keys.base}:{namespace}*", count=_SCAN_COUNT):
+        batch.append(cast("bytes", name))
+        if len(batch) >= _SCAN_COUNT:
+            found.update(zip((n.decode()[head:] for n in batch), load(client, batch), strict=True))
+            batch = []
+    if batch:
+        found.update(zip((n.decode()[head:] for n in batch), load(client, batch), strict=True))
+    return found
+
+
+def _bucket_values(client: redis.Redis, names: list[bytes]) -> list[dict[str, int]]:
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hgetall(name)
+        raws = cast("list[dict[bytes, bytes]]", pipe.execute())
+    return [{k.decode(): int(v) for k, v in raw.items()} for raw in raws]
+
+
+def _sketch_counts(client: redis.Redis, names: list[bytes]) -> list[int]:
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.pfcount(name)
+        return [int(n) for n in pipe.execute()]
 
 
 def _counters(client: redis.Redis, key: str) -> dict[str, int]:

@@ -8,7 +8,14 @@ from typing import Any
 
 from contracts.errors import RefoldError
 
-__all__ = ["NoLiveGenerationError", "PublishError", "ServiceError", "UnacknowledgedEvent"]
+__all__ = [
+    "NoLiveGenerationError",
+    "PublishError",
+    "ServiceError",
+    "UnacknowledgedEvent",
+    "UnknownWindowError",
+    "WindowQueryError",
+]
 
 
 class ServiceError(RefoldError):
@@ -78,3 +85,19 @@ class NoLiveGenerationError(ServiceError):
     """A reader asked for a processor that has no live generation yet."""
 
     code = "NO_LIVE_GENERATION"
+
+
+class WindowQueryError(ServiceError):
+    """A window read asked for what the processor does not keep, or for too much at once.
+
+    E.g. a window ending where none of its windows ends, a distinct measure it does not count,
+    or a range wider than the reader's bucket budget.
+    """
+
+    code = "WINDOW_QUERY_INVALID"
+
+
+class UnknownWindowError(WindowQueryError):
+    """A window read named a window the processor does not declare."""
+
+    code = "WINDOW_UNKNOWN"

@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any
 
 from contracts.processors import EventTime
+from contracts.windows import watermark_of
 from processors.fold.projection import EventRejectedError
 
 __all__ = ["PartitionClocks", "Verdict", "event_time_ms", "processor_watermark"]
@@ -83,6 +84,4 @@ class PartitionClocks:
 
 def processor_watermark(clocks: Mapping[str, int], lateness_ms: int) -> int | None:
     """The minimum over the partitions' watermarks; ``None`` before any event time was seen."""
-    if not clocks:
-        return None
-    return min(clocks.values()) - lateness_ms
+    return watermark_of(clocks, lateness_ms)

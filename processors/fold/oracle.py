@@ -101,14 +101,14 @@ class WindowOracle:
     distinct: dict[tuple[str, str, int, str], set[str]] = field(default_factory=dict)
     late: list[tuple[str, int]] = field(default_factory=list)
     clocks: dict[str, int] = field(default_factory=dict)
+    measures: tuple[str, ...] = ()
 
     def window(self, window: Window, end: int, group: str) -> dict[str, Any]:
         """A window's result as the closer emits it (exact distinct counts)."""
         starts = window.bucket_starts(end)
         aggregates = combine(self.buckets.get((window.name, s, group), {}) for s in starts)
-        measures = {m for (w, m, _s, _g) in self.distinct if w == window.name}
         distinct = {}
-        for m in sorted(measures):
+        for m in self.measures:
             seen = [self.distinct.get((window.name, m, s, group), set()) for s in starts]
             distinct[m] = len(set().union(*seen))
         return result_of(window, end, group, aggregates, distinct)
@@ -128,7 +128,7 @@ def fold_windows(
             in log order (partitions may interleave in any way: the verdicts do not depend on
             it).
     """
-    result = WindowOracle()
+    result = WindowOracle(measures=tuple(fold.distinct))
     clocks = PartitionClocks(event_time, {})
     delta = WindowDelta()
     for partition, offset, event_type, event in records:

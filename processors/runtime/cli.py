@@ -118,6 +118,7 @@ def build_job(
         max_tasks=options.max_tasks,
         source_format=options.source_format,
         dead_letter_topic=options.dead_letter_topic,
+        windows_topic=options.windows_topic,
     )
     return ProcessorJob(spec, projection, _topics(spec, options, registry), run)
 

@@ -93,6 +93,7 @@ class RunOptions:
             task reads its records in the worker that folds them), ``refold_kafka`` (the same
             source yielding records) or ``kafka`` (Spark's JVM source, where its jar exists).
         dead_letter_topic: Default ``<processor>.dlq``.
+        windows_topic: Where closed windows go; default ``<processor>.windows``.
         accept_code_change: Resume a generation whose code fingerprint differs (and record
             the new one) instead of refusing.
         lease_wait_s: How long a start waits for another processor to let go of the
@@ -108,6 +109,7 @@ class RunOptions:
     max_tasks: int | None = 2
     source_format: str = "refold_kafka_ranges"
     dead_letter_topic: str | None = None
+    windows_topic: str | None = None
     accept_code_change: bool = False
     # A processor stopping after a cutover finishes its micro-batch first (SIGTERM), which
     # takes seconds; two minutes also covers a slow batch without hiding a real duplicate.
@@ -580,7 +582,8 @@ def _run_generation(
     outputs = list(getattr(projection, "effect_topics", ()))
     closer = None
     if getattr(projection, "windows", None):
-        outputs.append(windows_topic(projection.name))
+        results_topic = options.windows_topic or windows_topic(projection.name)
+        outputs.append(results_topic)
         event_time = cast("EventTime", run.target.event_time)
         closer = WindowCloser(
             run.target.layout,
@@ -589,6 +592,7 @@ def _run_generation(
             event_time.lateness_ms,
             run.target.redis_url,
             kafka.as_librdkafka(),
+            results_topic,
         )
     if run.target.event_time is not None and run.target.event_time.late == "side-output":
         outputs.append(run.target.late_topic)

@@ -320,4 +320,6 @@ def _slide(
     for k, v in leaving.items():
         if not k.startswith(("min:", "max:")):
             out[k] = out.get(k, 0) - v
-    return out
+    # A value none of whose events is left in the window is no key (as in ``combine``).
+    present = {k for s in window.bucket_starts(end) for k in stored.get((name, s, group), {})}
+    return {k: v for k, v in out.items() if k in present}

@@ -1,0 +1,330 @@
+"""Read event-time windows through the live-generation alias: results, ranges, distinct counts.
+
+A window processor's buckets (see :mod:`processors.fold.windows`) are read back here the way the
+closer computes a window's result: a tumbling or hopping window is one bucket, a sliding window
+is its fine buckets combined, and a distinct count is one PFCOUNT over the window's sketches
+(several keys: the count of their union). So a reader sees, before a window closes, the result
+it would emit now, and after, the result it emitted (or a corrected one, after late records).
+
+Like :class:`~services.reader.state_reader.StateReader`, every call resolves the alias once and
+reads that generation only: a replay's cutover switches readers between two calls, never within
+one. Each call reads a bounded number of buckets (``max_buckets``); a wider request is refused
+with a :class:`~services.errors.WindowQueryError` rather than stalling Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+import redis
+
+from contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys
+from contracts.windows import Hopping, Sliding, Window, combine, result_of, watermark_of
+from services.errors import UnknownWindowError, WindowQueryError
+from services.reader.state_reader import StateReader, StateView
+
+__all__ = ["MAX_BUCKETS", "Watermark", "WindowReader"]
+
+MAX_BUCKETS = 10_000  # buckets (or sketches) one call reads at most
+_SCAN_COUNT = 1000  # keys per SCAN round trip
+
+
+class WindowSource(Protocol):
+    """What a reader needs of a window processor (its fold has these; so may anything else)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def windows(self) -> Sequence[Window]: ...
+
+    @property
+    def distinct(self) -> Sequence[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """A processor's event-time progress, as its closer sees it.
+
+    Attributes:
+        watermark: The minimum over the partitions' clocks minus the allowed lateness: windows
+            ending at or before it are closed. ``None`` before any event time was seen.
+        lateness_ms: The allowed lateness it was computed with.
+        clocks: Per partition (``<topic>/<partition>``): the largest event time seen on it (ms).
+    """
+
+    watermark: int | None
+    lateness_ms: int
+    clocks: dict[str, int]
+
+
+def _hop(window: Window) -> int:
+    """How far apart consecutive windows end (and consecutive buckets start)."""
+    if isinstance(window, Hopping):
+        return window.hop_ms
+    if isinstance(window, Sliding):
+        return window.step_ms
+    return window.size_ms
+
+
+def _ints(raw: Mapping[bytes, bytes]) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+class WindowReader:
+    """Read-only access to one window processor's buckets.
+
+    Args:
+        client: redis-py client.
+        processor: Processor name, e.g. ``sales_windows``.
+        windows: The windows the processor declares (its fold's ``windows``).
+        distinct: Its distinct measures (its fold's ``distinct``).
+        key_prefix: Prefix of refold's keys.
+        lateness_ms: The allowed lateness of its spec's ``event_time`` (for :meth:`watermark`).
+        max_buckets: The most buckets (or sketches) one call reads; wider requests are refused.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        processor: str,
+        windows: Sequence[Window],
+        distinct: Sequence[str] = (),
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        *,
+        lateness_ms: int = 0,
+        max_buckets: int = MAX_BUCKETS,
+    ) -> None:
+        self.client = client
+        self.processor = processor
+        self.windows = {w.name: w for w in windows}
+        self.distinct_measures = tuple(distinct)
+        self.lateness_ms = lateness_ms
+        self.max_buckets = max_buckets
+        self._alias = StateReader(client, processor, key_prefix)
+        self.registry = self._alias.registry
+
+    @classmethod
+    def from_fold(
+        cls,
+        client: redis.Redis,
+        fold: WindowSource,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        *,
+        lateness_ms: int = 0,
+        max_buckets: int = MAX_BUCKETS,
+    ) -> WindowReader:
+        """A reader of ``fold``'s windows and distinct measures."""
+        return cls(
+            client,
+            fold.name,
+            fold.windows,
+            fold.distinct,
+            key_prefix,
+            lateness_ms=lateness_ms,
+            max_buckets=max_buckets,
+        )
+
+    def live_generation(self) -> int:
+        """The generation readers see now.
+
+        Raises:
+            NoLiveGenerationError: The processor has not run yet.
+        """
+        return self._alias.live_generation()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def window(self, name: str, group: str, end: int, generation: int | None = None) -> StateView:
+        """The result of the window ``name`` of ``group`` ending at ``end`` (epoch ms).
+
+        ``value`` is the result as the closer emits it (see
+        :func:`~processors.fold.windows.result_of`): ``count``, ``sum:``, ``min:``, ``max:``,
+        ``avg:`` and ``distinct:`` per measure; a window without data has only ``count`` 0.
+
+        Raises:
+            UnknownWindowError: The processor has no window ``name``.
+            WindowQueryError: No window of ``name`` ends at ``end``.
+        """
+        window = self._window(name)
+        if end % _hop(window):
+            msg = (
+                f"{self.processor} window {name!r} has no window ending at {end}: its windows "
+                f"end every {_hop(window)} ms (e.g. at {end - end % _hop(window)})"
+            )
+            raise WindowQueryError(msg)
+        gen = self._generation(generation)
+        keys = self.registry.keys(gen)
+        starts = window.bucket_starts(end)
+        with self.client.pipeline(transaction=True) as pipe:
+            for start in starts:
+                pipe.hgetall(keys.window_bucket(name, start, group))
+            for measure in self.distinct_measures:
+                pipe.pfcount(*(keys.window_distinct(name, measure, s, group) for s in starts))
+            pipe.hgetall(keys.positions)
+            *replies, raw_positions = pipe.execute()
+        buckets = [_ints(r) for r in replies[: len(starts)]]
+        distinct = dict(zip(self.distinct_measures, replies[len(starts) :], strict=True))
+        value = result_of(window, end, group, combine(buckets), distinct)
+        return StateView(gen, value, self.registry.parse_positions(raw_positions)[0])
+
+    def range(
+        self, name: str, group: str, start: int, end: int, generation: int | None = None
+    ) -> StateView:
+        """Every window of ``name`` of ``group`` ending in ``(start, end]`` that has data.
+
+        ``value`` is a list of results (as :meth:`window`), oldest first. For a sliding window,
+        every step's window. The counts, sums and extremes are read in one transaction with the
+        positions; the distinct counts of the windows with data right after.
+
+        Raises:
+            UnknownWindowError: The processor has no window ``name``.
+            WindowQueryError: The range spans more than ``max_buckets`` buckets.
+        """
+        window = self._window(name)
+        hop = _hop(window)
+        ends = range(start - start % hop + hop, end + 1, hop)
+        per_window = len(window.bucket_starts(hop))
+        self._check_budget(name, len(ends) * per_window, f"({start}, {end}]")
+        gen = self._generation(generation)
+        keys = self.registry.keys(gen)
+        if not ends:
+            return StateView(gen, [], self.registry.positions(gen)[0])
+        starts = sorted({s for e in ends for s in window.bucket_starts(e)})
+        with self.client.pipeline(transaction=True) as pipe:
+            for s in starts:
+                pipe.hgetall(keys.window_bucket(name, s, group))
+            pipe.hgetall(keys.positions)
+            *replies, raw_positions = pipe.execute()
+        stored = {s: _ints(r) for s, r in zip(starts, replies, strict=True)}
+        found = []
+        for e in ends:
+            aggregates = combine(stored[s] for s in window.bucket_starts(e))
+            if aggregates.get("count", 0) > 0:
+                found.append((e, aggregates))
+        distinct = self._distinct_counts(keys, name, group, [e for e, _ in found])
+        results = [
+            result_of(window, e, group, aggregates, counts)
+            for (e, aggregates), counts in zip(found, distinct, strict=True)
+        ]
+        return StateView(gen, results, self.registry.parse_positions(raw_positions)[0])
+
+    def distinct(
+        self,
+        name: str,
+        measure: str,
+        group: str,
+        start: int,
+        end: int,
+        generation: int | None = None,
+    ) -> StateView:
+        """Distinct ``measure`` values in the buckets of ``name`` starting in ``[start, end)``.
+
+        One PFCOUNT of their sketches: the estimate of their union, e.g. a day's distinct
+        visitors from its 24 hourly sketches. ``value`` is an int (0 without data). Hopping
+        buckets overlap (the union still counts a value once), so the span covered runs to the
+        last bucket's end.
+
+        Raises:
+            UnknownWindowError: The processor has no window ``name``.
+            WindowQueryError: ``measure`` is not one of its distinct measures, or the range
+                spans more than ``max_buckets`` buckets.
+        """
+        window = self._window(name)
+        if measure not in self.distinct_measures:
+            known = ", ".join(self.distinct_measures) or "none"
+            msg = f"{self.processor} has no distinct measure {measure!r} (its measures: {known})"
+            raise WindowQueryError(msg)
+        hop = _hop(window)
+        starts = range(start + (-start) % hop, end, hop)
+        self._check_budget(name, len(starts), f"[{start}, {end})")
+        gen = self._generation(generation)
+        keys = self.registry.keys(gen)
+        if not starts:
+            return StateView(gen, 0, self.registry.positions(gen)[0])
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.pfcount(*(keys.window_distinct(name, measure, s, group) for s in starts))
+            pipe.hgetall(keys.positions)
+            count, raw_positions = pipe.execute()
+        return StateView(gen, int(count), self.registry.parse_positions(raw_positions)[0])
+
+    def groups(self, name: str, generation: int | None = None) -> StateView:
+        """The groups that have buckets of window ``name`` (``value``: sorted list)."""
+        self._window(name)
+        gen = self._generation(generation)
+        keys = self.registry.keys(gen)
+        found = {group for _start, group in self._buckets(keys, name)}
+        return StateView(gen, sorted(found), self.registry.positions(gen)[0])
+
+    def watermark(self, generation: int | None = None) -> StateView:
+        """The processor's watermark and its partitions' clocks (``value``: :class:`Watermark`)."""
+        gen = self._generation(generation)
+        keys = self.registry.keys(gen)
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.clocks)
+            pipe.hgetall(keys.positions)
+            raw_clocks, raw_positions = pipe.execute()
+        clocks = _ints(raw_clocks)
+        value = Watermark(watermark_of(clocks, self.lateness_ms), self.lateness_ms, clocks)
+        return StateView(gen, value, self.registry.parse_positions(raw_positions)[0])
+
+    def freshness(self, generation: int | None = None) -> dict[tuple[str, int], int]:
+        """Applied positions of the (live) generation."""
+        return self._alias.freshness(generation)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _generation(self, generation: int | None) -> int:
+        return self.live_generation() if generation is None else generation
+
+    def _window(self, name: str) -> Window:
+        window = self.windows.get(name)
+        if window is None:
+            known = ", ".join(sorted(self.windows)) or "none"
+            msg = (
+                f"{self.processor} has no window {name!r} (its windows: {known}). Operator "
+                "action: use one of those names; `refold processors` lists each processor's "
+                "windows."
+            )
+            raise UnknownWindowError(msg)
+        return window
+
+    def _check_budget(self, name: str, buckets: int, span: str) -> None:
+        if buckets > self.max_buckets:
+            msg = (
+                f"{self.processor} window {name!r} over {span} reads {buckets} buckets, more "
+                f"than {self.max_buckets} at once. Operator action: ask for a narrower range "
+                "(several calls), or raise max_buckets."
+            )
+            raise WindowQueryError(msg)
+
+    def _distinct_counts(
+        self, keys: GenerationKeys, name: str, group: str, ends: Sequence[int]
+    ) -> list[dict[str, int]]:
+        """Per window end: the distinct counts of every measure (one PFCOUNT each)."""
+        if not self.distinct_measures or not ends:
+            return [{} for _ in ends]
+        window = self.windows[name]
+        with self.client.pipeline(transaction=True) as pipe:
+            for e in ends:
+                starts = window.bucket_starts(e)
+                for measure in self.distinct_measures:
+                    pipe.pfcount(*(keys.window_distinct(name, measure, s, group) for s in starts))
+            counts = cast("list[int]", pipe.execute())
+        n = len(self.distinct_measures)
+        return [
+            dict(zip(self.distinct_measures, counts[i * n : (i + 1) * n], strict=True))
+            for i in range(len(ends))
+        ]
+
+    def _buckets(self, keys: GenerationKeys, name: str) -> Iterator[tuple[int, str]]:
+        """``(start, group)`` of every bucket of window ``name`` (SCAN, in no order)."""
+        pattern = keys.window_pattern(name)
+        prefix = pattern.removesuffix("*")
+        for raw in self.client.scan_iter(match=pattern, count=_SCAN_COUNT):
+            rest = cast("bytes", raw).decode()[len(prefix) :]
+            start, sep, group = rest.partition(":")  # the group is last and may hold ':'
+            if sep and start.lstrip("-").isdigit():
+                yield int(start), group

@@ -1,0 +1,57 @@
+"""Test helpers for window processors: the log as the oracle reads it, and Redis dumps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import redis
+
+from contracts.codec import EventCodec
+from contracts.kafka.offsets import LogOffsets
+from contracts.layout import GenerationKeys, position_field
+from processors.runtime.kafka_ranges import SourceOptions, read_messages
+
+__all__ = ["bucket_dump", "log_events", "sketch_counts"]
+
+
+def log_events(bootstrap: str, topic: str) -> Iterator[tuple[str, int, str, dict]]:
+    """Every record of ``topic`` as ``(partition field, offset, event_type, event)``, in log order
+    per partition: the oracle's input is exactly what the processor read."""
+    kafka = {"bootstrap.servers": bootstrap}
+    offsets = LogOffsets(kafka)
+    try:
+        tps = [(topic, p) for p in offsets.partitions(topic)]
+        ends = offsets.end_offsets(tps)
+    finally:
+        offsets.close()
+    spans = tuple((t, p, 0, ends[(t, p)]) for t, p in tps)
+    codec = EventCodec()
+    options = SourceOptions(kafka=tuple(kafka.items()), topics=(topic,))
+    for chunk in read_messages(options, spans, slot="test-oracle"):
+        for message in chunk:
+            decoded = codec.decode(message.value())
+            field = position_field(message.topic() or "", message.partition() or 0)
+            yield field, message.offset() or 0, decoded.event_type, decoded.data
+
+
+def bucket_dump(client: redis.Redis, keys: GenerationKeys) -> dict[tuple[str, int, str], dict]:
+    """Every window bucket of a generation: ``(window, start, group)`` -> aggregates."""
+    head = f"{keys.base}:w:"
+    out = {}
+    for name in client.scan_iter(match=f"{head}*", count=1000):
+        window, start, group = name.decode()[len(head) :].split(":", 2)
+        raw = client.hgetall(name)
+        out[(window, int(start), group)] = {k.decode(): int(v) for k, v in raw.items()}
+    return out
+
+
+def sketch_counts(
+    client: redis.Redis, keys: GenerationKeys
+) -> dict[tuple[str, str, int, str], int]:
+    """Every distinct-count sketch: ``(window, measure, start, group)`` -> PFCOUNT."""
+    head = f"{keys.base}:wd:"
+    out = {}
+    for name in client.scan_iter(match=f"{head}*", count=1000):
+        window, measure, start, group = name.decode()[len(head) :].split(":", 3)
+        out[(window, measure, int(start), group)] = int(client.pfcount(name))
+    return out
