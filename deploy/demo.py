@@ -6,6 +6,7 @@ started, also on Ctrl-C or failure.
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import time
 from collections.abc import Callable
@@ -27,16 +28,25 @@ from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
 from deploy.simulators.clickstream import ClickstreamSimulator
 from deploy.simulators.orders import OrderSimulator
+from processors.sales_windows.projection import SalesWindows
+from processors.unique_visitors.projection import ALL, UniqueVisitors
 from replay.plan import ToEarliest
 from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
+from services.reader.window_reader import WindowReader
 
 __all__ = ["run_demo", "wait_until_caught_up"]
 
 PROCESSOR = "order_state"  # the one the demo replays
 # Run together as queries of one Spark application (one JVM).
-PROCESSORS = ("order_state", "customer_stats", "session_stats")
+PROCESSORS = (
+    "order_state",
+    "customer_stats",
+    "session_stats",
+    "sales_windows",
+    "unique_visitors",
+)
 _CATCH_UP_TIMEOUT_S = 600.0
 _TAKEOVER_TIMEOUT_S = 120.0
 
@@ -151,6 +161,48 @@ def _platform_summary(client: redis.Redis) -> None:
     )
 
 
+def _clock(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%H:%M")
+
+
+def _windows_summary(client: redis.Redis) -> None:
+    """The event-time processors: the last closed minutes of sales, unique visitors per hour."""
+    sales = WindowReader.from_fold(client, SalesWindows(), lateness_ms=30_000)
+    watermark = sales.watermark().value.watermark
+    groups = sales.groups("per_minute").value
+    if watermark is None or not groups:
+        print("sales_windows: no payment yet")
+        return
+    since = watermark - 5 * 60_000
+    recent = {g: sales.range("per_minute", g, since, watermark).value for g in groups}
+    busiest = max(groups, key=lambda g: sum(m["count"] for m in recent[g]))
+    print(
+        f"sales_windows (event time, watermark {_clock(watermark)}): the last closed minutes "
+        f"of {busiest} sales"
+    )
+    for minute in recent[busiest][-3:]:
+        span = f"{_clock(minute['start'])}-{_clock(minute['end'])}"
+        print(
+            f"  {span}  {minute['count']:>3} payments  sum {_money(minute['sum:amount_minor'])}  "
+            f"avg {_money(int(minute['avg:amount_minor']))}  "
+            f"max {_money(minute['max:amount_minor'])}"
+        )
+    sliding = sales.window("five_minutes_sliding", busiest, watermark - watermark % 10_000).value
+    print(f"  the five minutes before the watermark (sliding by 10 s): {sliding['count']} payments")
+    visitors = WindowReader.from_fold(client, UniqueVisitors(), lateness_ms=60_000)
+    seen = visitors.watermark().value.clocks.values()
+    if not seen:
+        print("unique_visitors: no page view yet")
+        return
+    newest = max(seen)
+    day_start = newest - 24 * 3_600_000
+    hours = visitors.range("hourly", ALL, day_start, newest + 3_600_000).value
+    day = visitors.distinct("hourly", "visitors", ALL, day_start, newest + 1).value
+    per_hour = ", ".join(f"{_clock(h['start'])} {h['distinct:visitors']}" for h in hours[:6])
+    print(f"unique_visitors (HyperLogLog): {day:,} distinct visitors in the last 24 h")
+    print(f"  per hour: {per_hour}")
+
+
 def _tables(reader: StateReader, generation: int) -> tuple[dict[str, Any], dict[str, int]]:
     return (
         dict(reader.scan("orders", generation)),
@@ -231,6 +283,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
             live = reader.live_generation()
             _summary(reader, live, dead)
             _platform_summary(client)
+            _windows_summary(client)
 
             _say("replay: rebuild order_state from the earliest offset into a new generation")
             spec = processor_spec(PROCESSOR)

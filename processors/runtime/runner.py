@@ -404,6 +404,7 @@ def run_processor(
     spark: SparkSession | None = None,
     stop: threading.Event | None = None,
     spec: ProcessorSpec | None = None,
+    started: threading.Event | None = None,
 ) -> int:
     """Run until stopped (SIGTERM/SIGINT, or ``stop``) or, with ``available_now``, caught up.
 
@@ -422,6 +423,7 @@ def run_processor(
         stop: Set to stop (several processors in one application share one).
         spec: The processor's spec: its key decides whether it is re-keyed (checked against
             the broker's partition counts at start). None: entities are owned by partitions.
+        started: Set once its query has completed a first micro-batch (or has stopped).
 
     Returns:
         The generation that ran last.
@@ -460,7 +462,17 @@ def run_processor(
                     f"refold-{projection.name}-g{run.generation}", SparkSettings()
                 )
             outcome = _run_generation(
-                projection, topics, kafka, options, spark, run, registry, lease, following, stop
+                projection,
+                topics,
+                kafka,
+                options,
+                spark,
+                run,
+                registry,
+                lease,
+                following,
+                stop,
+                started,
             )
         finally:
             with contextlib.suppress(*REDIS_UNAVAILABLE):  # an expired lease frees itself
@@ -571,6 +583,7 @@ def _run_generation(
     lease: GenerationLease,
     following: bool,
     external_stop: threading.Event | None = None,
+    started: threading.Event | None = None,
 ) -> Outcome:
     """Run one generation's query until a signal, the catch-up target, or a change in Redis.
 
@@ -633,6 +646,8 @@ def _run_generation(
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
             logged_batch = _log_progress(query, logged_batch)
+            if started is not None and query.lastProgress is not None:
+                started.set()
             if lease.lost.is_set():
                 msg = (
                     f"lost the lease of g{run.generation} (another processor took it over "
@@ -653,6 +668,8 @@ def _run_generation(
                 outcome = changed
                 break
     finally:
+        if started is not None:
+            started.set()
         if query.isActive:
             query.stop()
         for signum, handler in previous_handlers.items():
@@ -673,6 +690,8 @@ def _run_generation(
     return outcome
 
 
+# How long an application waits for one query's first micro-batch before starting the next.
+_FIRST_BATCH_WAIT_S = 120.0
 # How long a caught-up run waits for its last micro-batch to end before stopping the query.
 # The tasks commit to Redis (what the catch-up check sees) before the driver has collected
 # their outcomes; a batch's tail after that is short (collect, group commit, Spark's commit log).
@@ -840,6 +859,8 @@ def run_processors(
     stop = threading.Event()
     failed: list[str] = []
 
+    started = {job.spec.name: threading.Event() for job in jobs}
+
     def _run(job: ProcessorJob) -> None:
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", job.spec.name)
         try:
@@ -852,10 +873,13 @@ def run_processors(
                 spark,
                 stop,
                 job.spec,
+                started[job.spec.name],
             )
         except Exception:  # one processor's failure must not stop the others
             logger.exception("%s failed; the other processors go on", job.spec.name)
             failed.append(job.spec.name)
+        finally:
+            started[job.spec.name].set()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         logger.info("signal %d: stopping %s after their current batch", signum, ", ".join(names))
@@ -867,8 +891,12 @@ def run_processors(
             previous[signum] = signal.signal(signum, _on_signal)
     threads = [threading.Thread(target=_run, args=(job,), name=job.spec.name) for job in jobs]
     try:
-        for thread in threads:
+        for thread, job in zip(threads, jobs, strict=True):
             thread.start()
+            # One query's first micro-batch at a time: several queries submitting their first
+            # jobs at the same instant failed now and then in Spark's task deserialization
+            # (java.io.OptionalDataException, seen with five queries on local[2]).
+            started[job.spec.name].wait(_FIRST_BATCH_WAIT_S)
         for thread in threads:
             while thread.is_alive():
                 thread.join(0.5)
