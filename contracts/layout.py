@@ -24,7 +24,8 @@ key                                         type    content
 ``<p>:{<proc>.g<N>}:wd:<win>:<d>:<st>:<grp>``
                                             string  HyperLogLog: distinct ``d`` of a bucket
 ``<p>:{<proc>.g<N>}:tm:<timers>``           zset    timer -> due event time (ms): ``close`` (a
-                                                    window end), ``expire`` (end + retention)
+                                                    window end), ``expire`` (end + retention),
+                                                    ``p:<partition id>`` (entity -> its due)
 ``<p>:{<proc>.g<N>}:wm:clocks``             hash    ``<topic>/<partition>`` -> largest event time
                                                     seen on it (ms), with the positions
 =========================================  ======  =============================================
@@ -161,6 +162,10 @@ class GenerationKeys:
     def timers(self, name: str) -> str:
         """Sorted set of timers (member -> due event time in ms)."""
         return f"{self.base}:tm:{name}"
+
+    def entity_timers(self, partition: int) -> str:
+        """Sorted set of the entity timers of partition id ``partition`` (entity -> due ms)."""
+        return f"{self.base}:tm:p:{partition}"
 
     @property
     def clocks(self) -> str:

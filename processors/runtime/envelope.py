@@ -59,14 +59,24 @@ from processors.fold.projection import (
     SideEffect,
     State,
     UnstorableStateError,
+    effects_of,
     fits_int64,
     fold_one,
+    store_state,
 )
 from processors.fold.records import SourceRecord
 from processors.fold.rekey import KeyResolver, Link, decode_link, encode_link, slot_of
+from processors.fold.timers import (
+    TIMER_EVENT,
+    GroupClocks,
+    TimerQueue,
+    has_timers,
+    timed,
+    timer_event,
+)
 from processors.fold.windows import WindowDelta, WindowFold
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
-from processors.runtime.window_store import write_windows
+from processors.runtime.window_store import write_timers, write_windows
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]
 
@@ -126,6 +136,8 @@ class FoldTarget:
         key_links: ``via`` fields that link events without the key to it (re-keyed).
         partition_keys: ``(topic, partition key field)`` of each topic (re-keyed).
         event_time: The processor's event time (lateness is judged per partition), if any.
+        topics: The processor's topics (an entity's timers fire on the watermark of its
+            partition id over all of them).
     """
 
     processor: str
@@ -141,6 +153,7 @@ class FoldTarget:
     key_links: tuple[str, ...] = ()
     partition_keys: tuple[tuple[str, str], ...] = ()
     event_time: EventTime | None = None
+    topics: tuple[str, ...] = ()
 
     @property
     def late_topic(self) -> str:
@@ -188,9 +201,12 @@ class BatchOutcome:
 
 @dataclass(frozen=True, slots=True)
 class _DeadLetter:
+    """A record that was not applied (or, ``timer``: a timer that failed, the record applied)."""
+
     record: SourceRecord
     reason: str
     detail: str
+    timer: bool = False
 
 
 class _HoleError(Exception):
@@ -262,7 +278,7 @@ class _Folded:
     def __init__(self, before: dict[str, State | None]) -> None:
         self.before = before
         self.states = dict(before)
-        self.encoded: dict[str, bytes] = {}
+        self.encoded: dict[str, bytes | None] = {}  # None: the entity is deleted
         self.contributions: dict[str, Mapping[str, int]] = {}
         self.sources: dict[str, list[SourceRecord]] = {}
         self.effects: list[tuple[SourceRecord, SideEffect]] = []
@@ -271,8 +287,8 @@ class _Folded:
         self,
         record: SourceRecord,
         entity: str,
-        state: State,
-        encoded: bytes,
+        state: State | None,
+        encoded: bytes | None,
         contribution: Mapping[str, int],
     ) -> None:
         self.states[entity] = state
@@ -364,6 +380,7 @@ class FoldWriter:
         self._windows: WindowFold | None = (
             cast("WindowFold", projection) if getattr(projection, "windows", None) else None
         )
+        self._timers = target.event_time is not None and has_timers(projection)
         if (target.slots or target.event_time is None) and self._windows is not None:
             msg = (
                 f"{target.processor}: a window processor needs an event time and the partition "
@@ -545,8 +562,9 @@ class FoldWriter:
                 new_pos[field_name] = end
         clocks: dict[str, int] = {}
         late_out: list[_DeadLetter] = []
+        marks: list[int | None] = []
         if self.target.event_time is not None and pending:
-            pending, clocks = self._judge_lateness(pipe, pending, dead, late_out, outcome)
+            pending, clocks, marks = self._judge_lateness(pipe, pending, dead, late_out, outcome)
         if self._windows is not None:
             windows = self._count_windows(pending, dead, outcome)
             self._send_records(dead, late_out, batch_id, outcome)
@@ -556,7 +574,8 @@ class FoldWriter:
             pipe.execute()
             outcome.positions = new_pos
             return outcome
-        entities = sorted({p[3] for p in pending})
+        queue = self._load_timers(pipe, pending, marks) if self._timers else None
+        entities = sorted({p[3] for p in pending} | (queue.entities() if queue else set()))
         table_keys = [keys.table(self.projection.table, e) for e in entities]
         loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
         before: dict[str, State | None] = {
@@ -564,7 +583,9 @@ class FoldWriter:
             for e, raw in zip(entities, loaded, strict=True)
         }
         folded = _Folded(before)
-        for record, event_type, data, entity in pending:
+        for index, (record, event_type, data, entity) in enumerate(pending):
+            if queue is not None:
+                self._fire_timers(queue, record, marks[index], folded, dead)
             try:
                 new, encoded, contribution, effects = fold_one(
                     self.projection, folded.states[entity], event_type, data
@@ -580,6 +601,8 @@ class FoldWriter:
             outcome.applied += 1
             if self._has_effects:
                 folded.effects.extend((record, effect) for effect in effects)
+            if queue is not None:
+                queue.set(record.partition, entity, self._due(new))
         delta = self._delta(pipe, folded, dead, outcome)
         self._send_records(dead, late_out, batch_id, outcome)
         if folded.effects:
@@ -588,8 +611,16 @@ class FoldWriter:
                 self._send_effects(to_send)
                 outcome.effects = len(to_send)
         pipe.multi()
-        if folded.encoded:
-            pipe.mset({keys.table(self.projection.table, e): b for e, b in folded.encoded.items()})
+        stored = {e: b for e, b in folded.encoded.items() if b is not None}
+        if stored:
+            pipe.mset({keys.table(self.projection.table, e): b for e, b in stored.items()})
+        gone = [
+            keys.table(self.projection.table, e) for e, b in folded.encoded.items() if b is None
+        ]
+        if gone:
+            pipe.delete(*gone)
+        if queue is not None:
+            write_timers(pipe, keys, queue)
         aggregate_key = keys.aggregate(self.projection.aggregate)
         for name, amount in sorted(delta.items()):
             if amount:
@@ -635,21 +666,30 @@ class FoldWriter:
         dead: list[_DeadLetter],
         late_out: list[_DeadLetter],
         outcome: BatchOutcome,
-    ) -> tuple[list[tuple[SourceRecord, str, dict[str, Any], str]], dict[str, int]]:
+    ) -> tuple[
+        list[tuple[SourceRecord, str, dict[str, Any], str]], dict[str, int], list[int | None]
+    ]:
         """Keep the on-time records (and the late ones under ``accept``); advance the clocks.
 
         Per partition, in log order, against the clock stored with its positions (read under
         the partition's guard): the same verdict for a record whatever the batch it is in.
 
         Returns:
-            The records to fold, and the clocks that moved (written with the positions).
+            The records to fold, the clocks that moved (written with the positions) and, per
+            record kept, its partition group's watermark once it was seen (timers).
         """
         event_time = cast("EventTime", self.target.event_time)
-        fields = sorted({position_field(p[0].topic, p[0].partition) for p in pending})
-        raw = cast("list[bytes | None]", pipe.hmget(self.target.keys.clocks, fields))
-        stored = {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+        fields = {position_field(p[0].topic, p[0].partition) for p in pending}
+        if self._timers:  # the group's other topics: their clocks hold its watermark back
+            pids = {p[0].partition for p in pending}
+            fields |= {position_field(t, pid) for t in self.target.topics for pid in pids}
+        names = sorted(fields)
+        raw = cast("list[bytes | None]", pipe.hmget(self.target.keys.clocks, names))
+        stored = {f: int(v) for f, v in zip(names, raw, strict=True) if v is not None}
         clocks = PartitionClocks(event_time, stored)
+        groups = GroupClocks(self.target.topics, event_time.lateness_ms, stored)
         kept = []
+        marks: list[int | None] = []
         for item in pending:
             record, _event_type, data, _entity = item
             try:
@@ -658,8 +698,10 @@ class FoldWriter:
                 dead.append(_DeadLetter(record, "no-event-time", str(exc)))
                 continue
             verdict = clocks.observe(position_field(record.topic, record.partition), at)
+            mark = groups.advance(record.topic, record.partition, at)
             if verdict is Verdict.ON_TIME:
                 kept.append(item)
+                marks.append(mark)
                 continue
             outcome.late += 1
             behind = (
@@ -671,11 +713,79 @@ class FoldWriter:
                 dead.append(_DeadLetter(record, "expired", detail))
             elif event_time.late == "accept":
                 kept.append(item)
+                marks.append(mark)
             elif event_time.late == "side-output":
                 late_out.append(_DeadLetter(record, "late", behind))
             else:
                 dead.append(_DeadLetter(record, "late", behind))
-        return kept, clocks.changed
+        return kept, clocks.changed, marks
+
+    def _due(self, state: State | None) -> int | None:
+        """The entity's timer (user code: a failure means no timer, and is logged)."""
+        if state is None:
+            return None
+        try:
+            return timed(self.projection).due(state)
+        except Exception:  # user code: one entity's failure must not stop the stream
+            logger.exception("%s: due() raised; the entity has no timer", self.target.processor)
+            return None
+
+    def _load_timers(
+        self,
+        pipe: Pipeline,
+        pending: Sequence[tuple[SourceRecord, str, dict[str, Any], str]],
+        marks: Sequence[int | None],
+    ) -> TimerQueue:
+        """The stored timers that may fire in this transaction (up to each group's last mark)."""
+        last: dict[int, int] = {}
+        for (record, *_rest), mark in zip(pending, marks, strict=True):
+            if mark is not None:
+                last[record.partition] = max(mark, last.get(record.partition, mark))
+        timers = TimerQueue()
+        for pid, mark in sorted(last.items()):
+            raw = cast(
+                "list[tuple[bytes, float]]",
+                pipe.zrangebyscore(
+                    self.target.keys.entity_timers(pid), "-inf", mark, withscores=True
+                ),
+            )
+            timers.load(pid, [(e.decode(), int(d)) for e, d in raw])
+        return timers
+
+    def _fire_timers(
+        self,
+        queue: TimerQueue,
+        record: SourceRecord,
+        mark: int | None,
+        folded: _Folded,
+        dead: list[_DeadLetter],
+    ) -> None:
+        """Fire the timers of the record's partition group due at its watermark, in order."""
+        for due, entity in queue.pop_due(record.partition, mark):
+            before = folded.states.get(entity)
+            if before is None:
+                continue
+            watermark = cast("int", mark)
+            try:
+                after = timed(self.projection).on_timer(before, watermark)
+                effects = effects_of(
+                    self.projection, TIMER_EVENT, timer_event(watermark), before, after or {}
+                )
+                encoded: bytes | None = None
+                contribution: Mapping[str, int] = {}
+                if after is not None:
+                    encoded, contribution = store_state(self.projection, after)
+            except Exception as exc:  # user code: the entity keeps its state, without timer
+                detail = (
+                    f"on_timer of {entity!r} (due {due}, watermark {watermark}) raised "
+                    f"{exc!r}; the entity keeps its state and has no timer until it changes"
+                )
+                dead.append(_DeadLetter(record, "timer-error", detail, timer=True))
+                continue
+            folded.record(record, entity, after, encoded, contribution)
+            if self._has_effects:
+                folded.effects.extend((record, effect) for effect in effects)
+            queue.set(record.partition, entity, self._due(after))
 
     def _count_windows(
         self,
@@ -711,7 +821,7 @@ class FoldWriter:
     ) -> None:
         """Count and produce the dead letters and the late side output (before the commit)."""
         outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
-        outcome.rejected = len(dead) - outcome.undecodable
+        outcome.rejected = sum(not d.timer for d in dead) - outcome.undecodable
         if dead:
             self._send_dead_letters(dead, batch_id)
         if late_out:
@@ -1099,13 +1209,11 @@ class FoldWriter:
                 ("refold.error", letter.detail.encode()[:2000]),
                 *self._origin_headers(record),
             ]
-            producer.produce(
-                topic,
-                record.value,
-                record.key,
-                headers=headers,
-                on_delivery=_delivered,
-            )
+            value = record.value
+            if letter.timer:  # the record was applied: the letter describes the timer
+                headers.append(("refold.timer", b"1"))
+                value = orjson.dumps({"timer": letter.detail})
+            producer.produce(topic, value, record.key, headers=headers, on_delivery=_delivered)
             count += 1
             logger.warning(
                 "%s: %s",

@@ -250,6 +250,7 @@ def resolve_run(
         kafka=tuple(sorted(kafka.as_librdkafka().items())),
         dlq_topic=options.dead_letter_topic or dead_letter_topic(projection.name),
         event_time=event_time,
+        topics=tuple(t.name for t in topics),
         **_keying_fields(registry, generation, keying),
     )
     return ProcessorRun(generation, checkpoint, starting, target)

@@ -28,6 +28,7 @@ from redis.client import Pipeline
 from contracts.layout import GenerationKeys, StateLayout
 from processors.errors import DeadLetterError
 from processors.fold.eventtime import processor_watermark
+from processors.fold.timers import TimerQueue
 from processors.fold.windows import (
     CLOSE_TIMERS,
     EXPIRE_TIMERS,
@@ -40,7 +41,7 @@ from processors.fold.windows import (
     windows_topic,
 )
 
-__all__ = ["WindowCloser", "read_clocks", "write_windows"]
+__all__ = ["WindowCloser", "read_clocks", "write_timers", "write_windows"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,21 @@ def write_windows(pipe: Pipeline, keys: GenerationKeys, delta: WindowDelta) -> N
         pipe.zadd(keys.timers(CLOSE_TIMERS), delta.closes)
     if delta.expiries:
         pipe.zadd(keys.timers(EXPIRE_TIMERS), delta.expiries)
+
+
+def write_timers(pipe: Pipeline, keys: GenerationKeys, queue: TimerQueue) -> None:
+    """Queue (inside MULTI) the entity timers that changed: ZADD the due ones, ZREM the rest."""
+    due: dict[int, dict[str, int]] = {}
+    gone: dict[int, list[str]] = {}
+    for (partition, entity), at in queue.changed.items():
+        if at is None:
+            gone.setdefault(partition, []).append(entity)
+        else:
+            due.setdefault(partition, {})[entity] = at
+    for partition, members in sorted(gone.items()):
+        pipe.zrem(keys.entity_timers(partition), *members)
+    for partition, mapping in sorted(due.items()):
+        pipe.zadd(keys.entity_timers(partition), mapping)
 
 
 def read_clocks(client: redis.Redis | Pipeline, keys: GenerationKeys) -> dict[str, int]:

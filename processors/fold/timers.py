@@ -1,0 +1,144 @@
+"""Event-time timers of entity folds: per-entity due times fired by the partition's watermark.
+
+Pure. An entity fold with an event time may declare two more methods:
+
+- ``due(state) -> int | None``: the event time (ms) at which the entity needs attention (a
+  session's end plus its gap, a search's click window end); ``None``: no timer.
+- ``on_timer(state, watermark) -> State | None``: called once the watermark has reached the due
+  time; returns the new state (``None`` deletes the entity). Its side effects come from
+  ``effects(TIMER_EVENT, {"watermark": w}, before, after)`` like any event's.
+
+**Which watermark.** An entity lives on one partition id (of each of its co-partitioned topics),
+so its timers fire on that partition group's watermark: the minimum over the processor's topics
+of their clocks at that partition id (a topic partition that has seen no event does not hold it
+back), minus the allowed lateness. It moves record by record in log order, so a timer fires at
+the same place in every run.
+
+**The contract that makes it exact.** Every record folded after a timer fired has an event time
+at or above the watermark that fired it (it is on time), so ``on_timer`` must only settle what
+no such record can change any more: the parts of the state whose times are below the
+watermark. Then live state, the oracle and every replay agree whatever the micro-batch
+boundaries and however the topics interleave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, cast
+
+from contracts.layout import parse_position_field
+from processors.fold.projection import State
+
+__all__ = [
+    "TIMER_EVENT",
+    "GroupClocks",
+    "TimedFold",
+    "TimerQueue",
+    "has_timers",
+    "timed",
+    "timer_event",
+]
+
+TIMER_EVENT = "refold.timer"  # the event type ``effects`` sees for a fired timer
+
+
+class TimedFold(Protocol):
+    """The two methods an entity fold adds to have timers."""
+
+    def due(self, state: State) -> int | None:
+        """When the entity's timer is due (event time, ms), or ``None``."""
+        ...
+
+    def on_timer(self, state: State, watermark: int) -> State | None:
+        """The entity's state once the watermark has reached its due time (None: delete)."""
+        ...
+
+
+def has_timers(projection: object) -> bool:
+    """True when ``projection`` declares ``due`` and ``on_timer``."""
+    return callable(getattr(projection, "due", None)) and callable(
+        getattr(projection, "on_timer", None)
+    )
+
+
+def timed(projection: object) -> TimedFold:
+    """``projection`` as a :class:`TimedFold` (checked with :func:`has_timers`)."""
+    return cast("TimedFold", projection)
+
+
+class GroupClocks:
+    """The watermark of each partition group (partition id) from its topics' clocks.
+
+    Args:
+        topics: The processor's topics.
+        lateness_ms: The allowed lateness.
+        clocks: ``topic/partition`` -> largest event time seen (moved record by record by the
+            caller through :meth:`advance`).
+    """
+
+    def __init__(self, topics: Iterable[str], lateness_ms: int, clocks: Mapping[str, int]) -> None:
+        self.topics = tuple(topics)
+        self.lateness_ms = lateness_ms
+        self.clocks: dict[tuple[str, int], int] = {}
+        for field, value in clocks.items():
+            parsed = parse_position_field(field)
+            if parsed is not None:
+                self.clocks[parsed] = value
+
+    def advance(self, topic: str, partition: int, at: int) -> int | None:
+        """Record an event time seen on ``topic/partition``; the group's watermark after it."""
+        current = self.clocks.get((topic, partition))
+        if current is None or at > current:
+            self.clocks[(topic, partition)] = at
+        return self.mark(partition)
+
+    def mark(self, partition: int) -> int | None:
+        """The watermark of partition group ``partition`` (``None`` before any event time)."""
+        seen = [self.clocks[(t, partition)] for t in self.topics if (t, partition) in self.clocks]
+        return min(seen) - self.lateness_ms if seen else None
+
+
+class TimerQueue:
+    """The due times of the entities of a transaction, per partition group.
+
+    Loaded with the stored timers that may fire, updated as states change; :attr:`changed`
+    holds what to write back (``None``: remove).
+    """
+
+    def __init__(self) -> None:
+        self._due: dict[int, dict[str, int]] = {}
+        self.changed: dict[tuple[int, str], int | None] = {}
+
+    def entities(self) -> set[str]:
+        """Every entity with a timer here."""
+        return {e for timers in self._due.values() for e in timers}
+
+    def load(self, partition: int, entries: Iterable[tuple[str, int]]) -> None:
+        """Stored timers (entity, due) of a partition group."""
+        self._due.setdefault(partition, {}).update(entries)
+
+    def set(self, partition: int, entity: str, due: int | None) -> None:
+        """The entity's new due time (``None``: no timer)."""
+        timers = self._due.setdefault(partition, {})
+        if timers.get(entity) == due:
+            return
+        if due is None:
+            timers.pop(entity, None)
+        else:
+            timers[entity] = due
+        self.changed[(partition, entity)] = due
+
+    def pop_due(self, partition: int, watermark: int | None) -> list[tuple[int, str]]:
+        """The timers of ``partition`` due at ``watermark``, in (due, entity) order; removed."""
+        timers = self._due.get(partition)
+        if not timers or watermark is None:
+            return []
+        fired = sorted((due, entity) for entity, due in timers.items() if due <= watermark)
+        for _due, entity in fired:
+            self.set(partition, entity, None)
+        return fired
+
+
+def timer_event(watermark: int) -> dict[str, Any]:
+    """The event ``effects`` sees for a timer fired at ``watermark``."""
+    return {"watermark": watermark}
