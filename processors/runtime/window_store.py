@@ -57,7 +57,30 @@ for i = 1, #ARGV, 3 do
 end
 return 0
 """
-_DUE_CHUNK = 2_000  # timers fired per closing transaction
+# KEYS[1]: the close timers; KEYS[2..]: buckets. ARGV: n, the n buckets' counts as read, then
+# per timer: member, k, and its k bucket indices (into KEYS). A timer is removed when none of
+# its buckets' counts moved since the read.
+_SETTLE = """
+local n = tonumber(ARGV[1])
+local moved = {}
+for i = 1, n do
+  local now = tonumber(redis.call('HGET', KEYS[i + 1], 'count') or '0')
+  moved[i + 1] = now ~= tonumber(ARGV[i + 1])
+end
+local i, removed = n + 2, 0
+while i <= #ARGV do
+  local member, k = ARGV[i], tonumber(ARGV[i + 1])
+  local keep = false
+  for j = 1, k do
+    if moved[tonumber(ARGV[i + 1 + j])] then keep = true end
+  end
+  if not keep then removed = removed + redis.call('ZREM', KEYS[1], member) end
+  i = i + 2 + k
+end
+return removed
+"""
+_DUE_CHUNK = 2_000  # timers fired per round
+_Due = tuple[str, int, str]  # (window, end or start, group)
 
 
 def write_windows(pipe: Pipeline, keys: GenerationKeys, delta: WindowDelta) -> None:
@@ -180,85 +203,118 @@ class WindowCloser:
         return processor_watermark(read_clocks(self.redis, live), self.lateness_ms)
 
     def _close_some(self, watermark: int, suppress_until: int | None) -> int | None:
-        """One chunk of due timers: read, emit, remove (None: nothing was due)."""
+        """One chunk of due timers: read, emit, settle (None: nothing was due).
+
+        The buckets are read in one pipeline and the results emitted (acknowledged) before the
+        timers are settled: at least once. A timer is settled only if none of its buckets'
+        counts moved since they were read (one Lua call): a late record that ``accept`` folded
+        into a window meanwhile leaves its timer, which fires again with the correction.
+        """
         timers = self.keys.timers(CLOSE_TIMERS)
-        with self.redis.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(timers)  # type: ignore[no-untyped-call]
-                due = cast(
-                    "list[bytes]",
-                    pipe.zrangebyscore(timers, "-inf", watermark, start=0, num=_DUE_CHUNK),
-                )
-                if not due:
-                    pipe.unwatch()
-                    return None
-                results = self._results(pipe, [decode_timer(m) for m in due])
-                send = [r for r in results if suppress_until is None or r["end"] > suppress_until]
-                self.suppressed += len(results) - len(send)
-                if send:
-                    self._emit(send)
-                pipe.multi()
-                pipe.zrem(timers, *due)
-                pipe.execute()
-            except redis.WatchError:
-                logger.info("a late record touched a closing window; closing again")
-                return 0
+        due = cast(
+            "list[bytes]",
+            self.redis.zrangebyscore(timers, "-inf", watermark, start=0, num=_DUE_CHUNK),
+        )
+        if not due:
+            return None
+        windows = [decode_timer(m) for m in due]
+        buckets, distinct = self._read(windows)
+        results = self._results(windows, buckets, distinct)
+        send = [r for r in results if suppress_until is None or r["end"] > suppress_until]
+        self.suppressed += len(results) - len(send)
+        if send:
+            self._emit(send)
+        self._settle(timers, due, windows, buckets)
         self.emitted += len(send)
         return len(send)
 
-    def _results(self, pipe: Pipeline, due: Sequence[tuple[str, int, str]]) -> list[dict[str, Any]]:
-        """The results of the due windows, sliding ones moved incrementally bucket by bucket."""
+    def _read(
+        self, windows: Sequence[tuple[str, int, str]]
+    ) -> tuple[
+        dict[tuple[str, int, str], dict[str, int]], dict[tuple[str, int, str], dict[str, int]]
+    ]:
+        """Every bucket of the due windows, and their distinct counts, in one round trip."""
         wanted: dict[tuple[str, int, str], None] = {}
-        for name, end, group in due:
+        for name, end, group in windows:
             window = self._windows.get(name)
-            if window is None:
-                continue
-            for start in window.bucket_starts(end):
-                wanted[(name, start, group)] = None
+            if window is not None:
+                for start in window.bucket_starts(end):
+                    wanted[(name, start, group)] = None
         buckets = list(wanted)
-        raw = [
-            cast("dict[bytes, bytes]", pipe.hgetall(self.keys.window_bucket(*b))) for b in buckets
-        ]
+        counted = [(w, m) for w in windows if w[0] in self._windows for m in self.fold.distinct]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for bucket in buckets:
+                pipe.hgetall(self.keys.window_bucket(*bucket))
+            for (name, end, group), measure in counted:
+                starts = self._windows[name].bucket_starts(end)
+                pipe.pfcount(*(self.keys.window_distinct(name, measure, s, group) for s in starts))
+            replies = pipe.execute()
         stored = {
-            b: {k.decode(): int(v) for k, v in r.items()} for b, r in zip(buckets, raw, strict=True)
+            b: {k.decode(): int(v) for k, v in cast("dict[bytes, bytes]", r).items()}
+            for b, r in zip(buckets, replies, strict=False)
         }
-        results = []
+        distinct: dict[tuple[str, int, str], dict[str, int]] = {}
+        for (due, measure), count in zip(counted, replies[len(buckets) :], strict=True):
+            distinct.setdefault(due, {})[measure] = int(count)
+        return stored, distinct
+
+    def _results(
+        self,
+        windows: Sequence[tuple[str, int, str]],
+        stored: Mapping[tuple[str, int, str], Mapping[str, int]],
+        distinct: Mapping[tuple[str, int, str], Mapping[str, int]],
+    ) -> list[dict[str, Any]]:
+        """The results of the due windows, sliding ones moved incrementally bucket by bucket."""
+        extremes = {
+            b: {k: v for k, v in fields.items() if k.startswith(("min:", "max:"))}
+            for b, fields in stored.items()
+        }
         by_series: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for name, end, group in due:
+        for name, end, group in windows:
             if name in self._windows:
                 by_series[(name, group)].append(end)
+        results = []
         for (name, group), ends in sorted(by_series.items()):
             window = self._windows[name]
             running: dict[str, int] | None = None
             previous: int | None = None
             for end in sorted(ends):
                 starts = window.bucket_starts(end)
-                parts = [stored[(name, s, group)] for s in starts]
                 if running is not None and previous == end - window.bucket_ms and len(starts) > 1:
                     running = _slide(running, stored, name, group, window, end)
                 else:
-                    running = combine(parts)
-                extremes = combine(
-                    {k: v for k, v in p.items() if k.startswith(("min:", "max:"))} for p in parts
-                )
-                aggregates = {
-                    **{k: v for k, v in running.items() if not k.startswith(("min:", "max:"))},
-                    **extremes,
-                }
-                distinct = self._distinct(pipe, name, group, starts)
-                results.append(result_of(window, end, group, aggregates, distinct))
+                    parts = combine(stored[(name, s, group)] for s in starts)
+                    running = {k: v for k, v in parts.items() if not k.startswith(("min:", "max:"))}
+                aggregates = {**running, **combine(extremes[(name, s, group)] for s in starts)}
+                counts = distinct.get((name, end, group), {})
+                results.append(result_of(window, end, group, aggregates, counts))
                 previous = end
         return results
 
-    def _distinct(
-        self, pipe: Pipeline, window: str, group: str, starts: Sequence[int]
-    ) -> dict[str, int]:
-        """HyperLogLog estimates over the window's buckets (PFCOUNT of several keys: a union)."""
-        out = {}
-        for measure in self.fold.distinct:
-            names = [self.keys.window_distinct(window, measure, s, group) for s in starts]
-            out[measure] = int(pipe.pfcount(*names))
-        return out
+    def _settle(
+        self,
+        timers: str,
+        due: Sequence[bytes],
+        windows: Sequence[tuple[str, int, str]],
+        stored: Mapping[tuple[str, int, str], Mapping[str, int]],
+    ) -> None:
+        """Remove the fired timers whose buckets did not change since they were read."""
+        index: dict[tuple[str, int, str], int] = {}
+        argv: list[bytes | str | int] = []
+        members: list[bytes | str | int] = []
+        for member, (name, end, group) in zip(due, windows, strict=True):
+            window = self._windows.get(name)
+            starts = window.bucket_starts(end) if window is not None else []
+            positions = []
+            for start in starts:
+                bucket = (name, start, group)
+                if bucket not in index:
+                    index[bucket] = len(index) + 2  # KEYS[1] is the timers
+                    argv.append(stored.get(bucket, {}).get("count", 0))
+                positions.append(index[bucket])
+            members += [member, len(positions), *positions]
+        keys = [timers, *(self.keys.window_bucket(*b) for b in index)]
+        self.redis.eval(_SETTLE, len(keys), *keys, len(index), *argv, *members)
 
     def _emit(self, results: Sequence[Mapping[str, Any]]) -> None:
         """Produce the results and wait for every acknowledgement."""

@@ -225,3 +225,40 @@ def test_the_closer_emits_each_passed_window_once_then_expires_it(
     left = _buckets(client, chosen)
     for name, start, _group in left:
         assert windows[name].ends(start)[-1] + 120_000 > watermark
+
+
+def test_a_record_folded_while_its_window_closes_keeps_the_timer_for_a_correction(
+    target, redis_url, kafka_bootstrap, make_topic
+):
+    results_topic = make_topic(partitions=1, prefix="windows")
+    chosen = _windows_target(target, late="accept", lateness_ms=0)
+    base = 1_700_000_040_000  # a minute boundary
+    events = [_paid("a", base + 1_000, 100), _paid("b", base + 61_000, 100)]
+    records = [
+        SourceRecord("orders", 0, i, e["order_id"].encode(), CODEC.encode(t, e))
+        for i, (t, e) in enumerate(events)
+    ]
+    writer = FoldWriter(chosen, FOLD)
+    writer.apply(records)
+    client = redis.Redis.from_url(redis_url)
+    registry = GenerationRegistry(client, StateLayout("sales_windows", chosen.key_prefix))
+    registry.create({"topics": ["orders"]}, live=True)
+    closer = WindowCloser(
+        chosen.layout, 1, FOLD, 0, redis_url, {"bootstrap.servers": kafka_bootstrap}, results_topic
+    )
+    timers = chosen.keys.timers("close")
+    member = b'["per_minute",' + str(base + 60_000).encode() + b',"EUR"]'
+    assert client.zscore(timers, member) is not None
+    due = [("per_minute", base + 60_000, "EUR")]
+    buckets, _distinct = closer._read(due)
+    # A late payment (accepted) lands in the minute between the read and the settle.
+    late = _paid("c", base + 2_000, 50)
+    writer.apply([SourceRecord("orders", 0, 2, b"c", CODEC.encode(*late))])
+    closer._settle(timers, [member], due, buckets)
+    assert client.zscore(timers, member) is not None  # kept: it fires again, corrected
+    closer.close()
+    emitted = [orjson.loads(m.value()) for m in _consume(kafka_bootstrap, results_topic)]
+    minute = [r for r in emitted if r["window"] == "per_minute" and r["end"] == base + 60_000]
+    assert minute[-1]["count"] == 2
+    assert minute[-1]["sum:amount_minor"] == 150
+    assert client.zscore(timers, member) is None

@@ -494,25 +494,18 @@ def test_unique_visitors_are_the_same_whatever_the_interleaving():
 # --- the closer's results (incremental sliding) equal the oracle's ------------------------------
 
 
-class _FakePipe:
-    """Just the reads ``WindowCloser._results`` makes, from the oracle's exact buckets."""
-
-    def __init__(self, oracle: WindowOracle, layout: StateLayout, generation: int) -> None:
-        keys = layout.generation(generation)
-        self.hashes = {
-            keys.window_bucket(*b): {k.encode(): str(v).encode() for k, v in agg.items()}
-            for b, agg in oracle.buckets.items()
-        }
-        self.sketches = {
-            keys.window_distinct(w, m, s, g): values
-            for (w, m, s, g), values in oracle.distinct.items()
-        }
-
-    def hgetall(self, key: str) -> dict[bytes, bytes]:
-        return self.hashes.get(key, {})
-
-    def pfcount(self, *keys: str) -> int:
-        return len(set().union(*(self.sketches.get(k, set()) for k in keys)))
+def _reads(oracle: WindowOracle, due):
+    """What ``WindowCloser._read`` returns for ``due``, from the oracle's exact buckets."""
+    windows = {w.name: w for w in SALES.windows}
+    stored, distinct = {}, {}
+    for name, end, group in due:
+        starts = windows[name].bucket_starts(end)
+        for start in starts:
+            stored[(name, start, group)] = dict(oracle.buckets.get((name, start, group), {}))
+        for measure in SALES.distinct:
+            seen = [oracle.distinct.get((name, measure, s, group), set()) for s in starts]
+            distinct.setdefault((name, end, group), {})[measure] = len(set().union(*seen))
+    return stored, distinct
 
 
 @given(data=st.data(), logs=partition_logs())
@@ -529,5 +522,5 @@ def test_the_closer_s_results_equal_the_oracle_s_windows(data, logs):
     due = [t for t in every_end if data.draw(st.integers(0, 3), label="due") > 0]
     layout = StateLayout("sales_windows", prefix="test")
     closer = WindowCloser(layout, 1, SALES, event_time.lateness_ms, "redis://unused", {})
-    got = closer._results(_FakePipe(oracle, layout, 1), due)  # type: ignore[arg-type]
+    got = closer._results(due, *_reads(oracle, due))
     assert got == [oracle.window(windows[w], e, g) for w, e, g in due]
