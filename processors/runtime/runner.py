@@ -673,6 +673,11 @@ def _run_generation(
             started.set()
         if query.isActive:
             query.stop()
+        if closer is not None:
+            try:
+                closer.stop()
+            except Exception:  # the timers stay: the next run emits those windows
+                logger.exception("closing the last windows failed; the next run emits them")
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
         mirror.close()

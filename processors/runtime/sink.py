@@ -299,7 +299,7 @@ class RedisFoldSink:
         self.total.merge(outcome)
         if self.mirror is not None:
             self.mirror.commit(outcome.positions)
-        closed = 0 if self.closer is None else self.closer.close()
+        closed = 0 if self.closer is None else self.closer.request()
         elapsed = time.perf_counter() - started
         if outcome.records:
             logger.info(

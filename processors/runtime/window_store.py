@@ -16,7 +16,8 @@ sets its timer again, and the window is emitted again with the corrected result.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+import threading
+from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -164,6 +165,50 @@ class WindowCloser:
         self._producer: Producer | None = None
         self.emitted = 0
         self.suppressed = 0
+        self._wanted = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported = 0
+
+    def request(self) -> int:
+        """Ask the background closer to run (after a batch); windows emitted since last asked.
+
+        Closing runs beside the next micro-batch instead of before it: it only reads committed
+        buckets and settles timers whose buckets did not move, so it needs no lock. A failure
+        (the broker away) is logged; the timers stay and fire on a later request.
+        """
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name=f"closer-{self.keys.processor}", daemon=True
+            )
+            self._thread.start()
+        self._wanted.set()
+        emitted, self._reported = self.emitted - self._reported, self.emitted
+        return emitted
+
+    def stop(self) -> None:
+        """Stop the background closer and close once more in this thread (the query ended)."""
+        if self._thread is not None:
+            self._stopping.set()
+            self._wanted.set()
+            self._thread.join()
+            self._thread = None
+        self.close()
+
+    def _loop(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.close()
+            except Exception:  # the timers stay: the next request fires them again
+                logger.exception(
+                    "%s g%d: closing windows failed; they are emitted at a later batch",
+                    self.keys.processor,
+                    self.keys.generation,
+                )
 
     @property
     def redis(self) -> redis.Redis:
@@ -242,12 +287,19 @@ class WindowCloser:
                     wanted[(name, start, group)] = None
         buckets = list(wanted)
         counted = [(w, m) for w in windows if w[0] in self._windows for m in self.fold.distinct]
+        sketch_keys: dict[tuple[str, str, int, str], str] = {}  # built once per bucket
         with self.redis.pipeline(transaction=False) as pipe:
             for bucket in buckets:
                 pipe.hgetall(self.keys.window_bucket(*bucket))
             for (name, end, group), measure in counted:
-                starts = self._windows[name].bucket_starts(end)
-                pipe.pfcount(*(self.keys.window_distinct(name, measure, s, group) for s in starts))
+                names = []
+                for start in self._windows[name].bucket_starts(end):
+                    sketch = (name, measure, start, group)
+                    key = sketch_keys.get(sketch)
+                    if key is None:
+                        key = sketch_keys[sketch] = self.keys.window_distinct(*sketch)
+                    names.append(key)
+                pipe.pfcount(*names)
             replies = pipe.execute()
         stored = {
             b: {k.decode(): int(v) for k, v in cast("dict[bytes, bytes]", r).items()}
@@ -278,14 +330,22 @@ class WindowCloser:
             window = self._windows[name]
             running: dict[str, int] | None = None
             previous: int | None = None
+            lows_highs = _Extremes()
             for end in sorted(ends):
                 starts = window.bucket_starts(end)
                 if running is not None and previous == end - window.bucket_ms and len(starts) > 1:
                     running = _slide(running, stored, name, group, window, end)
+                    lows_highs.push(
+                        end - window.bucket_ms, extremes[(name, end - window.bucket_ms, group)]
+                    )
+                    lows_highs.expire(starts[0])
                 else:
                     parts = combine(stored[(name, s, group)] for s in starts)
                     running = {k: v for k, v in parts.items() if not k.startswith(("min:", "max:"))}
-                aggregates = {**running, **combine(extremes[(name, s, group)] for s in starts)}
+                    lows_highs = _Extremes()
+                    for start in starts:
+                        lows_highs.push(start, extremes[(name, start, group)])
+                aggregates = {**running, **lows_highs.value()}
                 counts = distinct.get((name, end, group), {})
                 results.append(result_of(window, end, group, aggregates, counts))
                 previous = end
@@ -371,6 +431,36 @@ class WindowCloser:
                 pipe.delete(*doomed)
                 pipe.zrem(timers, *due)
                 pipe.execute()
+
+
+class _Extremes:
+    """Minimum and maximum over a run of fine buckets sliding by one: monotonic deques.
+
+    Each bucket enters and leaves each deque once, so moving a sliding window costs O(1) per
+    extreme instead of combining all of its fine buckets again.
+    """
+
+    def __init__(self) -> None:
+        self._deques: dict[str, deque[tuple[int, int]]] = {}
+
+    def push(self, start: int, fields: Mapping[str, int]) -> None:
+        """The bucket starting at ``start`` enters the window (buckets in start order)."""
+        for name, value in fields.items():
+            queue = self._deques.setdefault(name, deque())
+            lowest = name.startswith("min:")
+            while queue and (queue[-1][1] >= value if lowest else queue[-1][1] <= value):
+                queue.pop()
+            queue.append((start, value))
+
+    def expire(self, oldest: int) -> None:
+        """Buckets starting before ``oldest`` have left the window."""
+        for queue in self._deques.values():
+            while queue and queue[0][0] < oldest:
+                queue.popleft()
+
+    def value(self) -> dict[str, int]:
+        """The extremes of the buckets in the window."""
+        return {name: queue[0][1] for name, queue in self._deques.items() if queue}
 
 
 def _slide(
