@@ -9,7 +9,10 @@ One run, on a private local stack, over the same pre-produced order events:
 4. end-to-end latency (send -> applied in Redis) of the Spark processor at a steady rate;
 5. the re-keyed customer_stats catching up on the same orders (the cost of re-keying);
 6. order_state, customer_stats and session_stats (on a clickstream backlog too) catching up as
-   one Spark application and as three: events/s and peak memory of each.
+   one Spark application and as three: events/s and peak memory of each;
+7. event-time windows on the same orders: sales_windows (additive buckets) and a Spark-native
+   window query against order_state, and the Redis memory per window bucket and HyperLogLog
+   (``bench/windows.py``; ``python -m bench windows`` runs this part alone, on its own backlog).
 Prints a table and writes ``bench/results/latest.json``.
 """
 
@@ -45,6 +48,7 @@ from bench.baseline import BaselineResult, run_baseline
 from bench.catch_up import CatchUp, ProcessorCatchUp, Run, Watched, run_catch_up
 from bench.latency import LatencyResult, measure_latency
 from bench.rebuild import measure_rebuild
+from bench.windows import measure_windows, window_rows
 from contracts.commerce import ORDERS
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
@@ -261,6 +265,7 @@ def _table(
     events: int,
     rekeyed: dict[str, float] | None = None,
     applications: dict[str, Any] | None = None,
+    windows: dict[str, Any] | None = None,
 ) -> str:
     rows = [("machine", f"{os.cpu_count()} cores, Python {platform.python_version()}")]
     if base is not None and spark is not None:
@@ -328,6 +333,8 @@ def _table(
                 f"({applications['pss_ratio']:.0%})",
             ),
         ]
+    if windows is not None:
+        rows += window_rows(windows)
     if latency is not None:
         rows.append(
             (
@@ -345,7 +352,7 @@ def _throughput(stack: LocalStack, state: Path, args: argparse.Namespace) -> dic
     kafka = {"bootstrap.servers": stack.bootstrap_servers}
     topic = ORDERS_TOPIC.name
     out: dict[str, Any] = {"events": produce_orders(stack.bootstrap_servers, args.events)}
-    if not args.skip_apps:
+    if not args.skip_apps or not args.skip_windows:
         web = args.web_events if args.web_events is not None else int(args.events * _WEB_SHARE)
         out["web_events"] = produce_clickstream(stack.bootstrap_servers, web, args.events)
     ends = _ends(kafka, TOPICS)
@@ -372,6 +379,9 @@ def _throughput(stack: LocalStack, state: Path, args: argparse.Namespace) -> dic
     out["spark"] = {**spark.summary(), "peak_rss_mb": run.peak_rss_mb}
     if not args.skip_rekey:
         out["rekey"] = _rekeyed(stack, state, total, spark)
+    if not args.skip_windows:
+        pageviews = sum(e for (n, _p), e in ends.items() if n == PAGEVIEWS_TOPIC.name)
+        out["windows"] = measure_windows(stack, state, total, out["spark"], pageviews)
     if not args.skip_apps:
         totals = {t.name: sum(e for (n, _p), e in ends.items() if n == t.name) for t in TOPICS}
         out["applications"] = _applications(stack, state, totals)
@@ -423,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
         help="no run of the three processors as one application and as three",
     )
     parser.add_argument(
+        "--skip-windows",
+        action="store_true",
+        help="no event-time windows run (sales_windows, Spark-native window query, "
+        "unique_visitors)",
+    )
+    parser.add_argument(
         "--web-events",
         type=int,
         help=f"clickstream backlog of the apps run (default: {_WEB_SHARE:.0%}% of --events)",
@@ -433,7 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the stack's and processors' state and logs here (default: a temporary "
         "directory, removed at the end)",
     )
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["windows"]:  # the sub-command: the windows comparison alone
+        from bench.windows import main as windows_main
+
+        return windows_main(given[1:])
+    args = parser.parse_args(given)
 
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -473,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         results.get("events", 0),
         results.get("rekey"),
         results.get("applications"),
+        results.get("windows"),
     )
     print("\n" + table)
     RESULTS.parent.mkdir(exist_ok=True)
@@ -486,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rebuild": results.get("rebuild"),
                 "rekey": results.get("rekey"),
                 "applications": results.get("applications"),
+                "windows": results.get("windows"),
                 "latency": asdict(latency) if latency else None,
                 "trigger": args.trigger,
             },

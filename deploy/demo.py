@@ -29,6 +29,7 @@ from deploy.processes import ProcessorProcess
 from deploy.simulators.clickstream import ClickstreamSimulator
 from deploy.simulators.orders import OrderSimulator
 from processors.sales_windows.projection import SalesWindows
+from processors.search_ctr.projection import ctr
 from processors.unique_visitors.projection import ALL, UniqueVisitors
 from replay.plan import ToEarliest
 from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
@@ -46,6 +47,8 @@ PROCESSORS = (
     "session_stats",
     "sales_windows",
     "unique_visitors",
+    "web_sessions",
+    "search_ctr",
 )
 _CATCH_UP_TIMEOUT_S = 600.0
 _TAKEOVER_TIMEOUT_S = 120.0
@@ -201,6 +204,17 @@ def _windows_summary(client: redis.Redis) -> None:
     per_hour = ", ".join(f"{_clock(h['start'])} {h['distinct:visitors']}" for h in hours[:6])
     print(f"unique_visitors (HyperLogLog): {day:,} distinct visitors in the last 24 h")
     print(f"  per hour: {per_hour}")
+    visits = StateReader(client, "web_sessions").aggregate("visit_totals").value
+    closed = visits.get("closed", 0)
+    average = visits.get("closed_ms", 0) / max(closed, 1) / 60_000
+    print(
+        f"web_sessions (session windows, gap 30 min): {visits.get('visits', 0):,} visits, "
+        f"{closed:,} closed (average {average:.1f} min), {visits.get('open', 0):,} still open"
+    )
+    rates = ctr(StateReader(client, "search_ctr").aggregate("ctr").value)
+    top = sorted(rates.items(), key=lambda item: -item[1][0])[:3]
+    shown = ", ".join(f"{term!r} {c}/{s} ({r:.0%})" for term, (s, c, r) in top)
+    print(f"search_ctr (searches joined with clicks within 10 min): top terms {shown}")
 
 
 def _tables(reader: StateReader, generation: int) -> tuple[dict[str, Any], dict[str, int]]:

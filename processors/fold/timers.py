@@ -10,9 +10,9 @@ Pure. An entity fold with an event time may declare two more methods:
 
 **Which watermark.** An entity lives on one partition id (of each of its co-partitioned topics),
 so its timers fire on that partition group's watermark: the minimum over the processor's topics
-of their clocks at that partition id (a topic partition that has seen no event does not hold it
-back), minus the allowed lateness. It moves record by record in log order, so a timer fires at
-the same place in every run.
+of their clocks at that partition id, minus the allowed lateness; until every topic has seen an
+event at that partition id, no timer of the group fires. It moves record by record in log
+order, so a timer fires at the same place in every run.
 
 **The contract that makes it exact.** Every record folded after a timer fired has an event time
 at or above the watermark that fired it (it is on time), so ``on_timer`` must only settle what
@@ -93,9 +93,17 @@ class GroupClocks:
         return self.mark(partition)
 
     def mark(self, partition: int) -> int | None:
-        """The watermark of partition group ``partition`` (``None`` before any event time)."""
-        seen = [self.clocks[(t, partition)] for t in self.topics if (t, partition) in self.clocks]
-        return min(seen) - self.lateness_ms if seen else None
+        """The watermark of partition group ``partition``.
+
+        ``None`` until every topic of the group has seen an event at that partition id: a topic
+        partition that has not started may still bring events of any time, all on time, which
+        a timer fired without it would have missed (a first batch holding all of one topic's
+        backlog and none of the other's would close every session early).
+        """
+        seen = [self.clocks.get((t, partition)) for t in self.topics]
+        if not seen or any(clock is None for clock in seen):
+            return None
+        return min(cast("list[int]", seen)) - self.lateness_ms
 
 
 class TimerQueue:

@@ -1,0 +1,179 @@
+"""Entity folds with timers on real Spark: session windows and a stream-stream join.
+
+web_sessions (two co-partitioned topics) and search_ctr run in one application through a kill -9;
+their states and aggregates equal the plain-Python oracle, every visit the oracle closed was
+emitted at least once, and a replay with other batch sizes rebuilds the same state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import orjson
+import redis
+from confluent_kafka import Consumer, TopicPartition
+
+from contracts.layout import StateLayout, parse_position_field
+from contracts.processors import ProcessLauncher, ProcessorOptions
+from contracts.registry import processor_spec
+from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from contracts.store.generations import GenerationRegistry
+from contracts.web import PAGEVIEWS, SEARCHES
+from deploy.processes import ProcessorProcess
+from deploy.simulators.clickstream import ClickstreamSimulator
+from processors.fold.oracle import fold_timed
+from processors.search_ctr.config import SEARCH_CTR
+from processors.search_ctr.projection import SearchCtrProjection, ctr
+from processors.web_sessions.config import WEB_SESSIONS, WebSessionsOptions
+from processors.web_sessions.projection import WebSessionsProjection
+from replay.plan import ToEarliest
+from replay.rebuild import plan_replay, run_rebuild
+from services.producer.publisher import EventPublisher
+from services.reader.state_reader import StateReader
+from tests.support.waiting import assert_eventually
+from tests.support.windows import log_events
+
+
+def _records(bootstrap: str, *topics: str):
+    """The topics' records as the oracle takes them (each partition's log order, topic by topic)."""
+    for topic in topics:
+        for field, offset, event_type, event in log_events(bootstrap, topic):
+            name, partition = parse_position_field(field)
+            yield name, partition, offset, event_type, event
+
+
+def _closed(bootstrap: str, topic: str) -> set[tuple]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t"})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    seen, idle = set(), 0
+    while idle < 4:
+        batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+        idle = 0 if batch else idle + 1
+        seen |= {tuple(sorted(orjson.loads(m.value()).items())) for m in batch}
+    consumer.close()
+    return seen
+
+
+def test_sessions_and_the_search_join_equal_their_oracles_through_a_kill_and_a_replay(
+    kafka_bootstrap, redis_url, make_topic, unique, tmp_path: Path
+):
+    pageviews = make_topic(partitions=PAGEVIEWS.partitions, prefix="pageviews")
+    searches = make_topic(partitions=SEARCHES.partitions, prefix="searches")
+    closed = make_topic(partitions=4, prefix="visits")
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    redis_settings = RedisSettings(url=redis_url, key_prefix=f"test-{unique}")
+
+    def options(batch: int) -> dict:
+        return {
+            "web_sessions": WebSessionsOptions(
+                topics=[pageviews, searches],
+                dead_letter_topic=make_topic(partitions=1, prefix="dlq"),
+                closed_topic=closed,
+                max_offsets_per_trigger=batch,
+            ),
+            "search_ctr": ProcessorOptions(
+                topics=[searches],
+                dead_letter_topic=make_topic(partitions=1, prefix="dlq"),
+                max_offsets_per_trigger=batch,
+            ),
+        }
+
+    launcher = ProcessLauncher(kafka, redis_settings, SparkSettings(), tmp_path, options(1_000))
+    publisher = EventPublisher(
+        kafka,
+        topics=[
+            dataclasses.replace(PAGEVIEWS, name=pageviews),
+            dataclasses.replace(SEARCHES, name=searches),
+        ],
+    )
+    web = [
+        e
+        for e in ClickstreamSimulator(900, seed=4, late_rate=0.04, long_gap_rate=0.2)
+        if e[0] in ("PageViewed", "SearchPerformed", "SearchResultClicked")
+    ]
+    client = redis.Redis.from_url(redis_url)
+    names = ["web_sessions", "search_ctr"]
+    registries = {
+        n: GenerationRegistry(client, StateLayout(n, redis_settings.key_prefix)) for n in names
+    }
+
+    def applied(name: str) -> int:
+        live = registries[name].live()
+        return 0 if live is None else sum(registries[name].positions(live)[0].values())
+
+    half = len(web) // 2
+    publisher.emit_many(web[:half])
+    process = ProcessorProcess(launcher.argv(names), launcher.env(), tmp_path / "run-1.log").start()
+    processes = [process]
+    try:
+        assert_eventually(
+            lambda: applied("web_sessions") > 0 and applied("search_ctr") > 0,
+            timeout=240,
+            alive=process.alive,
+            message=process.log_tail,
+        )
+        publisher.emit_many(web[half:])
+        process.kill()  # kill -9 with records still to fold and timers to fire
+        process = ProcessorProcess(
+            launcher.argv(names), launcher.env(), tmp_path / "run-2.log"
+        ).start()
+        processes.append(process)
+
+        sessions = fold_timed(
+            WebSessionsProjection(closed_topic=closed),
+            WEB_SESSIONS.event_time,
+            (pageviews, searches),
+            _records(kafka_bootstrap, pageviews, searches),
+        )
+        join = fold_timed(
+            SearchCtrProjection(),
+            SEARCH_CTR.event_time,
+            (searches,),
+            _records(kafka_bootstrap, searches),
+        )
+        readers = {n: StateReader(client, n, redis_settings.key_prefix) for n in names}
+        expected = {
+            "web_sessions": ("visits", "visit_totals", sessions),
+            "search_ctr": ("search_buffers", "ctr", join),
+        }
+        for name, (table, aggregate, oracle) in expected.items():
+            assert_eventually(
+                lambda n=name, t=table, o=oracle: dict(readers[n].scan(t)) == o.states,
+                timeout=300,
+                alive=process.alive,
+                message=process.log_tail,
+            )
+            assert readers[name].aggregate(aggregate).value == dict(oracle.aggregate)
+        assert sessions.aggregate["closed"] > 0
+        assert sessions.late, "late events were judged"
+        rates = ctr(readers["search_ctr"].aggregate("ctr").value)
+        assert sum(s for s, _c, _r in rates.values()) > 100
+
+        # Every visit the oracle closed was emitted at least once (a kill may repeat some).
+        want = {tuple(sorted(e.value.items())) for e in sessions.effects}
+        assert want
+        assert_eventually(
+            lambda: want <= _closed(kafka_bootstrap, closed),
+            timeout=60,
+            alive=process.alive,
+            message=process.log_tail,
+        )
+
+        # replay --to-earliest with other batch sizes: the same state.
+        process.stop()
+        name = "web_sessions"
+        first = registries[name].live()
+        small = ProcessLauncher(kafka, redis_settings, SparkSettings(), tmp_path, options(400))
+        spec = processor_spec(name)
+        plan = plan_replay(spec, ToEarliest(), kafka, client, redis_settings.key_prefix)
+        assert plan.ready, plan.render()
+        rebuilt = run_rebuild(plan, spec, kafka, redis_settings, state_dir=tmp_path, launcher=small)
+        assert rebuilt.previous == first
+        assert dict(readers[name].scan("visits")) == sessions.states
+        assert readers[name].aggregate("visit_totals").value == dict(sessions.aggregate)
+    finally:
+        for running in processes:
+            running.stop()
+        publisher.close()
