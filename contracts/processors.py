@@ -93,6 +93,8 @@ class EventTime:
             partition's watermark minus this is dead-lettered (reason ``expired``): its buckets
             may be gone.
         late_topic: The side-output topic; default ``<processor>.late``.
+        by_type: ``(event type, field)`` pairs for the event types whose time is in another
+            field (``CustomerRegistered`` -> ``registered_at``).
     """
 
     field: str
@@ -100,6 +102,14 @@ class EventTime:
     late: str = "dead-letter"
     retention_ms: int = _WEEK_MS
     late_topic: str = ""
+    by_type: tuple[tuple[str, str], ...] = ()
+
+    def field_of(self, event_type: str) -> str:
+        """The field holding the event time of ``event_type``."""
+        for name, field_name in self.by_type:
+            if name == event_type:
+                return field_name
+        return self.field
 
     def __post_init__(self) -> None:
         problems = []

@@ -214,11 +214,20 @@ def result_of(
     }
 
 
-def watermark_of(clocks: Mapping[str, int], lateness_ms: int) -> int | None:
+def watermark_of(
+    clocks: Mapping[str, int], lateness_ms: int, partitions: Iterable[str] | None = None
+) -> int | None:
     """A processor's watermark: the minimum over its partitions' clocks minus the lateness.
 
-    ``None`` before any event time was seen (a partition that has seen none does not count).
+    Args:
+        clocks: ``topic/partition`` -> largest event time seen.
+        lateness_ms: The allowed lateness.
+        partitions: Every partition of the processor (its positions' fields). ``None`` until
+            each has a clock: a partition that has not started may still bring events of any
+            time, all on time (a table rebuilt partition by partition would otherwise join
+            events before their rows are in). Without it, the clocks there are.
     """
-    if not clocks:
+    names = list(clocks) if partitions is None else list(partitions)
+    if not names or any(name not in clocks for name in names):
         return None
-    return min(clocks.values()) - lateness_ms
+    return min(clocks[name] for name in names) - lateness_ms

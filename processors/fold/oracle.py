@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from contracts.processors import EventTime
 from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms
+from processors.fold.lookups import LookupFold
 from processors.fold.projection import (
     EventRejectedError,
     Projection,
@@ -37,9 +38,11 @@ from processors.fold.windows import Window, WindowDelta, WindowFold, combine, re
 
 __all__ = [
     "FoldResult",
+    "LookupResult",
     "TimedResult",
     "WindowOracle",
     "fold_all",
+    "fold_lookups",
     "fold_timed",
     "fold_windows",
 ]
@@ -153,7 +156,7 @@ def fold_windows(
         if event_type not in fold.event_types:
             continue
         try:
-            at = event_time_ms(event, event_time.field)
+            at = event_time_ms(event, event_time.field_of(event_type))
         except EventRejectedError:
             continue
         verdict = clocks.observe(partition, at)
@@ -219,7 +222,7 @@ def fold_timed(
             result.rejected.append((str(event.get("event_id")), f"no key: {exc!r}"))
             continue
         try:
-            at = event_time_ms(event, event_time.field)
+            at = event_time_ms(event, event_time.field_of(event_type))
         except EventRejectedError as exc:
             result.rejected.append((str(event.get("event_id")), str(exc)))
             continue
@@ -275,3 +278,57 @@ def _fire(
         result.states[entity] = after
         queue.set(partition, entity, timed(projection).due(after))
     result.effects.extend(effects)
+
+
+@dataclass(slots=True)
+class LookupResult:
+    """A lookup processor's aggregate, its events still waiting, and its late records."""
+
+    aggregate: Counter[str] = field(default_factory=Counter)
+    waiting: int = 0
+    late: list[tuple[str, int]] = field(default_factory=list)
+
+
+def fold_lookups(
+    fold: LookupFold,
+    event_time: EventTime,
+    records: Iterable[tuple[str, int, int, str, Mapping[str, Any]]],
+    table: Mapping[str, State],
+    table_watermark: int | None,
+) -> LookupResult:
+    """A stream-table join the plain way (the oracle).
+
+    Every on-time event at or below the table's watermark, enriched with its row of the final
+    table; the others wait.
+
+    Args:
+        fold: The lookup processor.
+        event_time: Its event-time settings.
+        records: ``(topic, partition, offset, event_type, event)``, each partition's in log
+            order.
+        table: The table's rows by key (its processor's final states).
+        table_watermark: The table processor's watermark (``None``: nothing joins yet).
+    """
+    result = LookupResult()
+    clocks = PartitionClocks(event_time, {})
+    for topic, partition, offset, event_type, event in records:
+        if event_type not in fold.event_types:
+            continue
+        try:
+            at = event_time_ms(event, event_time.field_of(event_type))
+        except EventRejectedError:
+            continue
+        field_name = f"{topic}/{partition}"
+        verdict = clocks.observe(field_name, at)
+        if verdict is not Verdict.ON_TIME:
+            result.late.append((field_name, offset))
+            if event_time.late != "accept" or verdict is Verdict.EXPIRED:
+                continue
+        if table_watermark is None or at > table_watermark:
+            result.waiting += 1
+            continue
+        key = fold.lookup_key(event_type, event)
+        row = None if key is None else table.get(key)
+        result.aggregate.update(fold.enrich(event_type, event, row, at))
+    result.aggregate = Counter({k: v for k, v in result.aggregate.items() if v})
+    return result

@@ -52,6 +52,7 @@ from processors.errors import (
     StateStoreUnavailableError,
 )
 from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms
+from processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, encode_pending
 from processors.fold.projection import (
     EventRejectedError,
     FoldError,
@@ -382,10 +383,15 @@ class FoldWriter:
             cast("WindowFold", projection) if getattr(projection, "windows", None) else None
         )
         self._timers = target.event_time is not None and has_timers(projection)
-        if (target.slots or target.event_time is None) and self._windows is not None:
+        self._lookups: LookupFold | None = (
+            cast("LookupFold", projection) if getattr(projection, "lookup", None) else None
+        )
+        # Window and lookup processors have no entity: their records are not keyed.
+        self._keyless = self._windows is not None or self._lookups is not None
+        if (target.slots or target.event_time is None) and self._keyless:
             msg = (
-                f"{target.processor}: a window processor needs an event time and the partition "
-                "key as its key (its buckets are additive, no re-keying)"
+                f"{target.processor}: a window or lookup processor needs an event time and the "
+                "partition key as its key (no re-keying)"
             )
             raise ValueError(msg)
 
@@ -566,6 +572,16 @@ class FoldWriter:
         marks: list[int | None] = []
         if self.target.event_time is not None and pending:
             pending, clocks, marks = self._judge_lateness(pipe, pending, dead, late_out, outcome)
+        if self._lookups is not None:
+            waiting = self._pending_lookups(pending, dead, outcome)
+            self._send_records(dead, late_out, batch_id, outcome)
+            pipe.multi()
+            if waiting:
+                pipe.zadd(keys.timers(PENDING_TIMERS), waiting)
+            self._write_positions(pipe, positions_key, new_pos, clocks, [], batch_id)
+            pipe.execute()
+            outcome.positions = new_pos
+            return outcome
         if self._windows is not None:
             windows = self._count_windows(pending, dead, outcome)
             self._send_records(dead, late_out, batch_id, outcome)
@@ -692,9 +708,9 @@ class FoldWriter:
         kept = []
         marks: list[int | None] = []
         for item in pending:
-            record, _event_type, data, _entity = item
+            record, event_type, data, _entity = item
             try:
-                at = event_time_ms(data, event_time.field)
+                at = event_time_ms(data, event_time.field_of(event_type))
             except EventRejectedError as exc:
                 dead.append(_DeadLetter(record, "no-event-time", str(exc)))
                 continue
@@ -807,11 +823,32 @@ class FoldWriter:
             except Exception as exc:  # user code: one record's failure must not stop the stream
                 dead.append(_DeadLetter(record, "fold-error", f"measure() raised {exc!r}"))
                 continue
-            at = event_time_ms(data, event_time.field)
+            at = event_time_ms(data, event_time.field_of(event_type))
             for measure in measures:
                 delta.add(fold.windows, at, measure, event_time.retention_ms)
             outcome.applied += 1
         return delta
+
+    def _pending_lookups(
+        self,
+        pending: Sequence[tuple[SourceRecord, str, dict[str, Any], str]],
+        dead: list[_DeadLetter],
+        outcome: BatchOutcome,
+    ) -> dict[bytes, int]:
+        """A lookup processor: each record waits for its table, scored by its event time."""
+        event_time = cast("EventTime", self.target.event_time)
+        waiting: dict[bytes, int] = {}
+        for record, event_type, data, _entity in pending:
+            at = event_time_ms(data, event_time.field_of(event_type))
+            origin = Pending(record.topic, record.partition, record.offset, event_type, data)
+            try:
+                member = encode_pending(origin)
+            except TypeError as exc:  # orjson: a value JSON cannot hold
+                dead.append(_DeadLetter(record, "unserialisable", f"cannot wait: {exc}"))
+                continue
+            waiting[member] = at
+            outcome.applied += 1
+        return waiting
 
     def _send_records(
         self,
@@ -852,8 +889,8 @@ class FoldWriter:
                 continue
             if record.offset >= new_pos.get(field_name, 0):
                 new_pos[field_name] = record.offset + 1
-            if self._windows is not None and not self._counted(record):
-                continue  # a type the window processor passes by: not even decoded
+            if self._keyless and not self._counted(record):
+                continue  # a type the processor passes by: not even decoded
             letter = self._decode_and_key(record, pending)
             if letter is not None:
                 dead.append(letter)
@@ -1093,9 +1130,9 @@ class FoldWriter:
             return _DeadLetter(record, exc.reason, str(exc))
         except Exception as exc:  # the codec's own guard missed a kind: still this record only
             return _DeadLetter(record, "undecodable", repr(exc))
-        if self._windows is not None:
-            # A window processor counts some of its topics' event types and passes the others
-            # by; its buckets are additive: no entity, any partition.
+        if self._keyless:
+            # A window or lookup processor counts some of its topics' event types and passes
+            # the others by; it has no entity: any partition.
             if event.event_type in self.projection.event_types:
                 pending.append((record, event.event_type, event.data, ""))
             return None

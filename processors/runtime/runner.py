@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import redis
 
 from contracts.catalog import default_catalog
+from contracts.errors import RefoldError
 from contracts.fingerprints import code_fingerprint, schema_fingerprints
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import STATE_LAYOUT_VERSION, StateLayout, position_field
 from contracts.processors import EventTime, ProcessorSpec, consumer_group
+from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
@@ -46,12 +48,15 @@ from contracts.store.generations import (
 from contracts.store.lease import GenerationLease
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
 from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
+from processors.fold.lookups import LookupFold
 from processors.fold.projection import Projection
 from processors.fold.rekey import Keying, KeyingError, plan_keying
 from processors.fold.windows import WindowFold, windows_topic
+from processors.runtime.background import DriverTask
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import resolve_starting_offsets
+from processors.runtime.lookup_store import LookupJoiner
 from processors.runtime.sink import RedisFoldSink
 from processors.runtime.window_store import WindowCloser
 
@@ -594,7 +599,9 @@ def _run_generation(
     """
     dead_letters = dataclasses.replace(dead_letter_spec(projection.name), name=run.target.dlq_topic)
     outputs = list(getattr(projection, "effect_topics", ()))
-    closer = None
+    closer: DriverTask | None = None
+    if getattr(projection, "lookup", None):
+        closer = _lookup_joiner(cast("LookupFold", projection), run, kafka)
     if getattr(projection, "windows", None):
         results_topic = options.windows_topic or windows_topic(projection.name)
         outputs.append(results_topic)
@@ -809,6 +816,32 @@ def _plan_keying(
         )
         raise ProcessorConfigError(msg)
     return keying
+
+
+def _lookup_joiner(fold: LookupFold, run: ProcessorRun, kafka: KafkaSettings) -> LookupJoiner:
+    """The driver task of a lookup processor; its table's processor must have an event time."""
+    try:
+        table_time = processor_spec(fold.lookup.processor).event_time
+    except RefoldError as exc:
+        msg = f"{fold.name} reads a table of {fold.lookup.processor}: {exc}"
+        raise ProcessorConfigError(msg) from exc
+    if table_time is None:
+        msg = (
+            f"{fold.name} reads {fold.lookup.processor}'s table as of each event's time, so "
+            f"{fold.lookup.processor} needs an event time (its watermark says when every "
+            "version valid at a time is in). Operator action: give its spec an event_time."
+        )
+        raise ProcessorConfigError(msg)
+    return LookupJoiner(
+        run.target.layout,
+        run.generation,
+        fold,
+        cast("EventTime", run.target.event_time),
+        table_time.lateness_ms,
+        run.target.redis_url,
+        kafka.as_librdkafka(),
+        run.target.dlq_topic,
+    )
 
 
 def _check_event_time(

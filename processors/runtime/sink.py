@@ -22,10 +22,10 @@ from contracts.codec import EventCodec
 from contracts.layout import position_field
 from processors.fold.projection import Projection
 from processors.fold.records import SourceRecord
+from processors.runtime.background import DriverTask
 from processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
-from processors.runtime.window_store import WindowCloser
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -223,7 +223,8 @@ class RedisFoldSink:
         target: Where the generation lives.
         projection: The fold.
         mirror: Commits each batch's new positions to the generation's consumer group.
-        closer: A window processor's closer: emits the windows each batch's watermark passed.
+        closer: The driver task asked for a round after each batch (a window processor's
+            closer, a lookup processor's joiner).
         codec: The contracts (default: the installed contract sets, loaded on the driver).
     """
 
@@ -233,7 +234,7 @@ class RedisFoldSink:
         projection: Projection,
         mirror: ConsumerGroupMirror | None = None,
         codec: EventCodec | None = None,
-        closer: WindowCloser | None = None,
+        closer: DriverTask | None = None,
     ) -> None:
         self.target = target
         self.projection = projection

@@ -16,7 +16,6 @@ sets its timer again, and the window is emitted again with the corrected result.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -26,9 +25,9 @@ import redis
 from confluent_kafka import KafkaError, Message, Producer
 from redis.client import Pipeline
 
-from contracts.layout import GenerationKeys, StateLayout
+from contracts.layout import GenerationKeys, StateLayout, parse_position_field
+from contracts.windows import watermark_of
 from processors.errors import DeadLetterError
-from processors.fold.eventtime import processor_watermark
 from processors.fold.timers import TimerQueue
 from processors.fold.windows import (
     CLOSE_TIMERS,
@@ -41,8 +40,15 @@ from processors.fold.windows import (
     result_of,
     windows_topic,
 )
+from processors.runtime.background import DriverTask
 
-__all__ = ["WindowCloser", "read_clocks", "write_timers", "write_windows"]
+__all__ = [
+    "WindowCloser",
+    "generation_watermark",
+    "read_clocks",
+    "write_timers",
+    "write_windows",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -122,13 +128,26 @@ def write_timers(pipe: Pipeline, keys: GenerationKeys, queue: TimerQueue) -> Non
         pipe.zadd(keys.entity_timers(partition), mapping)
 
 
+def generation_watermark(client: redis.Redis, keys: GenerationKeys, lateness_ms: int) -> int | None:
+    """A generation's watermark over all of its partitions (``None`` until each has a clock)."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hgetall(keys.clocks)
+        pipe.hkeys(keys.positions)
+        raw_clocks, fields = pipe.execute()
+    clocks = {k.decode(): int(v) for k, v in cast("dict[bytes, bytes]", raw_clocks).items()}
+    partitions = [
+        f.decode() for f in cast("list[bytes]", fields) if parse_position_field(f.decode())
+    ]
+    return watermark_of(clocks, lateness_ms, partitions)
+
+
 def read_clocks(client: redis.Redis | Pipeline, keys: GenerationKeys) -> dict[str, int]:
     """The generation's partition clocks (largest event time seen per partition)."""
     raw = cast("dict[bytes, bytes]", client.hgetall(keys.clocks))
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
-class WindowCloser:
+class WindowCloser(DriverTask):
     """Emits the results of the windows the watermark has passed; expires old buckets.
 
     Driver side, one per processor query. Picklable before first use (clients are lazy).
@@ -153,6 +172,7 @@ class WindowCloser:
         kafka: Mapping[str, str],
         topic: str | None = None,
     ) -> None:
+        super().__init__()
         self.layout = layout
         self.keys = layout.generation(generation)
         self.fold = fold
@@ -163,52 +183,12 @@ class WindowCloser:
         self._windows = {w.name: w for w in fold.windows}
         self._redis: redis.Redis | None = None
         self._producer: Producer | None = None
-        self.emitted = 0
         self.suppressed = 0
-        self._wanted = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._reported = 0
+        self.label = f"window closer of {layout.processor}"
 
-    def request(self) -> int:
-        """Ask the background closer to run (after a batch); windows emitted since last asked.
-
-        Closing runs beside the next micro-batch instead of before it: it only reads committed
-        buckets and settles timers whose buckets did not move, so it needs no lock. A failure
-        (the broker away) is logged; the timers stay and fire on a later request.
-        """
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._loop, name=f"closer-{self.keys.processor}", daemon=True
-            )
-            self._thread.start()
-        self._wanted.set()
-        emitted, self._reported = self.emitted - self._reported, self.emitted
-        return emitted
-
-    def stop(self) -> None:
-        """Stop the background closer and close once more in this thread (the query ended)."""
-        if self._thread is not None:
-            self._stopping.set()
-            self._wanted.set()
-            self._thread.join()
-            self._thread = None
-        self.close()
-
-    def _loop(self) -> None:
-        while True:
-            self._wanted.wait()
-            self._wanted.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self.close()
-            except Exception:  # the timers stay: the next request fires them again
-                logger.exception(
-                    "%s g%d: closing windows failed; they are emitted at a later batch",
-                    self.keys.processor,
-                    self.keys.generation,
-                )
+    def run(self) -> int:
+        """One round of the background task: :meth:`close`."""
+        return self.close()
 
     @property
     def redis(self) -> redis.Redis:
@@ -219,7 +199,7 @@ class WindowCloser:
 
     def watermark(self) -> int | None:
         """The processor's watermark: its partitions' clocks' minimum minus the lateness."""
-        return processor_watermark(read_clocks(self.redis, self.keys), self.lateness_ms)
+        return generation_watermark(self.redis, self.keys, self.lateness_ms)
 
     def close(self) -> int:
         """Fire every close timer at or below the watermark, then expire; returns emitted."""
@@ -245,7 +225,7 @@ class WindowCloser:
         if raw_live is None or int(cast("bytes", raw_live)) == self.keys.generation:
             return None
         live = self.layout.generation(int(cast("bytes", raw_live)))
-        return processor_watermark(read_clocks(self.redis, live), self.lateness_ms)
+        return generation_watermark(self.redis, live, self.lateness_ms)
 
     def _close_some(self, watermark: int, suppress_until: int | None) -> int | None:
         """One chunk of due timers: read, emit, settle (None: nothing was due).
@@ -270,7 +250,7 @@ class WindowCloser:
         if send:
             self._emit(send)
         self._settle(timers, due, windows, buckets)
-        self.emitted += len(send)
+        self.done += len(send)
         return len(send)
 
     def _read(

@@ -20,7 +20,7 @@ from typing import Protocol, cast
 
 import redis
 
-from contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys
+from contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
 from contracts.windows import Hopping, Sliding, Window, combine, result_of, watermark_of
 from services.errors import UnknownWindowError, WindowQueryError
 from services.reader.state_reader import StateReader, StateView
@@ -267,8 +267,10 @@ class WindowReader:
             pipe.hgetall(keys.positions)
             raw_clocks, raw_positions = pipe.execute()
         clocks = _ints(raw_clocks)
-        value = Watermark(watermark_of(clocks, self.lateness_ms), self.lateness_ms, clocks)
-        return StateView(gen, value, self.registry.parse_positions(raw_positions)[0])
+        positions = self.registry.parse_positions(raw_positions)[0]
+        every = [position_field(t, p) for t, p in positions]
+        value = Watermark(watermark_of(clocks, self.lateness_ms, every), self.lateness_ms, clocks)
+        return StateView(gen, value, positions)
 
     def freshness(self, generation: int | None = None) -> dict[tuple[str, int], int]:
         """Applied positions of the (live) generation."""

@@ -1,0 +1,1 @@
+"""customer_profiles: each customer's profile versions, by the event time they became valid."""

@@ -1,0 +1,197 @@
+"""Stream-table joins on the driver: pending events meet the table's rows as of their time.
+
+A lookup processor's tasks add each on-time event to the generation's pending set (scored by
+its event time), with the positions. After each micro-batch, :class:`LookupJoiner` (a
+:class:`~processors.runtime.background.DriverTask`) takes the pending events at or below the
+table processor's watermark, reads their rows from the table's live generation, asks the fold
+for the increments, and applies them with one Lua call that removes each pending event and
+adds its increments atomically: an event is joined exactly once, even if a round is repeated.
+An event the fold fails on goes to the dead-letter topic (acknowledged first) and is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+import orjson
+import redis
+from confluent_kafka import KafkaError, Message, Producer
+
+from contracts.layout import StateLayout
+from contracts.processors import EventTime
+from contracts.store.generations import GenerationRegistry
+from processors.errors import DeadLetterError
+from processors.fold.eventtime import event_time_ms
+from processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, decode_pending
+from processors.runtime.background import DriverTask
+from processors.runtime.window_store import generation_watermark
+
+__all__ = ["LookupJoiner"]
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 2_000  # pending events joined per round trip
+# KEYS[1]: pending set, KEYS[2]: aggregate hash. ARGV per event: member, n, then n pairs of
+# (counter, amount). Increments apply only when this call removed the member.
+_JOIN = """
+local i, joined = 1, 0
+while i <= #ARGV do
+  local n = tonumber(ARGV[i + 1])
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    joined = joined + 1
+    for j = 0, n - 1 do
+      redis.call('HINCRBY', KEYS[2], ARGV[i + 2 + 2 * j], ARGV[i + 3 + 2 * j])
+    end
+  end
+  i = i + 2 + 2 * n
+end
+return joined
+"""
+
+
+class LookupJoiner(DriverTask):
+    """Joins a lookup processor's pending events once the table's watermark has passed them.
+
+    Args:
+        layout: The lookup processor's keys.
+        generation: Its generation.
+        fold: The lookup processor.
+        event_time: Its event-time settings (which field holds each event's time).
+        table_lateness_ms: The table processor's allowed lateness (its watermark is its
+            clocks' minimum minus that).
+        redis_url: Redis.
+        kafka: librdkafka settings (dead letters).
+        dlq_topic: The lookup processor's dead-letter topic.
+    """
+
+    def __init__(
+        self,
+        layout: StateLayout,
+        generation: int,
+        fold: LookupFold,
+        event_time: EventTime,
+        table_lateness_ms: int,
+        redis_url: str,
+        kafka: Mapping[str, str],
+        dlq_topic: str,
+    ) -> None:
+        super().__init__()
+        self.layout = layout
+        self.keys = layout.generation(generation)
+        self.fold = fold
+        self.event_time = event_time
+        self.table_lateness_ms = table_lateness_ms
+        self.redis_url = redis_url
+        self.kafka = dict(kafka)
+        self.dlq_topic = dlq_topic
+        self.label = f"lookups of {layout.processor}"
+        self._redis: redis.Redis | None = None
+        self._producer: Producer | None = None
+
+    @property
+    def redis(self) -> redis.Redis:
+        """The Redis client (created on first use)."""
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.redis_url)
+        return self._redis
+
+    def table(self) -> tuple[int, int | None] | None:
+        """The table processor's live generation and its watermark (None: no live one yet)."""
+        ref = self.fold.lookup
+        registry = GenerationRegistry(self.redis, StateLayout(ref.processor, self.layout.prefix))
+        live = registry.live()
+        if live is None:
+            return None
+        return live, generation_watermark(self.redis, registry.keys(live), self.table_lateness_ms)
+
+    def run(self) -> int:
+        """Join every pending event at or below the table's watermark; how many were joined."""
+        table = self.table()
+        if table is None:
+            return 0
+        live, watermark = table
+        if watermark is None:
+            return 0
+        joined = 0
+        while True:
+            members = cast(
+                "list[bytes]",
+                self.redis.zrangebyscore(
+                    self.keys.timers(PENDING_TIMERS), "-inf", watermark, start=0, num=_CHUNK
+                ),
+            )
+            if not members:
+                break
+            joined += self._join(members, live)
+        self.done += joined
+        return joined
+
+    def _join(self, members: Sequence[bytes], table_generation: int) -> int:
+        ref = self.fold.lookup
+        table_keys = StateLayout(ref.processor, self.layout.prefix).generation(table_generation)
+        waiting = [decode_pending(m) for m in members]
+        wanted = sorted(
+            {k for p in waiting if (k := self.fold.lookup_key(p.event_type, p.event)) is not None}
+        )
+        raw = (
+            cast(
+                "list[bytes | None]",
+                self.redis.mget([table_keys.table(ref.table, k) for k in wanted]),
+            )
+            if wanted
+            else []
+        )
+        rows = {k: None if r is None else orjson.loads(r) for k, r in zip(wanted, raw, strict=True)}
+        argv: list[bytes | str | int] = []
+        failed: list[tuple[Pending, str]] = []
+        for member, pending in zip(members, waiting, strict=True):
+            try:
+                key = self.fold.lookup_key(pending.event_type, pending.event)
+                at = event_time_ms(pending.event, self.event_time.field_of(pending.event_type))
+                increments = Counter(
+                    self.fold.enrich(pending.event_type, pending.event, rows.get(key or ""), at)
+                )
+            except Exception as exc:  # user code: this event only
+                failed.append((pending, f"enrich() raised {exc!r}"))
+                argv += [member, 0]
+                continue
+            changes = [(name, amount) for name, amount in sorted(increments.items()) if amount]
+            argv += [member, len(changes)]
+            for name, amount in changes:
+                argv += [name, amount]
+        if failed:
+            self._dead_letters(failed)
+        aggregate = self.keys.aggregate(self.fold.aggregate)
+        return int(self.redis.eval(_JOIN, 2, self.keys.timers(PENDING_TIMERS), aggregate, *argv))
+
+    def _dead_letters(self, failed: Sequence[tuple[Pending, str]]) -> None:
+        if self._producer is None:
+            self._producer = Producer({"acks": "all", "enable.idempotence": "true", **self.kafka})
+        errors: list[str] = []
+
+        def _delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                errors.append(err.str())
+
+        for pending, detail in failed:
+            logger.warning("dead-lettered: %s", detail)
+            self._producer.produce(
+                self.dlq_topic,
+                orjson.dumps(pending.event),
+                headers=[
+                    ("refold.reason", b"enrich-error"),
+                    ("refold.error", detail.encode()[:2000]),
+                    ("refold.origin.topic", pending.topic.encode()),
+                    ("refold.origin.partition", str(pending.partition).encode()),
+                    ("refold.origin.offset", str(pending.offset).encode()),
+                    ("refold.processor", self.keys.processor.encode()),
+                    ("refold.generation", str(self.keys.generation).encode()),
+                ],
+                on_delivery=_delivered,
+            )
+        if self._producer.flush(30.0) or errors:
+            msg = f"dead letters of failed lookups not acknowledged ({'; '.join(errors[:3])})"
+            raise DeadLetterError(msg)
