@@ -28,6 +28,7 @@ from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
 from deploy.simulators.clickstream import ClickstreamSimulator
 from deploy.simulators.orders import OrderSimulator
+from processors.fold.lookups import PENDING_TIMERS
 from processors.sales_windows.projection import SalesWindows
 from processors.search_ctr.projection import ctr
 from processors.unique_visitors.projection import ALL, UniqueVisitors
@@ -49,6 +50,8 @@ PROCESSORS = (
     "unique_visitors",
     "web_sessions",
     "search_ctr",
+    "customer_profiles",
+    "enriched_clicks",
 )
 _CATCH_UP_TIMEOUT_S = 600.0
 _TAKEOVER_TIMEOUT_S = 120.0
@@ -215,6 +218,20 @@ def _windows_summary(client: redis.Redis) -> None:
     top = sorted(rates.items(), key=lambda item: -item[1][0])[:3]
     shown = ", ".join(f"{term!r} {c}/{s} ({r:.0%})" for term, (s, c, r) in top)
     print(f"search_ctr (searches joined with clicks within 10 min): top terms {shown}")
+    clicks = StateReader(client, "enriched_clicks").aggregate("clicks_by_customer").value
+    tiers = ", ".join(
+        f"{name[5:]} {count}" for name, count in sorted(clicks.items()) if name.startswith("tier:")
+    )
+    waiting = client.zcard(
+        StateLayout("enriched_clicks")
+        .generation(StateReader(client, "enriched_clicks").live_generation())
+        .timers(PENDING_TIMERS)
+    )
+    print(
+        f"enriched_clicks (clicks joined with the profile as of the click): "
+        f"{clicks.get('clicks', 0):,} joined ({clicks.get('anonymous', 0):,} anonymous), "
+        f"by tier: {tiers}; {waiting:,} wait for customer_profiles' watermark"
+    )
 
 
 def _tables(reader: StateReader, generation: int) -> tuple[dict[str, Any], dict[str, int]]:
