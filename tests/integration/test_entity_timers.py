@@ -208,3 +208,54 @@ def test_an_entity_s_timer_waits_for_every_topic_of_its_partition_group(
     writer.apply([search(1, later, "s4")])  # now both clocks are past it
     state = reader.get("visits", "s1", 1).value
     assert (state["closed"], state["open"]) == (1, [])
+
+
+def test_join_sides_out_of_order_within_the_lateness_and_beyond_it(target, redis_url):
+    """A click before its search (within the lateness) matches; a click beyond it is late."""
+    chosen = _target(target, "search_ctr", SEARCH_CTR, ("se",), 1)
+    base, minute = 1_700_000_000_000, 60_000
+    lateness = SEARCH_CTR.event_time.lateness_ms
+
+    def event(offset: int, event_type: str, search: str, at: int, session: str) -> SourceRecord:
+        fields = {
+            "event_id": f"e{offset}",
+            "session_id": session,
+            "visitor_id": "v",
+            "search_id": search,
+            "occurred_at": at,
+        }
+        if event_type == "SearchPerformed":
+            fields |= {"query": f"term-{search}", "results_count": 5}
+        else:
+            fields |= {"position": 1, "sku": "SKU-1", "url": "https://shop/p/1"}
+        value = CODEC.encode(event_type, fields)
+        return SourceRecord("se", 0, offset, session.encode(), value)
+
+    records = [
+        event(0, "SearchPerformed", "s1", base, "a"),
+        event(1, "SearchResultClicked", "s2", base + 2 * minute, "b"),  # before its search
+        event(2, "SearchPerformed", "s2", base + minute, "b"),  # 1 min behind: on time
+        event(3, "SearchPerformed", "s9", base + 10 * minute, "c"),  # the clock moves on
+        event(4, "SearchResultClicked", "s1", base + minute, "a"),  # 9 min behind: late
+        event(5, "SearchPerformed", "s10", base + 30 * minute + lateness, "c"),  # settles all
+    ]
+    writer = FoldWriter(chosen, SearchCtrProjection())
+    outcomes = [writer.apply([r], batch_id=i) for i, r in enumerate(records)]
+    assert [o.late for o in outcomes] == [0, 0, 0, 0, 1, 0]
+    reader = StateReader(redis.Redis.from_url(redis_url), "search_ctr", target.key_prefix)
+    totals = reader.aggregate("ctr", 1).value
+    assert ctr(totals)["term-s1"] == (1, 0, 0.0)  # its only click came beyond the lateness
+    assert ctr(totals)["term-s2"] == (1, 1, 1.0)  # its click came first, within it
+    oracle = fold_timed(
+        SearchCtrProjection(),
+        SEARCH_CTR.event_time,
+        ("se",),
+        ((r.topic, r.partition, r.offset, *_decode(r)) for r in records),
+    )
+    assert totals == dict(oracle.aggregate)
+    assert oracle.late == [("se/0", 4)]
+
+
+def _decode(record: SourceRecord) -> tuple[str, dict]:
+    decoded = CODEC.decode(record.value)
+    return decoded.event_type, decoded.data
