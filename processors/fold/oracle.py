@@ -298,8 +298,8 @@ def fold_lookups(
 ) -> LookupResult:
     """A stream-table join the plain way (the oracle).
 
-    Every on-time event at or below the table's watermark, enriched with its row of the final
-    table; the others wait.
+    Every on-time event below the table's watermark, enriched with its row of the final table;
+    the others wait.
 
     Args:
         fold: The lookup processor.
@@ -324,7 +324,7 @@ def fold_lookups(
             result.late.append((field_name, offset))
             if event_time.late != "accept" or verdict is Verdict.EXPIRED:
                 continue
-        if table_watermark is None or at > table_watermark:
+        if table_watermark is None or at >= table_watermark:  # as the joiner: strictly below
             result.waiting += 1
             continue
         key = fold.lookup_key(event_type, event)

@@ -2,7 +2,7 @@
 
 A lookup processor's tasks add each on-time event to the generation's pending set (scored by
 its event time), with the positions. After each micro-batch, :class:`LookupJoiner` (a
-:class:`~processors.runtime.background.DriverTask`) takes the pending events at or below the
+:class:`~processors.runtime.background.DriverTask`) takes the pending events strictly below the
 table processor's watermark, reads their rows from the table's live generation, asks the fold
 for the increments, and applies them with one Lua call that removes each pending event and
 adds its increments atomically: an event is joined exactly once, even if a round is repeated.
@@ -108,7 +108,7 @@ class LookupJoiner(DriverTask):
         return live, generation_watermark(self.redis, registry.keys(live), self.table_lateness_ms)
 
     def run(self) -> int:
-        """Join every pending event at or below the table's watermark; how many were joined."""
+        """Join every pending event below the table's watermark; how many were joined."""
         table = self.table()
         if table is None:
             return 0
@@ -119,8 +119,10 @@ class LookupJoiner(DriverTask):
         while True:
             members = cast(
                 "list[bytes]",
+                # Strictly below: a table record exactly at its watermark is still on time, so
+                # a version valid from the watermark itself may yet come.
                 self.redis.zrangebyscore(
-                    self.keys.timers(PENDING_TIMERS), "-inf", watermark, start=0, num=_CHUNK
+                    self.keys.timers(PENDING_TIMERS), "-inf", f"({watermark}", start=0, num=_CHUNK
                 ),
             )
             if not members:
@@ -133,29 +135,28 @@ class LookupJoiner(DriverTask):
         ref = self.fold.lookup
         table_keys = StateLayout(ref.processor, self.layout.prefix).generation(table_generation)
         waiting = [decode_pending(m) for m in members]
-        wanted = sorted(
-            {k for p in waiting if (k := self.fold.lookup_key(p.event_type, p.event)) is not None}
-        )
-        raw = (
-            cast(
-                "list[bytes | None]",
-                self.redis.mget([table_keys.table(ref.table, k) for k in wanted]),
-            )
-            if wanted
-            else []
-        )
+        keys: list[str | Exception | None] = []
+        for pending in waiting:
+            try:
+                keys.append(self.fold.lookup_key(pending.event_type, pending.event))
+            except Exception as exc:  # user code: this event only (a dead letter below)
+                keys.append(exc)
+        wanted = sorted({k for k in keys if isinstance(k, str)})
+        names = [table_keys.table(ref.table, k) for k in wanted]
+        raw = cast("list[bytes | None]", self.redis.mget(names)) if names else []
         rows = {k: None if r is None else orjson.loads(r) for k, r in zip(wanted, raw, strict=True)}
         argv: list[bytes | str | int] = []
         failed: list[tuple[Pending, str]] = []
-        for member, pending in zip(members, waiting, strict=True):
+        for member, pending, key in zip(members, waiting, keys, strict=True):
             try:
-                key = self.fold.lookup_key(pending.event_type, pending.event)
+                if isinstance(key, Exception):
+                    raise key
                 at = event_time_ms(pending.event, self.event_time.field_of(pending.event_type))
                 increments = Counter(
                     self.fold.enrich(pending.event_type, pending.event, rows.get(key or ""), at)
                 )
             except Exception as exc:  # user code: this event only
-                failed.append((pending, f"enrich() raised {exc!r}"))
+                failed.append((pending, f"the lookup raised {exc!r}"))
                 argv += [member, 0]
                 continue
             changes = [(name, amount) for name, amount in sorted(increments.items()) if amount]
