@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import orjson
 import redis
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Producer
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
@@ -47,7 +47,6 @@ from contracts.layout import (
 from contracts.processors import EventTime
 from processors.errors import (
     REDIS_UNAVAILABLE,
-    DeadLetterError,
     SinkConflictError,
     StateStoreUnavailableError,
 )
@@ -76,6 +75,7 @@ from processors.fold.timers import (
     timer_event,
 )
 from processors.fold.windows import WindowDelta, WindowFold
+from processors.runtime.acks import Deliveries, output_producer
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
 from processors.runtime.window_store import write_timers, write_windows
 
@@ -109,9 +109,6 @@ return 0
 """
 # Dead-letter reasons that mean the bytes did not decode (the rest: the record was refused).
 _DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "undecodable"})
-# Dead letters and side effects are acknowledged before the commit; while the broker is away
-# the batch waits, logging every _ACK_WAIT_S, up to librdkafka's own message timeout (300 s).
-_ACK_WAIT_S, _ACK_WAIT_MAX_S = 10.0, 310.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,26 +319,6 @@ class _Folded:
         return undone
 
 
-def _await_acks(producer: Producer, failures: list[str], what: str) -> None:
-    """Flush, and fail the batch (before its commit) unless every record was acknowledged.
-
-    While the broker is unreachable this waits: librdkafka retries each record until its
-    ``message.timeout.ms`` (5 minutes by default) and then reports it failed.
-    """
-    remaining = producer.flush(_ACK_WAIT_S)
-    waited = _ACK_WAIT_S
-    while remaining and not failures and waited < _ACK_WAIT_MAX_S:
-        logger.warning("%d of %s wait for the broker (%.0fs)", remaining, what, waited)
-        remaining = producer.flush(_ACK_WAIT_S)
-        waited += _ACK_WAIT_S
-    if remaining or failures:
-        msg = (
-            f"{len(failures) or remaining} of {what} not acknowledged "
-            f"({'; '.join(failures[:3]) or 'timeout'}); batch not applied"
-        )
-        raise DeadLetterError(msg)
-
-
 class FoldWriter:
     """Applies record batches of one processor generation to Redis, exactly once in effect.
 
@@ -404,15 +381,7 @@ class FoldWriter:
 
     def _dead_letter_producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer(
-                {
-                    "acks": "all",
-                    "enable.idempotence": "true",
-                    "partitioner": "murmur2_random",
-                    "linger.ms": "5",
-                    **dict(self.target.kafka),
-                }
-            )
+            self._producer = output_producer(dict(self.target.kafka))
         return self._producer
 
     def begin_task(self) -> None:
@@ -1232,37 +1201,24 @@ class FoldWriter:
 
     def _send_effects(self, effects: Sequence[tuple[SourceRecord, SideEffect]]) -> None:
         """Produce side effects and wait for the acknowledgements (before the commit)."""
-        producer = self._dead_letter_producer()
-        failures: list[str] = []
-
-        def _delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                failures.append(err.str())
-
+        sent = Deliveries(self._dead_letter_producer(), f"{len(effects)} side effects")
         for record, effect in effects:
-            producer.produce(
+            sent.produce(
                 effect.topic,
                 orjson.dumps(effect.value),
                 effect.key.encode(),
-                headers=self._origin_headers(record),
-                on_delivery=_delivered,
+                self._origin_headers(record),
             )
-        _await_acks(producer, failures, f"{len(effects)} side effects")
+        sent.wait()
 
     def _send_dead_letters(
         self, dead: Iterable[_DeadLetter], batch_id: int | None, topic: str | None = None
     ) -> None:
         """Produce records with their reason and origin headers, and wait for the acks."""
         topic = topic or self.target.dlq_topic
-        producer = self._dead_letter_producer()
-        failures: list[str] = []
-
-        def _delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                failures.append(err.str())
-
-        count = 0
-        for letter in dead:
+        letters = list(dead)
+        sent = Deliveries(self._dead_letter_producer(), f"{len(letters)} records to {topic}")
+        for letter in letters:
             record = letter.record
             headers: list[tuple[str, str | bytes | None]] = [
                 ("refold.reason", letter.reason.encode()),
@@ -1273,8 +1229,7 @@ class FoldWriter:
             if letter.timer:  # the record was applied: the letter describes the timer
                 headers.append(("refold.timer", b"1"))
                 value = orjson.dumps({"timer": letter.detail})
-            producer.produce(topic, value, record.key, headers=headers, on_delivery=_delivered)
-            count += 1
+            sent.produce(topic, value, record.key, headers)
             logger.warning(
                 "%s: %s",
                 "dead-lettered" if topic == self.target.dlq_topic else f"sent to {topic}",
@@ -1286,4 +1241,4 @@ class FoldWriter:
                     "batch_id": batch_id,
                 },
             )
-        _await_acks(producer, failures, f"{count} records to {topic}")
+        sent.wait()

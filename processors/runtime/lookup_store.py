@@ -18,14 +18,14 @@ from typing import cast
 
 import orjson
 import redis
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Producer
 
 from contracts.layout import StateLayout
 from contracts.processors import EventTime
 from contracts.store.generations import GenerationRegistry
-from processors.errors import DeadLetterError
 from processors.fold.eventtime import event_time_ms
 from processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, decode_pending
+from processors.runtime.acks import Deliveries, output_producer
 from processors.runtime.background import DriverTask
 from processors.runtime.window_store import generation_watermark
 
@@ -169,20 +169,17 @@ class LookupJoiner(DriverTask):
         return int(self.redis.eval(_JOIN, 2, self.keys.timers(PENDING_TIMERS), aggregate, *argv))
 
     def _dead_letters(self, failed: Sequence[tuple[Pending, str]]) -> None:
+        """The events the fold failed on, to the dead-letter topic (acknowledged first)."""
         if self._producer is None:
-            self._producer = Producer({"acks": "all", "enable.idempotence": "true", **self.kafka})
-        errors: list[str] = []
-
-        def _delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                errors.append(err.str())
-
+            self._producer = output_producer(self.kafka)
+        sent = Deliveries(self._producer, f"{len(failed)} failed lookups to {self.dlq_topic}")
         for pending, detail in failed:
             logger.warning("dead-lettered: %s", detail)
-            self._producer.produce(
+            sent.produce(
                 self.dlq_topic,
                 orjson.dumps(pending.event),
-                headers=[
+                None,
+                [
                     ("refold.reason", b"enrich-error"),
                     ("refold.error", detail.encode()[:2000]),
                     ("refold.origin.topic", pending.topic.encode()),
@@ -191,8 +188,5 @@ class LookupJoiner(DriverTask):
                     ("refold.processor", self.keys.processor.encode()),
                     ("refold.generation", str(self.keys.generation).encode()),
                 ],
-                on_delivery=_delivered,
             )
-        if self._producer.flush(30.0) or errors:
-            msg = f"dead letters of failed lookups not acknowledged ({'; '.join(errors[:3])})"
-            raise DeadLetterError(msg)
+        sent.wait()

@@ -22,12 +22,11 @@ from typing import Any, cast
 
 import orjson
 import redis
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Producer
 from redis.client import Pipeline
 
 from contracts.layout import GenerationKeys, StateLayout, parse_position_field
 from contracts.windows import watermark_of
-from processors.errors import DeadLetterError
 from processors.fold.timers import TimerQueue
 from processors.fold.windows import (
     CLOSE_TIMERS,
@@ -40,6 +39,7 @@ from processors.fold.windows import (
     result_of,
     windows_topic,
 )
+from processors.runtime.acks import Deliveries, output_producer
 from processors.runtime.background import DriverTask
 
 __all__ = [
@@ -357,38 +357,23 @@ class WindowCloser(DriverTask):
         self.redis.eval(_SETTLE, len(keys), *keys, len(index), *argv, *members)
 
     def _emit(self, results: Sequence[Mapping[str, Any]]) -> None:
-        """Produce the results and wait for every acknowledgement."""
+        """Produce the results and wait for every acknowledgement (their timers stay if not)."""
         if self._producer is None:
-            self._producer = Producer(
-                {"acks": "all", "enable.idempotence": "true", "linger.ms": "5", **self.kafka}
-            )
-        producer = self._producer
-        failures: list[str] = []
-
-        def _delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                failures.append(err.str())
-
+            self._producer = output_producer(self.kafka)
+        sent = Deliveries(self._producer, f"{len(results)} window results to {self.topic}")
         for result in results:
-            producer.produce(
+            sent.produce(
                 self.topic,
                 orjson.dumps(result),
                 str(result["group"]).encode(),
-                headers=[
+                [
                     ("refold.processor", self.keys.processor.encode()),
                     ("refold.generation", str(self.keys.generation).encode()),
                     ("refold.window", str(result["window"]).encode()),
                     ("refold.window.end", str(result["end"]).encode()),
                 ],
-                on_delivery=_delivered,
             )
-        remaining = producer.flush(30.0)
-        if remaining or failures:
-            msg = (
-                f"{len(failures) or remaining} window results to {self.topic} not acknowledged "
-                f"({'; '.join(failures[:3]) or 'timeout'}); their timers stay and fire again"
-            )
-            raise DeadLetterError(msg)
+        sent.wait()
 
     def _expire(self, watermark: int) -> None:
         """Delete the buckets (and sketches) whose retention the watermark has passed."""
