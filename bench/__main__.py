@@ -10,8 +10,9 @@ One run, on a private local stack, over the same pre-produced order events:
 5. the re-keyed customer_stats catching up on the same orders (the cost of re-keying);
 6. order_state, customer_stats and session_stats (on a clickstream backlog too) catching up as
    one Spark application and as three: events/s and peak memory of each;
-7. event-time windows on the same orders: sales_windows (additive buckets) and a Spark-native
-   window query against order_state, and the Redis memory per window bucket and HyperLogLog
+7. event-time windows on the same orders: sales_windows (additive buckets) and sales_native
+   (Spark's own window, a DataFrame processor) against order_state, and the Redis memory per
+   window bucket, HyperLogLog and row
    (``bench/windows.py``; ``python -m bench windows`` runs this part alone, on its own backlog).
 Prints a table and writes ``bench/results/latest.json``.
 """
@@ -435,8 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-windows",
         action="store_true",
-        help="no event-time windows run (sales_windows, Spark-native window query, "
-        "unique_visitors)",
+        help="no event-time windows run (sales_windows, sales_native, unique_visitors)",
     )
     parser.add_argument(
         "--web-events",

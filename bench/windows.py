@@ -13,14 +13,16 @@ catch-up as its baseline). Over one backlog of order events:
    batch spans: the simulated orders come one per ~200 ms of event time, so a 200k batch
    spans ~11 hours and closes ~16k windows (3 currencies, per minute, hopping every minute,
    sliding every 10 s). The table shows how many it emitted;
-3. **Spark-native window query** (:mod:`bench.window_query`): the same records through
-   ``format("refold_kafka")``, decoded in ``mapInArrow``, ``withWatermark`` + ``groupBy(window,
-   currency)`` with count, sum, min, max and avg, upserted into Redis by ``foreachBatch`` under
-   ``trigger(availableNow=True)``;
+3. **Spark-native window**: sales_native, the DataFrame processor twin of sales_windows'
+   ``per_minute`` window, catching up on the same records as a processor does (its events
+   decoded in ``mapInArrow``, then Spark's ``withWatermark`` + ``groupBy(window, currency)``
+   with count, sum, min and max, update mode, each batch's changed windows upserted as JSON
+   rows with the batch's positions in one guarded transaction); its rows are compared with
+   sales_windows' ``per_minute`` buckets;
 4. **HyperLogLogs**: unique_visitors (hourly distinct visitors, overall and per device) on a
    clickstream backlog, when there is one;
 5. **Redis memory**: ``MEMORY USAGE`` of a sample of each kind of key the runs left: window
-   buckets (``w:``) per window, HyperLogLogs (``wd:``), and the native query's hashes.
+   buckets (``w:``) per window, HyperLogLogs (``wd:``), and sales_native's rows (``t:``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,7 @@ import contextlib
 import json
 import os
 import random
-import sys
 import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,9 +42,8 @@ import redis
 from pydantic import BaseModel
 
 from bench.backlog import ORDERS_TOPIC, PAGEVIEWS_TOPIC, TOPICS, produce_clickstream, produce_orders
-from bench.catch_up import ProcessorCatchUp, Run, Watched, _Memory, run_catch_up
+from bench.catch_up import ProcessorCatchUp, Run, Watched, run_catch_up
 from bench.envelope_only import envelope_only, envelope_rows
-from bench.window_query import parse_result
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
@@ -62,10 +61,8 @@ __all__ = ["RESULTS", "main", "measure_windows", "memory_per_key", "window_rows"
 RESULTS = Path(__file__).parent / "results" / "windows.json"
 SOURCE_FORMAT = os.environ.get("REFOLD_SOURCE_FORMAT", "")
 TARGET_RATIO = 1.5  # sales_windows / order_state, steady events/s
-NATIVE_PREFIX = "bench-native"
+NATIVE = "sales_native"
 _WEB_SHARE = 0.3  # web events per order event, as the apps run of python -m bench
-_NATIVE_TIMEOUT_S = 1800.0
-_RSS_EVERY_S = 0.5
 
 
 def _extra() -> dict[str, str]:
@@ -115,73 +112,12 @@ def order_state_baseline(
     return catch_up_alone(stack, state, prefix, "order_state", options, total)
 
 
-def _native(stack: LocalStack, state: Path, topic: str) -> dict[str, Any]:
-    """The Spark-native window query as a process of its own, until it exits."""
-    log = state / "logs" / "bench-native-window-query.log"
-    process = ProcessorProcess(
-        [
-            sys.executable,
-            "-m",
-            "bench.window_query",
-            "--bootstrap",
-            stack.bootstrap_servers,
-            "--topic",
-            topic,
-            "--redis-url",
-            stack.redis_url,
-            "--key-prefix",
-            NATIVE_PREFIX,
-            "--checkpoint",
-            str(state / "native-checkpoint"),
-        ],
-        {},
-        log,
-    )
-    print("spark-native window query (availableNow) ...", flush=True)
-    started_wall, started = time.time(), time.monotonic()
-    process.start()
-    memory = _Memory((process.pid,))
-    try:
-        while process.alive():
-            if time.monotonic() - started > _NATIVE_TIMEOUT_S:
-                msg = f"the native window query did not finish:\n{process.log_tail()}"
-                raise RuntimeError(msg)
-            memory.sample(pss=False)
-            time.sleep(_RSS_EVERY_S)
-        code = process.wait(0)
-    finally:
-        process.stop()
-    result = parse_result(log.read_text(errors="replace"))
-    if code != 0 or result is None:
-        msg = f"the native window query failed (exit {code}):\n{process.log_tail()}"
-        raise RuntimeError(msg)
-    events = int(result["events"])
-    done_s = float(result["done_at"]) - started_wall
-    batches = result["batches"]
-    rest = [b for b in batches[1:] if b["rows"]]
-    rest_rows = sum(b["rows"] for b in rest)
-    rest_s = sum(b["trigger_ms"] for b in rest) / 1000
-    return {
-        "events": events,
-        "batches": len([b for b in batches if b["rows"]]),
-        "session_s": result["session_s"],
-        "query_s": result["query_s"],
-        "rate_query": events / result["query_s"] if result["query_s"] else 0.0,
-        "rate_steady": rest_rows / rest_s if rest_s else 0.0,
-        "wall_s": done_s,
-        "rate_wall": events / done_s if done_s else 0.0,
-        "windows_written": result["windows_written"],
-        "peak_rss_mb": memory.peak_rss_kb / 1024,
-        "progress": batches,
-    }
-
-
 def _kind(key: str, base: str) -> str:
-    """``w:<window>`` or ``wd:<window>:<measure>`` of a bucket or sketch key under ``base``."""
+    """``w:<window>``, ``wd:<window>:<measure>`` or ``t:<table>`` of a key under ``base``."""
     rest = key[len(base) + 1 :]
     namespace, _, tail = rest.partition(":")
     parts = tail.split(":")
-    return f"w:{parts[0]}" if namespace == "w" else f"wd:{parts[0]}:{parts[1]}"
+    return f"wd:{parts[0]}:{parts[1]}" if namespace == "wd" else f"{namespace}:{parts[0]}"
 
 
 def memory_per_key(
@@ -192,8 +128,8 @@ def memory_per_key(
     Args:
         client: Redis.
         base: Key base (a generation's ``GenerationKeys.base``, or any prefix).
-        namespaces: ``w`` (window buckets, by window) and/or ``wd`` (HyperLogLogs, by window
-            and measure).
+        namespaces: ``w`` (window buckets, by window), ``wd`` (HyperLogLogs, by window and
+            measure) and/or ``t`` (table rows, by table).
         sample: Keys measured per kind (picked at random among all of that kind).
         seed: Of the sample.
 
@@ -243,31 +179,30 @@ def _live_base(client: redis.Redis, name: str, prefix: str) -> str:
 _COMPARED = ("count", "sum:amount_minor", "min:amount_minor", "max:amount_minor")
 
 
-def compare_native(client: redis.Redis, sales_base: str) -> dict[str, int]:
-    """The native query's per-minute windows against sales_windows' ``per_minute`` buckets.
+def compare_native(client: redis.Redis, native_base: str, sales_base: str) -> dict[str, int]:
+    """sales_native's rows against sales_windows' ``per_minute`` buckets.
 
-    Both fold the same ``OrderPaid``; a bucket sales_windows has expired (retention, on its
+    Both count the same ``OrderPaid``; a bucket sales_windows has expired (retention, on its
     watermark) is counted apart, not as a difference.
 
     Returns:
         ``compared``, ``differ`` (count, sum, min or max unequal) and ``expired``.
     """
-    native = [
-        raw.decode() for raw in client.scan_iter(match=f"{NATIVE_PREFIX}:native:w:*", count=1000)
-    ]
+    names = [raw.decode() for raw in client.scan_iter(match=f"{native_base}:t:*", count=1000)]
     pipe = client.pipeline(transaction=False)
-    for key in native:
-        start, currency = key.split(":")[-2:]
-        pipe.hgetall(key)
-        pipe.hgetall(f"{sales_base}:w:per_minute:{start}:{currency}")
-    answers = pipe.execute()
+    for name in names:
+        pipe.get(name)
+    rows = [json.loads(raw) for raw in pipe.execute()]
+    for row in rows:
+        pipe.hgetall(f"{sales_base}:w:per_minute:{row['start']}:{row['group']}")
+    buckets = pipe.execute()
     out = {"compared": 0, "differ": 0, "expired": 0}
-    for theirs, ours in zip(answers[::2], answers[1::2], strict=True):
-        if not ours:
+    for row, bucket in zip(rows, buckets, strict=True):
+        if not bucket:
             out["expired"] += 1
             continue
         out["compared"] += 1
-        if any(int(theirs[f.encode()]) != int(ours[f.encode()]) for f in _COMPARED):
+        if any(int(row[f]) != int(bucket[f.encode()]) for f in _COMPARED):
             out["differ"] += 1
     return out
 
@@ -296,7 +231,7 @@ def measure_windows(
     sample: int = 200,
     native: bool = True,
 ) -> dict[str, Any]:
-    """sales_windows, the Spark-native query and unique_visitors, and their Redis memory.
+    """sales_windows, sales_native and unique_visitors, and their Redis memory.
 
     Args:
         stack: The local stack, with the order backlog in :data:`ORDERS_TOPIC`.
@@ -307,7 +242,7 @@ def measure_windows(
         pageviews: Records in :data:`PAGEVIEWS_TOPIC` (0: no unique_visitors run).
         prefix: Redis key prefix of the window processors' generations.
         sample: Keys measured per kind of key.
-        native: Run the Spark-native query.
+        native: Run sales_native (the Spark-native window).
     """
     client = redis.Redis.from_url(stack.redis_url)
     out: dict[str, Any] = {"events": orders, "order_state": dict(baseline)}
@@ -320,16 +255,20 @@ def measure_windows(
     out["ratio_wall"] = _ratio(sales["rate_wall"], base_wall)
     out["target_met"] = None if out["ratio_steady"] is None else out["ratio_steady"] >= TARGET_RATIO
     if native:
-        result = out["native"] = _native(stack, state, ORDERS_TOPIC.name)
-        result["ratio_query"] = _ratio(result["rate_query"], base_steady)
+        run, rss = catch_up_alone(stack, state, prefix, NATIVE, options, orders)
+        result: dict[str, Any] = {**_summary(run, rss)}
+        out["native"] = result
+        result["ratio_steady"] = _ratio(result["rate_steady"], base_steady)
         result["ratio_wall"] = _ratio(result["rate_wall"], base_wall)
+        result["ratio_sales_windows"] = _ratio(result["rate_steady"], sales["rate_steady"])
     if pageviews:
         options = ProcessorOptions(topics=[PAGEVIEWS_TOPIC.name], **_extra())
         run, rss = catch_up_alone(stack, state, prefix, "unique_visitors", options, pageviews)
         out["unique_visitors"] = _summary(run, rss)
     sales_base = _live_base(client, "sales_windows", prefix)
+    native_base = _live_base(client, NATIVE, prefix) if native else ""
     if native:
-        out["native"]["agreement"] = compare_native(client, sales_base)
+        out["native"]["agreement"] = compare_native(client, native_base, sales_base)
     memory: dict[str, Any] = {
         "sales_windows": memory_per_key(client, sales_base, ("w", "wd"), sample)
     }
@@ -338,7 +277,7 @@ def measure_windows(
             client, _live_base(client, "unique_visitors", prefix), ("wd", "w"), sample
         )
     if native:
-        memory["native"] = memory_per_key(client, f"{NATIVE_PREFIX}:native", ("w",), sample)
+        memory["native"] = memory_per_key(client, native_base, ("t",), sample)
     out["memory"] = memory
     return out
 
@@ -390,10 +329,10 @@ def _memory_rows(memory: Mapping[str, Mapping[str, Mapping[str, float]]]) -> lis
             )
     native = memory.get("native")
     if native:
-        average, sampled, keys = _average(native, "w")
+        average, sampled, keys = _average(native, "t")
         rows.append(
             (
-                "redis per window hash, spark-native",
+                "redis per window row (JSON), sales_native",
                 f"avg {average:,.0f} B over {sampled:,} of {keys:,} keys",
             )
         )
@@ -422,28 +361,22 @@ def window_rows(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
     native = result.get("native")
     if native:
-        batches = native["batches"]
-        steady = (
-            f"; after batch 0 {native['rate_steady']:,.0f} ev/s" if native["rate_steady"] else ""
-        )
         rows += [
+            ("sales_native (Spark-native window), steady", _rate(native)),
             (
-                "spark-native window query (foreachBatch -> Redis)",
-                f"{native['rate_query']:,.0f} ev/s over the query ({native['query_s']:.1f} s, "
-                f"{batches} batch{'es' if batches != 1 else ''}{steady}; incl. start-up "
-                f"{native['rate_wall']:,.0f} ev/s, {native['wall_s']:.1f} s; "
-                f"peak RSS {native['peak_rss_mb']:,.0f} MB)",
+                "sales_native / order_state, steady (wall)",
+                f"{_times(native['ratio_steady'])} ({_times(native['ratio_wall'])})",
             ),
             (
-                "spark-native query / order_state steady (wall)",
-                f"{_times(native['ratio_query'])} ({_times(native['ratio_wall'])})",
+                "sales_native / sales_windows, steady",
+                _times(native["ratio_sales_windows"]),
             ),
         ]
         agreement = native.get("agreement")
         if agreement:
             rows.append(
                 (
-                    "spark-native = sales_windows per_minute",
+                    "sales_native = sales_windows per_minute",
                     f"{agreement['compared'] - agreement['differ']:,} of "
                     f"{agreement['compared']:,} windows equal (count, sum, min, max); "
                     f"{agreement['expired']:,} expired in sales_windows",
@@ -499,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"clickstream for unique_visitors (default {_WEB_SHARE:.0%} of --events; 0: none)",
     )
     parser.add_argument("--sample", type=int, default=200, help="keys measured per kind")
-    parser.add_argument("--skip-native", action="store_true", help="no Spark-native query")
+    parser.add_argument(
+        "--skip-native", action="store_true", help="no sales_native (the Spark-native window)"
+    )
     parser.add_argument(
         "--envelope-records",
         type=int,

@@ -163,11 +163,15 @@ class ProcessorSpec:
         name: Processor name (Redis keys, consumer group, dead-letter topic, settings prefix):
             lower case, digits and ``_``.
         projection: ``module:attribute`` of a callable taking the processor's options and
-            returning its :class:`~processors.fold.projection.Projection` (imported only by the
-            processor's own process).
+            returning its :class:`~processors.fold.projection.Projection` (or window fold), or a
+            :class:`~processors.fold.dataframe.DataFrameProcessor` (an object with
+            ``transform``: a Spark DataFrame transformation). Imported only by the processor's
+            own process.
         topics: Topics it folds.
         key: The event field that identifies its entity. When it is not the partition key of
-            every topic, the processor is re-keyed: each entity still has one writer.
+            every topic, the processor is re-keyed: each entity still has one writer. A
+            DataFrame processor is never re-keyed (its rows' keys come from its transform):
+            give its topics' partition key.
         tables: Entity tables it writes.
         aggregates: Aggregate hashes it writes.
         key_links: How events without ``key`` find it (see :class:`KeyLink`).

@@ -48,11 +48,18 @@ from contracts.store.generations import (
 from contracts.store.lease import GenerationLease
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
 from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
+from processors.fold.dataframe import DataFrameProcessor, is_dataframe_processor
 from processors.fold.lookups import LookupFold
 from processors.fold.projection import Projection
 from processors.fold.rekey import Keying, KeyingError, plan_keying
 from processors.fold.windows import WindowFold, windows_topic
 from processors.runtime.background import DriverTask
+from processors.runtime.dataframe import (
+    DataFrameSink,
+    build_dataframe_query,
+    redis_behind_message,
+    refuse_lost_checkpoint,
+)
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import resolve_starting_offsets
@@ -61,7 +68,7 @@ from processors.runtime.sink import RedisFoldSink
 from processors.runtime.window_store import WindowCloser
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = [
@@ -294,15 +301,14 @@ def _keying_fields(
     }
 
 
-def build_query(
+def _source(
     spark: SparkSession,
     topics: list[TopicSpec],
     kafka: KafkaSettings,
     run: ProcessorRun,
-    sink: RedisFoldSink,
     options: RunOptions,
-) -> StreamingQuery:
-    """Wire source -> foreachBatch sink (no logic here)."""
+) -> DataFrame:
+    """The processor's source stream, from its run's starting offsets."""
     reader = (
         spark.readStream.format(options.source_format)
         .option("subscribe", ",".join(t.name for t in topics))
@@ -315,8 +321,20 @@ def build_query(
         reader = reader.option("maxTasks", str(options.max_tasks))
     if options.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
+    return reader.load()
+
+
+def build_query(
+    spark: SparkSession,
+    topics: list[TopicSpec],
+    kafka: KafkaSettings,
+    run: ProcessorRun,
+    sink: RedisFoldSink,
+    options: RunOptions,
+) -> StreamingQuery:
+    """Wire source -> foreachBatch sink (no logic here)."""
     writer = (
-        reader.load()
+        _source(spark, topics, kafka, run, options)
         .writeStream.foreachBatch(sink)
         .queryName(f"{sink.target.processor}_g{run.generation}")
         .option("checkpointLocation", str(run.checkpoint))
@@ -434,7 +452,10 @@ def run_processor(
     Returns:
         The generation that ran last.
     """
-    keying = None if spec is None else _plan_keying(spec, topics, kafka, options)
+    # A DataFrame processor's rows are written by the driver, one transaction per batch: its
+    # entities need no owner task, so it is never re-keyed.
+    dataframe = is_dataframe_processor(projection)
+    keying = None if spec is None or dataframe else _plan_keying(spec, topics, kafka, options)
     event_time = None if spec is None else spec.event_time
     _check_event_time(projection, event_time, keying)
     client = redis.Redis.from_url(redis_settings.client_url())
@@ -460,6 +481,13 @@ def run_processor(
             if options.generation == "live" and registry.live() != run.generation:
                 logger.info("g%d is no longer live; picking again", run.generation)
                 continue
+            if dataframe:
+                refuse_lost_checkpoint(
+                    projection.name,
+                    run.generation,
+                    _has_checkpoint(run.checkpoint),
+                    registry.positions(run.generation)[1],
+                )
             run = _record_starting_positions(run, registry, kafka, topics)
             if spark is None:
                 from processors.runtime.spark import build_spark_session
@@ -489,6 +517,8 @@ def run_processor(
             # The rebuild's processor still holds the new generation until it has stopped.
             wait_s = 300.0
         elif outcome == "behind":
+            if dataframe:  # its state is in Spark's checkpoint, past what Redis lost
+                raise ProcessorConfigError(redis_behind_message(projection.name, run.generation))
             # Redis lost writes Spark's checkpoint has passed: plan from Redis' positions.
             remove_stale_checkpoint(run.checkpoint)
             wait_s = options.lease_wait_s
@@ -594,8 +624,9 @@ def _run_generation(
     """Run one generation's query until a signal, the catch-up target, or a change in Redis.
 
     Returns ``retired`` when replay flipped readers to another generation, ``behind`` when
-    Redis has lost writes that Spark's checkpoint has passed (the caller restarts the query
-    from Redis' positions), ``vanished`` when the generation is gone from Redis.
+    Redis has lost writes that Spark's checkpoint has passed (the caller restarts a fold's
+    query from Redis' positions; a DataFrame processor stops), ``vanished`` when the
+    generation is gone from Redis.
     """
     dead_letters = dataclasses.replace(dead_letter_spec(projection.name), name=run.target.dlq_topic)
     outputs = list(getattr(projection, "effect_topics", ()))
@@ -634,10 +665,26 @@ def _run_generation(
     # every record and commits nothing: mirror what Redis holds now, so lag tools agree.
     applied, _batch = registry.positions(run.generation)
     mirror.commit({position_field(t, p): o for (t, p), o in applied.items()})
-    sink = RedisFoldSink(run.target, projection, mirror, closer=closer)
     catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
-    query = build_query(spark, topics, kafka, run, sink, options)
-    watch = _RedisWatch(registry, run.generation, options.source_format)
+    sink: RedisFoldSink | DataFrameSink
+    if is_dataframe_processor(projection):
+        frames = cast("DataFrameProcessor", projection)
+        sink = DataFrameSink(run.target, frames.table, run.checkpoint, mirror)
+        query = build_dataframe_query(
+            _source(spark, topics, kafka, run, options),
+            frames,
+            sink,
+            f"{projection.name}_g{run.generation}",
+            options.trigger_interval,
+        )
+    else:
+        sink = RedisFoldSink(run.target, projection, mirror, closer=closer)
+        query = build_query(spark, topics, kafka, run, sink, options)
+    # Only the ranges source moves a fold's positions to each planned range's end (the record
+    # source leaves them at the last record, below the end after a transaction marker); a
+    # DataFrame processor records the batch's end offsets whatever the source.
+    exact_ends = isinstance(sink, DataFrameSink) or options.source_format == "refold_kafka_ranges"
+    watch = _RedisWatch(registry, run.generation, exact_ends)
     stop = external_stop or threading.Event()
     outcome: Outcome = "stopped"
 
@@ -691,6 +738,11 @@ def _run_generation(
     failure = query.exception()
     if failure is not None and outcome == "stopped":
         raise failure
+    if isinstance(sink, DataFrameSink):
+        logger.info(
+            "%s generation %d stopped: %s", projection.name, run.generation, sink.total.describe()
+        )
+        return outcome
     logger.info(
         "%s generation %d stopped: %d records, %d applied, %d rejected, %d undecodable",
         projection.name,
@@ -737,12 +789,11 @@ class _RedisWatch:
     # Seconds between the behind checks (one HGETALL and Spark's last progress).
     _EVERY_S = 5.0
 
-    def __init__(self, registry: GenerationRegistry, generation: int, source_format: str):
+    def __init__(self, registry: GenerationRegistry, generation: int, exact_ends: bool):
         self.registry = registry
         self.generation = generation
-        # Only the ranges source moves positions to each planned range's end (the record
-        # source leaves them at the last record, below the end after a transaction marker).
-        self.exact_ends = source_format == "refold_kafka_ranges"
+        # Whether the applied positions reach each batch's planned end (else: no behind check).
+        self.exact_ends = exact_ends
         self._next = time.monotonic() + self._EVERY_S
         self._down_since: float | None = None
 
@@ -847,8 +898,18 @@ def _lookup_joiner(fold: LookupFold, run: ProcessorRun, kafka: KafkaSettings) ->
 def _check_event_time(
     projection: Projection, event_time: EventTime | None, keying: Keying | None
 ) -> None:
-    """Windows need an event time; event time needs entities owned by partitions (for now)."""
+    """Windows need an event time; event time needs entities owned by partitions (for now).
+
+    A DataFrame processor has none: its watermark is Spark's, in its transform.
+    """
     name = projection.name
+    if event_time is not None and is_dataframe_processor(projection):
+        msg = (
+            f"{name} is a DataFrame processor, whose lateness is Spark's (withWatermark in its "
+            "transform), but its spec declares an event_time that nothing would apply. "
+            "Operator action: remove event_time from its ProcessorSpec."
+        )
+        raise ProcessorConfigError(msg)
     if getattr(projection, "windows", None) and event_time is None:
         msg = (
             f"{name} declares windows but its spec has no event_time. Operator action: add "

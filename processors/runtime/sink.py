@@ -30,7 +30,13 @@ from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["OUTCOME_SCHEMA", "RedisFoldSink"]
+__all__ = [
+    "OUTCOME_SCHEMA",
+    "RedisFoldSink",
+    "ranges_of",
+    "records_of_ranges",
+    "records_of_rows",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +80,7 @@ def _writer(
     return writer
 
 
-def _ranges_of(batches: Iterator[pa.RecordBatch]) -> tuple[Range, ...]:
+def ranges_of(batches: Iterator[pa.RecordBatch]) -> tuple[Range, ...]:
     """The Kafka partition ranges of a ``refold_kafka_ranges`` task."""
     return tuple(
         (t, p, s, e)
@@ -89,7 +95,7 @@ def _ranges_of(batches: Iterator[pa.RecordBatch]) -> tuple[Range, ...]:
     )
 
 
-def _records_of_ranges(
+def records_of_ranges(
     target: FoldTarget, ranges: tuple[Range, ...]
 ) -> Iterator[list[SourceRecord]]:
     """Read the records of the task's ranges in this worker.
@@ -101,7 +107,7 @@ def _records_of_ranges(
         yield [SourceRecord.of_message(m) for m in chunk]
 
 
-def _records_of_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[list[SourceRecord]]:
+def records_of_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[list[SourceRecord]]:
     """The records of Spark rows (``refold_kafka`` / ``kafka`` source columns)."""
     for batch in batches:
         # Timestamps as epoch-ms integers, converted by Arrow: as datetimes they cost ~2 us a row.
@@ -146,8 +152,8 @@ def _fold_task(
     the next records in the background: reading overlaps folding, as in the baseline.
     """
     writer = _writer(target, projection, codec)  # first: it connects while the records come
-    ranges = _ranges_of(batches) if ranges_mode else ()
-    parts = _records_of_ranges(target, ranges) if ranges_mode else _records_of_rows(batches)
+    ranges = ranges_of(batches) if ranges_mode else ()
+    parts = records_of_ranges(target, ranges) if ranges_mode else records_of_rows(batches)
     yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
 
 
@@ -167,7 +173,7 @@ def _slot_task(
     slots = [s for batch in batches for s in batch.column("id").to_pylist()]
     for slot in slots:
         writer = _writer(target, projection, codec, slot)
-        parts = _records_of_ranges(target, ranges)
+        parts = records_of_ranges(target, ranges)
         yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
 
 
