@@ -34,14 +34,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import redis
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Producer
 
 from contracts.codec import MAGIC, EventCodec
 from contracts.errors import DeserializationError
 from contracts.layout import BATCH_ID_FIELD, position_field
 from processors.errors import (
     REDIS_UNAVAILABLE,
-    DeadLetterError,
     ProcessorConfigError,
     ProcessorError,
     SinkConflictError,
@@ -57,6 +56,7 @@ from processors.fold.dataframe import (
     output_mode_of,
 )
 from processors.fold.records import SourceRecord
+from processors.runtime.acks import Deliveries, output_producer
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.sink import ranges_of, records_of_ranges, records_of_rows
@@ -93,8 +93,6 @@ _MAX_ATTEMPTS = 5
 # (the processor exits; a restart runs the batch again, which nothing has applied).
 _REDIS_OUTAGE_S = 600.0
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
-# Dead letters are acknowledged before the task returns: up to librdkafka's message timeout.
-_ACK_WAIT_S = 310.0
 
 
 # -- decoding (executors) -----------------------------------------------------------------
@@ -128,9 +126,7 @@ _WANTED: dict[tuple[str, int, bytes], bool] = {}
 def _producer(kafka: tuple[tuple[str, str], ...]) -> Producer:
     producer = _PRODUCERS.get(kafka)
     if producer is None:
-        producer = _PRODUCERS[kafka] = Producer(
-            {"acks": "all", "enable.idempotence": "true", "linger.ms": "5", **dict(kafka)}
-        )
+        producer = _PRODUCERS[kafka] = output_producer(dict(kafka))
     return producer
 
 
@@ -153,14 +149,9 @@ def _wanted(plan: DecodePlan, value: bytes | None) -> bool:
 
 
 def _dead_letter(
-    plan: DecodePlan, record: SourceRecord, exc: DeserializationError, failures: list[str]
+    plan: DecodePlan, record: SourceRecord, exc: DeserializationError, sent: Deliveries
 ) -> None:
     target = plan.target
-
-    def _delivered(err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            failures.append(err.str())
-
     headers: list[tuple[str, str | bytes | None]] = [
         ("refold.reason", exc.reason.encode()),
         ("refold.error", str(exc).encode()[:2000]),
@@ -170,25 +161,12 @@ def _dead_letter(
         ("refold.processor", target.processor.encode()),
         ("refold.generation", str(target.generation).encode()),
     ]
-    _producer(target.kafka).produce(
-        target.dlq_topic, record.value, record.key, headers=headers, on_delivery=_delivered
-    )
+    sent.produce(target.dlq_topic, record.value, record.key, headers)
     logger.warning(
         "dead-lettered: %s",
         exc,
         extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
     )
-
-
-def _await_dead_letters(plan: DecodePlan, failures: list[str]) -> None:
-    producer = _producer(plan.target.kafka)
-    left = producer.flush(_ACK_WAIT_S)
-    if left or failures:
-        msg = (
-            f"{left} dead letters unacknowledged, {len(failures)} failed "
-            f"({'; '.join(failures[:3])}); the batch fails and runs again (nothing is lost)"
-        )
-        raise DeadLetterError(msg)
 
 
 def _decode_task(
@@ -201,7 +179,7 @@ def _decode_task(
     """
     ranges = ranges_of(batches) if ranges_mode else ()
     parts = records_of_ranges(plan.target, ranges) if ranges_mode else records_of_rows(batches)
-    failures: list[str] = []
+    sent = Deliveries(_producer(plan.target.kafka), f"dead letters to {plan.target.dlq_topic}")
     dead = 0
     rows: list[dict[str, Any]] = []
     for part in parts:
@@ -211,7 +189,7 @@ def _decode_task(
             try:
                 event = plan.codec.decode(record.value)
             except DeserializationError as exc:
-                _dead_letter(plan, record, exc, failures)
+                _dead_letter(plan, record, exc, sent)
                 dead += 1
                 continue
             if event.event_type not in plan.event_types:  # the header could not tell
@@ -221,8 +199,8 @@ def _decode_task(
             if len(rows) >= _ARROW_ROWS:
                 yield pa.RecordBatch.from_pylist(rows, schema=plan.arrow)
                 rows = []
-    if dead:
-        _await_dead_letters(plan, failures)
+    if dead:  # acknowledged before the rows go on (the batch fails and runs again if not)
+        sent.wait()
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=plan.arrow)
 
