@@ -12,6 +12,10 @@ in :mod:`processors.fold.windows`.
   combined; the closer moves from one window to the next incrementally, adding the newest fine
   bucket and subtracting the one that left (seed 001).
 
+Each window emits its result when the watermark passes its end unless declared with
+``emit=False`` (then it is only read, e.g. a sliding "last five minutes" read on demand: no
+close timers, no emission, the same buckets).
+
 Buckets hold ``count`` and, per measured value ``m``, ``sum:m``, ``min:m`` and ``max:m``
 (integers); distinct values go to a HyperLogLog per bucket. :func:`result_of` is the shape a
 window's result is emitted and read in.
@@ -72,6 +76,7 @@ class Tumbling:
 
     name: str
     size_ms: int
+    emit: bool = True
 
     def __post_init__(self) -> None:
         _check(self.name, self.size_ms, self.size_ms, "itself")
@@ -101,6 +106,7 @@ class Hopping:
     name: str
     size_ms: int
     hop_ms: int
+    emit: bool = True
 
     def __post_init__(self) -> None:
         _check(self.name, self.size_ms, self.hop_ms, "hop_ms")
@@ -131,6 +137,7 @@ class Sliding:
     name: str
     size_ms: int
     step_ms: int
+    emit: bool = True
 
     def __post_init__(self) -> None:
         _check(self.name, self.size_ms, self.step_ms, "step_ms")

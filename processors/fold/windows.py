@@ -135,7 +135,7 @@ class WindowDelta:
                 if counts is None:
                     counts = self.adds[bucket] = Counter()
                     ends = window.ends(start)
-                    for end in ends:
+                    for end in ends if window.emit else ():
                         self.closes[encode_timer(window.name, end, group)] = end
                     self.expiries[encode_timer(window.name, start, group)] = ends[-1] + retention_ms
                 counts["count"] += 1

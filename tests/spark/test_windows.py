@@ -179,7 +179,7 @@ def test_windows_equal_their_oracles_through_a_kill_and_a_replay(
                 (w, g, end)
                 for (w, start, g) in oracle.buckets
                 for end in windows[w].ends(start)
-                if end <= watermark
+                if end <= watermark and windows[w].emit
             }
             assert_eventually(
                 lambda n=name, d=due: (

@@ -493,3 +493,12 @@ def test_sliding_incrementally_gives_the_same_result_when_a_value_leaves_the_win
     running = _slide(running, stored, "s", "g", w, 30)
     expected = combine(stored[("s", s, "g")] for s in w.bucket_starts(30))
     assert result_of(w, 30, "g", running) == result_of(w, 30, "g", expected)
+
+
+def test_a_window_that_does_not_emit_sets_no_close_timer_but_still_expires():
+    quiet = Sliding("quiet", size_ms=30, step_ms=10, emit=False)
+    delta = WindowDelta()
+    delta.add([quiet], 25, Measure(group="g", values={"a": 1}), 100)
+    assert delta.adds == {("quiet", 20, "g"): Counter({"count": 1, "sum:a": 1})}
+    assert delta.closes == {}
+    assert delta.expiries == {encode_timer("quiet", 20, "g"): 50 + 100}
