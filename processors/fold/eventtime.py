@@ -22,7 +22,7 @@ from contracts.processors import EventTime
 from contracts.windows import watermark_of
 from processors.fold.projection import EventRejectedError
 
-__all__ = ["PartitionClocks", "Verdict", "event_time_ms", "processor_watermark"]
+__all__ = ["PartitionClocks", "Verdict", "event_time_ms", "is_folded", "processor_watermark"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MS = dt.timedelta(milliseconds=1)
@@ -80,6 +80,11 @@ class PartitionClocks:
         if clock is None or at > clock:
             self.clocks[field] = self.changed[field] = at
         return verdict
+
+
+def is_folded(verdict: Verdict, event_time: EventTime) -> bool:
+    """Whether a record with this verdict is folded: on time, or late and accepted (not expired)."""
+    return verdict is Verdict.ON_TIME or (verdict is Verdict.LATE and event_time.late == "accept")
 
 
 def processor_watermark(clocks: Mapping[str, int], lateness_ms: int) -> int | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from contracts.processors import EventTime
-from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms
+from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
 from processors.fold.lookups import LookupFold
 from processors.fold.projection import (
     EventRejectedError,
@@ -162,7 +162,7 @@ def fold_windows(
         verdict = clocks.observe(partition, at)
         if verdict is not Verdict.ON_TIME:
             result.late.append((partition, offset))
-            if event_time.late != "accept" or verdict is Verdict.EXPIRED:
+            if not is_folded(verdict, event_time):
                 continue
         try:
             measures = list(fold.measure(event_type, event))
@@ -234,7 +234,7 @@ def fold_timed(
                 _fire(projection, result, queue, partition, entity, cast("int", mark))
         if verdict is not Verdict.ON_TIME:
             result.late.append((field_name, offset))
-            if event_time.late != "accept" or verdict is Verdict.EXPIRED:
+            if not is_folded(verdict, event_time):
                 continue
         try:
             state, _encoded, _contribution, effects = fold_one(
@@ -322,7 +322,7 @@ def fold_lookups(
         verdict = clocks.observe(field_name, at)
         if verdict is not Verdict.ON_TIME:
             result.late.append((field_name, offset))
-            if event_time.late != "accept" or verdict is Verdict.EXPIRED:
+            if not is_folded(verdict, event_time):
                 continue
         if table_watermark is None or at >= table_watermark:  # as the joiner: strictly below
             result.waiting += 1

@@ -50,7 +50,7 @@ from processors.errors import (
     SinkConflictError,
     StateStoreUnavailableError,
 )
-from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms
+from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
 from processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, encode_pending
 from processors.fold.projection import (
     EventRejectedError,
@@ -685,21 +685,19 @@ class FoldWriter:
                 continue
             verdict = clocks.observe(position_field(record.topic, record.partition), at)
             mark = groups.advance(record.topic, record.partition, at)
-            if verdict is Verdict.ON_TIME:
+            if verdict is not Verdict.ON_TIME:
+                outcome.late += 1
+            if is_folded(verdict, event_time):
                 kept.append(item)
                 marks.append(mark)
                 continue
-            outcome.late += 1
             behind = (
                 f"event time {at} is more than {event_time.lateness_ms} ms behind the newest "
                 f"event time seen on {record.topic}/{record.partition} before it"
             )
-            if verdict is Verdict.EXPIRED and event_time.late == "accept":
+            if event_time.late == "accept":  # expired: beyond the retention
                 detail = f"{behind}, and beyond the retention ({event_time.retention_ms} ms)"
                 dead.append(_DeadLetter(record, "expired", detail))
-            elif event_time.late == "accept":
-                kept.append(item)
-                marks.append(mark)
             elif event_time.late == "side-output":
                 late_out.append(_DeadLetter(record, "late", behind))
             else:
