@@ -7,8 +7,10 @@ the records before it on its partition, never on micro-batch boundaries: live pr
 every replay decide alike. The clocks are stored with the applied positions, in the same
 transaction.
 
-The processor's watermark is the minimum over its partitions' watermarks (a partition that has
-seen no event yet does not hold it back). Windows close, and timers fire, when it passes them.
+The processor's watermark is the minimum over its partitions' watermarks, none until every
+partition has seen an event (:func:`contracts.windows.watermark_of`); windows close, and
+lookups join, when it passes them. Entity timers fire on their partition group's watermark
+(:mod:`processors.fold.timers`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from enum import Enum
 from typing import Any
 
 from contracts.processors import EventTime
-from contracts.windows import watermark_of
 from processors.fold.projection import EventRejectedError
 
-__all__ = ["PartitionClocks", "Verdict", "event_time_ms", "is_folded", "processor_watermark"]
+__all__ = ["PartitionClocks", "Verdict", "event_time_ms", "is_folded"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MS = dt.timedelta(milliseconds=1)
@@ -85,8 +86,3 @@ class PartitionClocks:
 def is_folded(verdict: Verdict, event_time: EventTime) -> bool:
     """Whether a record with this verdict is folded: on time, or late and accepted (not expired)."""
     return verdict is Verdict.ON_TIME or (verdict is Verdict.LATE and event_time.late == "accept")
-
-
-def processor_watermark(clocks: Mapping[str, int], lateness_ms: int) -> int | None:
-    """The minimum over the partitions' watermarks; ``None`` before any event time was seen."""
-    return watermark_of(clocks, lateness_ms)

@@ -282,11 +282,16 @@ def _fire(
 
 @dataclass(slots=True)
 class LookupResult:
-    """A lookup processor's aggregate, its events still waiting, and its late records."""
+    """A lookup processor's aggregate, waiting events, late records and failed events.
+
+    ``failed`` holds ``(partition field, offset, error)`` of the events the fold failed on
+    (the joiner dead-letters them).
+    """
 
     aggregate: Counter[str] = field(default_factory=Counter)
     waiting: int = 0
     late: list[tuple[str, int]] = field(default_factory=list)
+    failed: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 def fold_lookups(
@@ -327,8 +332,11 @@ def fold_lookups(
         if table_watermark is None or at >= table_watermark:  # as the joiner: strictly below
             result.waiting += 1
             continue
-        key = fold.lookup_key(event_type, event)
-        row = None if key is None else table.get(key)
-        result.aggregate.update(fold.enrich(event_type, event, row, at))
+        try:  # as the joiner: an event the fold fails on is a dead letter, counted nowhere
+            key = fold.lookup_key(event_type, event)
+            row = None if key is None else table.get(key)
+            result.aggregate.update(fold.enrich(event_type, event, row, at))
+        except Exception as exc:
+            result.failed.append((f"{topic}/{partition}", offset, repr(exc)))
     result.aggregate = Counter({k: v for k, v in result.aggregate.items() if v})
     return result

@@ -146,6 +146,3 @@ class WindowDelta:
                     self.highs[high] = max(self.highs.get(high, value), value)
                 for name, member in measure.distinct.items():
                     self.distinct.setdefault((window.name, name, start, group), set()).add(member)
-
-    def __bool__(self) -> bool:
-        return bool(self.adds)

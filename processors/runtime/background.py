@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 
 __all__ = ["DriverTask"]
 
 logger = logging.getLogger(__name__)
 
 
-class DriverTask:
+class DriverTask(ABC):
     """Runs :meth:`run` in one background thread, once per request (requests coalesce)."""
 
     label = "driver task"
@@ -29,9 +30,9 @@ class DriverTask:
         self._thread: threading.Thread | None = None
         self._reported = 0
 
+    @abstractmethod
     def run(self) -> int:
         """One round; returns how many things it did (windows emitted, events joined)."""
-        raise NotImplementedError
 
     def request(self) -> int:
         """Ask for a round (after a batch); how many things were done since last asked."""

@@ -45,7 +45,6 @@ from processors.runtime.background import DriverTask
 __all__ = [
     "WindowCloser",
     "generation_watermark",
-    "read_clocks",
     "write_timers",
     "write_windows",
 ]
@@ -139,12 +138,6 @@ def generation_watermark(client: redis.Redis, keys: GenerationKeys, lateness_ms:
         f.decode() for f in cast("list[bytes]", fields) if parse_position_field(f.decode())
     ]
     return watermark_of(clocks, lateness_ms, partitions)
-
-
-def read_clocks(client: redis.Redis | Pipeline, keys: GenerationKeys) -> dict[str, int]:
-    """The generation's partition clocks (largest event time seen per partition)."""
-    raw = cast("dict[bytes, bytes]", client.hgetall(keys.clocks))
-    return {k.decode(): int(v) for k, v in raw.items()}
 
 
 class WindowCloser(DriverTask):

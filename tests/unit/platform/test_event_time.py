@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from contracts.errors import ContractError
 from contracts.processors import LATE_POLICIES, EventTime
+from contracts.windows import watermark_of
 from processors.fold.eventtime import (
     PartitionClocks,
     Verdict,
     event_time_ms,
-    processor_watermark,
 )
 from processors.fold.projection import EventRejectedError
 
@@ -197,13 +197,13 @@ def test_verdicts_follow_the_rule_against_the_running_maximum(times, lateness, r
         assert clocks.clocks["p/0"] == seen
 
 
-# --- processor_watermark ------------------------------------------------------------------------
+# --- the processor watermark (contracts.windows.watermark_of) ------------------------------
 
 
 def test_the_processor_watermark_is_the_slowest_partition_minus_the_lateness():
-    assert processor_watermark({}, 1_000) is None
-    assert processor_watermark({"p/0": 50_000, "p/1": 20_000}, 1_000) == 19_000
-    assert processor_watermark({"p/0": 50_000}, 0) == 50_000
+    assert watermark_of({}, 1_000) is None
+    assert watermark_of({"p/0": 50_000, "p/1": 20_000}, 1_000) == 19_000
+    assert watermark_of({"p/0": 50_000}, 0) == 50_000
 
 
 # --- EventTime ----------------------------------------------------------------------------------
