@@ -25,7 +25,7 @@ from processors.fold.projection import Projection
 from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.runtime.kafka_ranges import SourceOptions, read_messages
+from processors.runtime.kafka_ranges import read_log
 from processors.runtime.window_store import WindowCloser
 from processors.sales_windows.config import SALES_WINDOWS
 from processors.sales_windows.projection import SalesWindows
@@ -37,18 +37,11 @@ _CHUNK = 25_000  # records per transaction, as a Spark task applies them
 
 def _read(bootstrap: str, topic: str, limit: int) -> list[SourceRecord]:
     kafka = {"bootstrap.servers": bootstrap}
-    offsets = LogOffsets(kafka)
-    try:
-        tps = [(topic, p) for p in offsets.partitions(topic)]
-        ends = offsets.end_offsets(tps)
-    finally:
-        offsets.close()
-    share = max(1, limit // len(tps))
-    spans = tuple((t, p, 0, min(ends[(t, p)], share)) for t, p in tps)
-    options = SourceOptions(kafka=tuple(kafka.items()), topics=(topic,))
+    with LogOffsets(kafka) as offsets:
+        share = max(1, limit // len(offsets.partitions(topic)))
     return [
         SourceRecord.of_message(m)
-        for chunk in read_messages(options, spans, slot="bench")
+        for chunk in read_log(kafka, topic, share, slot="bench")
         for m in chunk
     ]
 

@@ -28,6 +28,7 @@ __all__ = [
     "SourceOptions",
     "cap_offsets",
     "coalesce_ranges",
+    "read_log",
     "read_messages",
     "resolve_starting_offsets",
 ]
@@ -322,3 +323,25 @@ def resolve_starting_offsets(
         else:
             resolved[tp] = wanted
     return resolved
+
+
+def read_log(
+    kafka: Mapping[str, str], topic: str, per_partition: int | None = None, slot: str = "log"
+) -> Iterator[list[Message]]:
+    """Every record of ``topic`` from each partition's start, in chunks (driver side).
+
+    Each partition's records in log order, at most ``per_partition`` of each: what an oracle or
+    a benchmark reads back.
+    """
+    offsets = LogOffsets(kafka)
+    try:
+        tps = [(topic, p) for p in offsets.partitions(topic)]
+        starts, ends = offsets.start_offsets(tps), offsets.end_offsets(tps)
+    finally:
+        offsets.close()
+    spans = []
+    for tp in tps:
+        end = ends[tp] if per_partition is None else min(ends[tp], starts[tp] + per_partition)
+        spans.append((tp[0], tp[1], starts[tp], end))
+    options = SourceOptions(kafka=tuple(kafka.items()), topics=(topic,))
+    yield from read_messages(options, tuple(spans), slot)

@@ -7,9 +7,8 @@ from collections.abc import Iterator
 import redis
 
 from contracts.codec import EventCodec
-from contracts.kafka.offsets import LogOffsets
 from contracts.layout import GenerationKeys, position_field
-from processors.runtime.kafka_ranges import SourceOptions, read_messages
+from processors.runtime.kafka_ranges import read_log
 
 __all__ = ["bucket_dump", "log_events", "sketch_counts"]
 
@@ -17,17 +16,8 @@ __all__ = ["bucket_dump", "log_events", "sketch_counts"]
 def log_events(bootstrap: str, topic: str) -> Iterator[tuple[str, int, str, dict]]:
     """Every record of ``topic`` as ``(partition field, offset, event_type, event)``, in log order
     per partition: the oracle's input is exactly what the processor read."""
-    kafka = {"bootstrap.servers": bootstrap}
-    offsets = LogOffsets(kafka)
-    try:
-        tps = [(topic, p) for p in offsets.partitions(topic)]
-        ends = offsets.end_offsets(tps)
-    finally:
-        offsets.close()
-    spans = tuple((t, p, 0, ends[(t, p)]) for t, p in tps)
     codec = EventCodec()
-    options = SourceOptions(kafka=tuple(kafka.items()), topics=(topic,))
-    for chunk in read_messages(options, spans, slot="test-oracle"):
+    for chunk in read_log({"bootstrap.servers": bootstrap}, topic, slot="test-oracle"):
         for message in chunk:
             decoded = codec.decode(message.value())
             field = position_field(message.topic() or "", message.partition() or 0)
