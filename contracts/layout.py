@@ -159,6 +159,31 @@ class GenerationKeys:
         """HyperLogLog of the distinct values of ``measure`` in one window bucket."""
         return f"{self.base}:wd:{window}:{measure}:{start}:{group}"
 
+    def parse_window_bucket(self, name: str) -> tuple[str, int, str] | None:
+        """``(window, start, group)`` of a :meth:`window_bucket` key (``None``: not one)."""
+        head = f"{self.base}:w:"
+        if not name.startswith(head):
+            return None
+        window, sep, rest = name[len(head) :].partition(":")
+        start, sep2, group = rest.partition(":")  # the group is last and may hold ':'
+        if not (sep and sep2 and start.lstrip("-").isdigit()):
+            return None
+        return window, int(start), group
+
+    def parse_window_distinct(self, name: str) -> tuple[str, str, int, str] | None:
+        """``(window, measure, start, group)`` of a :meth:`window_distinct` key."""
+        head = f"{self.base}:wd:"
+        if not name.startswith(head):
+            return None
+        parts = name[len(head) :].split(":", 3)
+        if len(parts) != 4 or not parts[2].lstrip("-").isdigit():
+            return None
+        return parts[0], parts[1], int(parts[2]), parts[3]
+
+    def namespace_pattern(self, namespace: str) -> str:
+        """SCAN pattern matching every key of one of :data:`STATE_NAMESPACES`."""
+        return f"{self.base}:{namespace}*"
+
     def timers(self, name: str) -> str:
         """Sorted set of timers (member -> due event time in ms)."""
         return f"{self.base}:tm:{name}"

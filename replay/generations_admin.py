@@ -392,7 +392,7 @@ def _window_keys(
     head = len(keys.base) + 1
     found: dict[str, Any] = {}
     batch: list[bytes] = []
-    for name in client.scan_iter(match=f"{keys.base}:{namespace}*", count=_SCAN_COUNT):
+    for name in client.scan_iter(match=keys.namespace_pattern(namespace), count=_SCAN_COUNT):
         batch.append(cast("bytes", name))
         if len(batch) >= _SCAN_COUNT:
             found.update(zip((n.decode()[head:] for n in batch), load(client, batch), strict=True))

@@ -323,10 +323,7 @@ class WindowReader:
 
     def _buckets(self, keys: GenerationKeys, name: str) -> Iterator[tuple[int, str]]:
         """``(start, group)`` of every bucket of window ``name`` (SCAN, in no order)."""
-        pattern = keys.window_pattern(name)
-        prefix = pattern.removesuffix("*")
-        for raw in self.client.scan_iter(match=pattern, count=_SCAN_COUNT):
-            rest = cast("bytes", raw).decode()[len(prefix) :]
-            start, sep, group = rest.partition(":")  # the group is last and may hold ':'
-            if sep and start.lstrip("-").isdigit():
-                yield int(start), group
+        for raw in self.client.scan_iter(match=keys.window_pattern(name), count=_SCAN_COUNT):
+            parsed = keys.parse_window_bucket(cast("bytes", raw).decode())
+            if parsed is not None and parsed[0] == name:
+                yield parsed[1], parsed[2]

@@ -26,6 +26,7 @@ from processors.runtime.envelope import FoldTarget, FoldWriter
 from processors.runtime.window_store import WindowCloser
 from processors.sales_windows.config import SALES_WINDOWS
 from processors.sales_windows.projection import SalesWindows
+from tests.support.windows import bucket_dump
 
 FOLD = SalesWindows()
 EVENT_TIME = SALES_WINDOWS.event_time
@@ -64,15 +65,7 @@ def _windows_target(target: FoldTarget, generation: int = 1, **event_time) -> Fo
 
 
 def _buckets(client: redis.Redis, target: FoldTarget) -> dict:
-    keys = target.keys
-    head = f"{keys.base}:w:"
-    out = {}
-    for name in client.scan_iter(match=f"{head}*"):
-        window, start, group = name.decode()[len(head) :].split(":", 2)
-        out[(window, int(start), group)] = {
-            k.decode(): int(v) for k, v in client.hgetall(name).items()
-        }
-    return out
+    return bucket_dump(client, target.keys)
 
 
 def _chunked(records, rng):

@@ -26,12 +26,11 @@ def log_events(bootstrap: str, topic: str) -> Iterator[tuple[str, int, str, dict
 
 def bucket_dump(client: redis.Redis, keys: GenerationKeys) -> dict[tuple[str, int, str], dict]:
     """Every window bucket of a generation: ``(window, start, group)`` -> aggregates."""
-    head = f"{keys.base}:w:"
     out = {}
-    for name in client.scan_iter(match=f"{head}*", count=1000):
-        window, start, group = name.decode()[len(head) :].split(":", 2)
-        raw = client.hgetall(name)
-        out[(window, int(start), group)] = {k.decode(): int(v) for k, v in raw.items()}
+    for name in client.scan_iter(match=keys.namespace_pattern("w:"), count=1000):
+        bucket = keys.parse_window_bucket(name.decode())
+        assert bucket is not None, name
+        out[bucket] = {k.decode(): int(v) for k, v in client.hgetall(name).items()}
     return out
 
 
@@ -39,9 +38,9 @@ def sketch_counts(
     client: redis.Redis, keys: GenerationKeys
 ) -> dict[tuple[str, str, int, str], int]:
     """Every distinct-count sketch: ``(window, measure, start, group)`` -> PFCOUNT."""
-    head = f"{keys.base}:wd:"
     out = {}
-    for name in client.scan_iter(match=f"{head}*", count=1000):
-        window, measure, start, group = name.decode()[len(head) :].split(":", 3)
-        out[(window, measure, int(start), group)] = int(client.pfcount(name))
+    for name in client.scan_iter(match=keys.namespace_pattern("wd:"), count=1000):
+        sketch = keys.parse_window_distinct(name.decode())
+        assert sketch is not None, name
+        out[sketch] = int(client.pfcount(name))
     return out

@@ -25,3 +25,17 @@ def test_position_fields_round_trip_topics_with_dots_and_slashes():
     for topic in ("commerce.orders", "a/b", "t-1"):
         assert parse_position_field(position_field(topic, 7)) == (topic, 7)
     assert parse_position_field("batch_id") is None
+
+
+def test_window_keys_parse_back_whatever_the_group_holds():
+    keys = StateLayout("sales_windows", "p").generation(3)
+    for group in ("EUR", "a:b:c", "", "ünï:"):
+        bucket = keys.window_bucket("per_minute", -60_000, group)
+        assert keys.parse_window_bucket(bucket) == ("per_minute", -60_000, group)
+        sketch = keys.window_distinct("per_minute", "methods", 120_000, group)
+        assert keys.parse_window_distinct(sketch) == ("per_minute", "methods", 120_000, group)
+        assert keys.parse_window_bucket(sketch) is None
+        assert keys.is_state_key(bucket)
+        assert keys.is_state_key(sketch)
+    assert keys.parse_window_bucket(keys.table("t", "k")) is None
+    assert keys.namespace_pattern("w:") == keys.window_pattern("x").replace("x:*", "*")
