@@ -102,11 +102,16 @@ class SideEffect:
     once, with the origin record in the headers for consumers that deduplicate. A generation
     that ``replay`` is building does not produce those of records the live generation has
     already applied (they were produced then); it counts them as suppressed.
+
+    With a ``contract`` (a record name of an installed contract set, e.g. ``Insight``), the
+    value is checked against and written with that Avro contract, as producers write events, so
+    another processor can fold the topic (processors chain). Without one it is JSON.
     """
 
     topic: str
     key: str
     value: Mapping[str, Any]
+    contract: str | None = None
 
 
 class Projection(Protocol):
