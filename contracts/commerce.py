@@ -9,7 +9,7 @@ from contracts.catalog import SCHEMA_ROOT
 from contracts.registry import ContractSet
 from contracts.topics import TopicSpec
 
-__all__ = ["COMMERCE", "ORDERS"]
+__all__ = ["COMMERCE", "ORDERS", "ORDER_CHANGES"]
 
 # 8 partitions: enough parallelism for a few processor tasks, few enough for 2-core machines.
 ORDERS = TopicSpec(
@@ -26,4 +26,15 @@ ORDERS = TopicSpec(
     ),
 )
 
-COMMERCE = ContractSet(name="commerce", schemas=SCHEMA_ROOT / "commerce", topics=(ORDERS,))
+# order_state's output stream (processors chain): status changes keyed by customer_id, the
+# partition key a processor of customers needs. Written by order_state, never by producers.
+ORDER_CHANGES = TopicSpec(
+    name="order_state.changes",
+    partitions=8,
+    key_field="customer_id",
+    event_types=("OrderStatusChanged",),
+)
+
+COMMERCE = ContractSet(
+    name="commerce", schemas=SCHEMA_ROOT / "commerce", topics=(ORDERS, ORDER_CHANGES)
+)
