@@ -28,6 +28,8 @@ key                                         type    content
                                                     ``p:<partition id>`` (entity -> its due)
 ``<p>:{<proc>.g<N>}:wm:clocks``             hash    ``<topic>/<partition>`` -> largest event time
                                                     seen on it (ms), with the positions
+``<p>:{<proc>.g<N>}:om:marks``              hash    ``[s<slot>|]<topic>/<p>|<stream>`` -> highest
+                                                    origin ``<offset>.<index>`` applied
 =========================================  ======  =============================================
 
 Window buckets are named by window, start (epoch ms) and group, the group last: it is user data
@@ -62,8 +64,9 @@ BATCH_ID_FIELD = "batch_id"
 # ``replay diff`` and gc derive their key lists from this (with ``positions``), so a kind declared
 # here is never left out. t: entity tables, a: aggregate hashes, guard: writer guards,
 # slotpos: re-keyed writer slots' positions, k: re-keying links, w: window buckets, wd: their
-# distinct-count sketches, tm: timers, wm: event-time clocks.
-STATE_NAMESPACES = ("t:", "a:", "guard:", "slotpos:", "k:", "w:", "wd:", "tm:", "wm:")
+# distinct-count sketches, tm: timers, wm: event-time clocks, om: origin marks (the highest
+# sequence applied per upstream output stream: a chained processor skips re-sent records).
+STATE_NAMESPACES = ("t:", "a:", "guard:", "slotpos:", "k:", "w:", "wd:", "tm:", "wm:", "om:")
 # The namespaces ``replay diff`` compares (the rest are the envelope's internals).
 RESULT_NAMESPACES = ("t:", "a:", "w:", "wd:")
 GenerationStatus = Literal["building", "live", "retired"]
@@ -196,6 +199,16 @@ class GenerationKeys:
     def clocks(self) -> str:
         """Hash of the largest event time seen per partition (moves with the positions)."""
         return f"{self.base}:wm:clocks"
+
+    @property
+    def origin_marks(self) -> str:
+        """Hash of the highest origin sequence applied per upstream output stream.
+
+        Fields ``[s<slot>|]<topic>/<partition>|<stream>`` -> ``<offset>.<index>``: per source
+        partition (and writer slot), see :mod:`contracts.origin`. Moves with the positions,
+        under their guard.
+        """
+        return f"{self.base}:om:marks"
 
     def pattern(self) -> str:
         """SCAN pattern matching every key of this generation."""

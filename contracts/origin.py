@@ -44,12 +44,12 @@ class OriginSeq(NamedTuple):
 
     stream: str
     offset: int
-    index: int
+    nth: int  # the output's index among its record's outputs
 
     @property
     def seq(self) -> tuple[int, int]:
         """The sequence number within the stream (ordered)."""
-        return (self.offset, self.index)
+        return (self.offset, self.nth)
 
 
 def origin_id(

@@ -22,6 +22,7 @@ from processors.fold.projection import (
     State,
     UnstorableStateError,
     effects_of,
+    encode_effects,
     fold_one,
     store_state,
 )
@@ -266,7 +267,9 @@ def _fire(
         return
     try:
         after = timed(projection).on_timer(before, watermark)
-        effects = effects_of(projection, TIMER_EVENT, timer_event(watermark), before, after or {})
+        effects = encode_effects(
+            effects_of(projection, TIMER_EVENT, timer_event(watermark), before, after or {})
+        )
         if after is not None:
             store_state(projection, after)
     except Exception as exc:

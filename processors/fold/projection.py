@@ -7,22 +7,26 @@ executors; the tests' oracle and the benchmark baseline call the same object in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Any, Protocol, cast
 
 import orjson
 
-from contracts.errors import RefoldError
+from contracts.codec import EventCodec
+from contracts.errors import ContractError, RefoldError
 
 __all__ = [
     "EventRejectedError",
     "FoldError",
+    "InvalidOutputError",
     "Projection",
     "SideEffect",
     "State",
     "UnstorableStateError",
     "effects_of",
+    "encode_effects",
     "fits_int64",
     "fold_one",
     "store_state",
@@ -49,6 +53,16 @@ class FoldError(EventRejectedError):
     """The fold raised something other than :class:`EventRejectedError` for one record."""
 
     code = "FOLD_ERROR"
+
+
+class InvalidOutputError(EventRejectedError):
+    """A side effect does not fit its contract (or is not JSON): the record is dead-lettered.
+
+    A processor's outputs are checked like producers' events, at fold time, so a record whose
+    output would be refused downstream is never applied (reason ``invalid-output``).
+    """
+
+    code = "OUTPUT_INVALID"
 
 
 class UnstorableStateError(RefoldError):
@@ -112,6 +126,35 @@ class SideEffect:
     key: str
     value: Mapping[str, Any]
     contract: str | None = None
+    # The value as produced (Avro single-object encoding or JSON), filled by encode_effects.
+    payload: bytes | None = field(default=None, compare=False, repr=False)
+
+
+@cache
+def _output_codec() -> EventCodec:
+    """The codec of output contracts: every installed contract set (one per process)."""
+    return EventCodec()
+
+
+def encode_effects(effects: Iterable[SideEffect]) -> list[SideEffect]:
+    """The effects with their payloads: checked against their contracts, or JSON.
+
+    Raises:
+        InvalidOutputError: An effect's value does not fit its contract (the message names each
+            wrong field), names an unknown contract, or is not JSON.
+    """
+    out = []
+    for effect in effects:
+        try:
+            if effect.contract is None:
+                payload = orjson.dumps(effect.value)
+            else:
+                payload = _output_codec().encode(effect.contract, dict(effect.value))
+        except (ContractError, TypeError, ValueError) as exc:  # JSONEncodeError is a TypeError
+            msg = f"output to {effect.topic} is invalid: {exc}"
+            raise InvalidOutputError(msg) from exc
+        out.append(replace(effect, payload=payload))
+    return out
 
 
 class Projection(Protocol):
@@ -184,7 +227,8 @@ def fold_one(
 
     Raises:
         EventRejectedError: The fold refuses the event, or the fold itself failed (any
-            exception from user code is wrapped, reason ``fold-error``).
+            exception from user code is wrapped, reason ``fold-error``), or one of its side
+            effects does not fit its contract (:class:`InvalidOutputError`).
         UnstorableStateError: The new state cannot be stored.
     """
     try:
@@ -196,4 +240,4 @@ def fold_one(
         msg = f"the fold raised {exc!r}"
         raise FoldError(msg) from exc
     encoded, contribution = store_state(projection, new)
-    return new, encoded, contribution, effects
+    return new, encoded, contribution, encode_effects(effects) if effects else effects

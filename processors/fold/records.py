@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+from contracts.origin import ORIGIN_ID
+
 __all__ = ["KafkaMessage", "SourceRecord"]
 
 
@@ -16,6 +18,9 @@ class KafkaMessage(Protocol):
     def key(self) -> bytes | None: ...  # noqa: D102
     def value(self) -> bytes | None: ...  # noqa: D102
     def timestamp(self) -> tuple[int, int]: ...  # noqa: D102
+    def headers(  # noqa: D102
+        self,
+    ) -> dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None: ...
 
 
 class SourceRecord(NamedTuple):
@@ -38,11 +43,17 @@ class SourceRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     timestamp: int = 0
+    origin: str | None = None
 
     @classmethod
     def of_message(cls, message: KafkaMessage) -> SourceRecord:
         """The fold record of a consumed confluent-kafka message."""
         _kind, timestamp = message.timestamp()
+        origin = None
+        headers = message.headers() or ()
+        for name, value in headers.items() if isinstance(headers, dict) else headers:
+            if name == ORIGIN_ID and value is not None:
+                origin = value.decode() if isinstance(value, bytes) else value
         return cls(
             message.topic() or "",
             message.partition() or 0,
@@ -50,4 +61,5 @@ class SourceRecord(NamedTuple):
             message.key(),
             message.value(),
             max(timestamp, 0),  # -1 when the broker sent none (TIMESTAMP_NOT_AVAILABLE)
+            origin,
         )

@@ -6,17 +6,20 @@ processor is. Options come from ``REFOLD_ORDER_STATE__*`` variables.
 
 from __future__ import annotations
 
-from contracts.commerce import ORDERS
+from contracts.commerce import ORDER_CHANGES, ORDERS
 from contracts.processors import ProcessorOptions, ProcessorSpec
 
 __all__ = ["ORDER_STATE", "OrderStateOptions"]
 
 
 class OrderStateOptions(ProcessorOptions):
-    """order_state's options: the common ones plus where shipping notices go."""
+    """order_state's options: the common ones plus where its outputs go."""
 
     # Shipping notices (the processor's side effect; not produced while replay rebuilds).
     notifications_topic: str = "order_state.notifications"
+    # Status changes, an output stream with a contract (OrderStatusChanged, keyed by
+    # customer_id) that processors of customers fold; empty: not published.
+    changes_topic: str = ORDER_CHANGES.name
 
 
 ORDER_STATE = ProcessorSpec(

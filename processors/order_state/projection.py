@@ -11,13 +11,36 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from contracts.commerce import ORDERS
+from contracts.commerce import ORDER_CHANGES, ORDERS
 from processors.fold.projection import EventRejectedError, SideEffect, State
 
 if TYPE_CHECKING:
     from processors.order_state.config import OrderStateOptions
 
-__all__ = ["DEFAULT_NOTIFICATIONS_TOPIC", "OrderStateProjection", "build"]
+__all__ = [
+    "DEFAULT_CHANGES_TOPIC",
+    "DEFAULT_NOTIFICATIONS_TOPIC",
+    "OrderStateProjection",
+    "build",
+    "status_change",
+]
+
+
+def status_change(before: State | None, after: State) -> dict[str, Any] | None:
+    """The ``OrderStatusChanged`` record of one applied event, or ``None`` (same status)."""
+    previous = None if before is None else before["status"]
+    if previous == after["status"]:
+        return None
+    return {
+        "order_id": after["order_id"],
+        "customer_id": after["customer_id"],
+        "status": after["status"],
+        "previous_status": previous,
+        "currency": after["currency"],
+        "total_minor": after["total_minor"],
+        "changed_at": after["updated_at"],
+    }
+
 
 _OPEN = "placed"
 _REVENUE_STATUSES = frozenset({"paid", "shipped"})
@@ -42,33 +65,56 @@ def _with_lines(
 
 
 DEFAULT_NOTIFICATIONS_TOPIC = "order_state.notifications"
+DEFAULT_CHANGES_TOPIC = ORDER_CHANGES.name
 
 
 class OrderStateProjection:
     """Folds ``commerce.orders`` events into order states (table ``orders``).
 
-    Side effect: when an order becomes ``shipped``, a shipping notice for the customer goes to
-    ``notifications_topic`` (not while ``replay`` rebuilds a generation).
+    Outputs (not re-sent while ``replay`` rebuilds a generation):
+
+    - when an order becomes ``shipped``, a shipping notice for the customer goes to
+      ``notifications_topic`` (JSON);
+    - with a ``changes_topic``, every status change goes there as an ``OrderStatusChanged``
+      record (Avro contract) keyed by ``customer_id``: an output stream another processor folds
+      (``customer_alerts`` does), exactly once by its origin ids.
 
     Args:
         notifications_topic: Output topic of the shipping notices.
+        changes_topic: Output stream of status changes; ``None`` (the default here; the
+            processor's options turn it on): none.
     """
 
-    def __init__(self, notifications_topic: str = DEFAULT_NOTIFICATIONS_TOPIC) -> None:
+    def __init__(
+        self,
+        notifications_topic: str = DEFAULT_NOTIFICATIONS_TOPIC,
+        changes_topic: str | None = None,
+    ) -> None:
         self.notifications_topic = notifications_topic
+        self.changes_topic = changes_topic or None
 
     @property
     def effect_topics(self) -> tuple[str, ...]:
         """Topics the side effects go to."""
-        return (self.notifications_topic,)
+        changes = () if self.changes_topic is None else (self.changes_topic,)
+        return (self.notifications_topic, *changes)
 
     def effects(
         self, event_type: str, event: Mapping[str, Any], before: State | None, after: State
     ) -> Iterable[SideEffect]:
-        """A shipping notice when an order becomes shipped."""
+        """A status change record, and a shipping notice when an order becomes shipped."""
         del event_type, event  # the states say it all
+        out: list[SideEffect] = []
+        if self.changes_topic is not None:
+            change = status_change(before, after)
+            if change is not None:
+                out.append(
+                    SideEffect(
+                        self.changes_topic, after["customer_id"], change, "OrderStatusChanged"
+                    )
+                )
         if after["status"] != "shipped" or (before is not None and before["status"] == "shipped"):
-            return ()
+            return out
         notice = {
             "type": "order-shipped",
             "order_id": after["order_id"],
@@ -78,7 +124,7 @@ class OrderStateProjection:
             "currency": after["currency"],
             "shipped_at": after["updated_at"],
         }
-        return (SideEffect(self.notifications_topic, after["order_id"], notice),)
+        return [*out, SideEffect(self.notifications_topic, after["order_id"], notice)]
 
     name = "order_state"
     table = "orders"
@@ -209,4 +255,4 @@ class OrderStateProjection:
 
 def build(options: OrderStateOptions) -> OrderStateProjection:
     """The projection for a run with ``options`` (the spec's ``projection`` factory)."""
-    return OrderStateProjection(options.notifications_topic)
+    return OrderStateProjection(options.notifications_topic, options.changes_topic)

@@ -44,6 +44,7 @@ from contracts.layout import (
     parse_position_field,
     position_field,
 )
+from contracts.origin import ORIGIN_ID, origin_id, parse_origin_id
 from contracts.processors import EventTime
 from processors.errors import (
     REDIS_UNAVAILABLE,
@@ -55,11 +56,13 @@ from processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, encode_
 from processors.fold.projection import (
     EventRejectedError,
     FoldError,
+    InvalidOutputError,
     Projection,
     SideEffect,
     State,
     UnstorableStateError,
     effects_of,
+    encode_effects,
     fits_int64,
     fold_one,
     store_state,
@@ -183,6 +186,7 @@ class BatchOutcome:
     effects: int = 0
     suppressed: int = 0
     late: int = 0
+    duplicates: int = 0
 
     def merge(self, other: BatchOutcome) -> None:
         """Add another outcome (from another task) into this one."""
@@ -195,6 +199,12 @@ class BatchOutcome:
         self.effects += other.effects
         self.suppressed += other.suppressed
         self.late += other.late
+        self.duplicates += other.duplicates
+
+
+def _parse_seq(raw: bytes) -> tuple[int, int]:
+    offset, _dot, index = raw.decode().partition(".")
+    return int(offset), int(index or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,18 +546,23 @@ class FoldWriter:
             reached = max(new_pos.get(field_name, 0), applied_pos.get(field_name, 0))
             if end > reached:
                 new_pos[field_name] = end
+        marks: dict[str, str] = {}
+        if any(p[0].origin is not None for p in pending):
+            pending, marks = self._drop_resent(pipe, pending, outcome)
         clocks: dict[str, int] = {}
         late_out: list[_DeadLetter] = []
-        marks: list[int | None] = []
+        watermarks: list[int | None] = []
         if self.target.event_time is not None and pending:
-            pending, clocks, marks = self._judge_lateness(pipe, pending, dead, late_out, outcome)
+            pending, clocks, watermarks = self._judge_lateness(
+                pipe, pending, dead, late_out, outcome
+            )
         if self._lookups is not None:
             waiting = self._pending_lookups(pending, dead, outcome)
             self._send_records(dead, late_out, batch_id, outcome)
             pipe.multi()
             if waiting:
                 pipe.zadd(keys.timers(PENDING_TIMERS), waiting)
-            self._write_positions(pipe, positions_key, new_pos, clocks, [], batch_id)
+            self._write_positions(pipe, positions_key, new_pos, clocks, marks, [], batch_id)
             pipe.execute()
             outcome.positions = new_pos
             return outcome
@@ -556,11 +571,11 @@ class FoldWriter:
             self._send_records(dead, late_out, batch_id, outcome)
             pipe.multi()
             write_windows(pipe, keys, windows)
-            self._write_positions(pipe, positions_key, new_pos, clocks, [], batch_id)
+            self._write_positions(pipe, positions_key, new_pos, clocks, marks, [], batch_id)
             pipe.execute()
             outcome.positions = new_pos
             return outcome
-        queue = self._load_timers(pipe, pending, marks) if self._timers else None
+        queue = self._load_timers(pipe, pending, watermarks) if self._timers else None
         entities = sorted({p[3] for p in pending} | (queue.entities() if queue else set()))
         table_keys = [keys.table(self.projection.table, e) for e in entities]
         loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
@@ -571,13 +586,19 @@ class FoldWriter:
         folded = _Folded(before)
         for index, (record, event_type, data, entity) in enumerate(pending):
             if queue is not None:
-                self._fire_timers(queue, record, marks[index], folded, dead)
+                self._fire_timers(queue, record, watermarks[index], folded, dead)
             try:
                 new, encoded, contribution, effects = fold_one(
                     self.projection, folded.states[entity], event_type, data
                 )
             except EventRejectedError as exc:
-                reason = "fold-error" if isinstance(exc, FoldError) else "rejected"
+                reason = (
+                    "fold-error"
+                    if isinstance(exc, FoldError)
+                    else "invalid-output"
+                    if isinstance(exc, InvalidOutputError)
+                    else "rejected"
+                )
                 dead.append(_DeadLetter(record, reason, str(exc)))
                 continue
             except UnstorableStateError as exc:
@@ -611,7 +632,7 @@ class FoldWriter:
         for name, amount in sorted(delta.items()):
             if amount:
                 pipe.hincrby(aggregate_key, name, amount)
-        self._write_positions(pipe, positions_key, new_pos, clocks, links, batch_id)
+        self._write_positions(pipe, positions_key, new_pos, clocks, marks, links, batch_id)
         pipe.execute()
         outcome.positions = new_pos
         return outcome
@@ -622,15 +643,19 @@ class FoldWriter:
         positions_key: str,
         new_pos: Mapping[str, int],
         clocks: Mapping[str, int],
+        marks: Mapping[str, str],
         links: Sequence[tuple[str, str, Link]],
         batch_id: int | None,
     ) -> None:
-        """Queue (inside MULTI) the links, clocks, positions and guards of the transaction."""
+        """Queue (inside MULTI) the links, clocks, origin marks, positions and guards."""
         keys = self.target.keys
         for via, value, link in links:
             pipe.hsetnx(keys.links(via), value, encode_link(link))
         if clocks:
             pipe.hset(keys.clocks, mapping={f: str(t) for f, t in clocks.items()})
+        if marks:
+            marks_update: dict[FieldT, EncodableT] = {f: m for f, m in marks.items()}
+            pipe.hset(keys.origin_marks, mapping=marks_update)
         position_update: dict[FieldT, EncodableT] = {f: str(o) for f, o in new_pos.items()}
         if batch_id is not None:
             position_update[BATCH_ID_FIELD] = str(batch_id)
@@ -644,6 +669,47 @@ class FoldWriter:
             if new_pos:
                 slot_keys = [keys.slot_positions(s) for s in range(self.target.slots)]
                 pipe.eval(_MIN_POSITIONS, 1 + len(slot_keys), keys.positions, *slot_keys, *new_pos)
+
+    def _drop_resent(
+        self,
+        pipe: Pipeline,
+        pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
+        outcome: BatchOutcome,
+    ) -> tuple[list[tuple[SourceRecord, str, dict[str, Any], str]], dict[str, str]]:
+        """Skip the records another processor sent again; the origin marks to store.
+
+        An upstream processor's outputs carry an origin id: an ordered stream and a sequence
+        number in it (:mod:`contracts.origin`). Per source partition (and writer slot), the
+        highest sequence applied of each stream is kept with the positions; a record at or
+        below it was applied already (a re-sent batch, a replay's cutover overlap).
+        """
+        scope = "" if self.slot is None else f"s{self.slot}|"
+        seqs = [parse_origin_id(p[0].origin) for p in pending]
+        fields = sorted(
+            {
+                f"{scope}{position_field(p[0].topic, p[0].partition)}|{o.stream}"
+                for p, o in zip(pending, seqs, strict=True)
+                if o is not None
+            }
+        )
+        raw = cast("list[bytes | None]", pipe.hmget(self.target.keys.origin_marks, fields))
+        marks: dict[str, tuple[int, int]] = {
+            f: _parse_seq(v) for f, v in zip(fields, raw, strict=True) if v is not None
+        }
+        kept = []
+        moved: dict[str, str] = {}
+        for entry, origin in zip(pending, seqs, strict=True):
+            if origin is not None:
+                record = entry[0]
+                name = f"{scope}{position_field(record.topic, record.partition)}|{origin.stream}"
+                mark = marks.get(name)
+                if mark is not None and origin.seq <= mark:
+                    outcome.duplicates += 1
+                    continue
+                marks[name] = origin.seq
+                moved[name] = f"{origin.offset}.{origin.nth}"
+            kept.append(entry)
+        return kept, moved
 
     def _judge_lateness(
         self,
@@ -752,8 +818,10 @@ class FoldWriter:
             watermark = cast("int", mark)
             try:
                 after = timed(self.projection).on_timer(before, watermark)
-                effects = effects_of(
-                    self.projection, TIMER_EVENT, timer_event(watermark), before, after or {}
+                effects = encode_effects(
+                    effects_of(
+                        self.projection, TIMER_EVENT, timer_event(watermark), before, after or {}
+                    )
                 )
                 encoded: bytes | None = None
                 contribution: Mapping[str, int] = {}
@@ -1198,14 +1266,24 @@ class FoldWriter:
         ]
 
     def _send_effects(self, effects: Sequence[tuple[SourceRecord, SideEffect]]) -> None:
-        """Produce side effects and wait for the acknowledgements (before the commit)."""
+        """Produce side effects and wait for the acknowledgements (before the commit).
+
+        In origin order (source partition, offset, then the record's own order), each with its
+        origin id: a consumer deduplicates per stream on it (:mod:`contracts.origin`).
+        """
+        ordered = sorted(effects, key=lambda e: (e[0].topic, e[0].partition, e[0].offset))
         sent = Deliveries(self._dead_letter_producer(), f"{len(effects)} side effects")
-        for record, effect in effects:
+        index, last = 0, None
+        for record, effect in ordered:
+            at = (record.topic, record.partition, record.offset)
+            index = index + 1 if at == last else 0
+            last = at
+            oid = origin_id(self.target.processor, *at, index, self.slot)
             sent.produce(
                 effect.topic,
-                orjson.dumps(effect.value),
+                effect.payload if effect.payload is not None else orjson.dumps(effect.value),
                 effect.key.encode(),
-                self._origin_headers(record),
+                [*self._origin_headers(record), (ORIGIN_ID, oid.encode())],
             )
         sent.wait()
 

@@ -34,7 +34,7 @@ from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import STATE_LAYOUT_VERSION, StateLayout, position_field
 from contracts.processors import EventTime, ProcessorSpec, consumer_group
-from contracts.registry import processor_spec
+from contracts.registry import default_registry, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
@@ -648,7 +648,10 @@ def _run_generation(
         )
     if run.target.event_time is not None and run.target.event_time.late == "side-output":
         outputs.append(run.target.late_topic)
-    effect_topics = [effects_spec(t) for t in outputs]
+    # An output stream with a contract is declared by a contract set (its partitions and key);
+    # any other output topic gets the side-effect defaults.
+    declared = default_registry().topics
+    effect_topics = [declared.get(t) or effects_spec(t) for t in outputs]
     ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters, *effect_topics])
     logger.info(
         "starting %s generation %d (checkpoint %s, starting offsets %s)",

@@ -80,6 +80,8 @@ def datum(schema: Any) -> st.SearchStrategy[Any]:
         return st.fixed_dictionaries({f["name"]: datum(f["type"]) for f in schema["fields"]})
     if kind == "array":
         return st.lists(datum(schema["items"]), max_size=4)
+    if kind == "map":
+        return st.dictionaries(st.text(max_size=6), datum(schema["values"]), max_size=3)
     if kind == "enum":
         return st.sampled_from(schema["symbols"])
     return datum(kind)  # {"type": "long", "logicalType": ...}

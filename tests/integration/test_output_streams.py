@@ -1,0 +1,165 @@
+"""Output streams with contracts: processors chain, exactly once downstream by origin ids.
+
+order_state publishes ``OrderStatusChanged`` records (Avro) keyed by customer_id; a processor of
+customers folds them. The upstream sends some of its outputs again, as a crash between its
+produce and its commit, or a replay's cutover overlap, does: the downstream state still counts
+every status change exactly once, equal to a plain fold of the upstream's changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import zlib
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import redis
+
+from contracts.codec import EventCodec
+from contracts.errors import EventValidationError
+from contracts.origin import parse_origin_id
+from deploy.simulators.orders import OrderSimulator
+from processors.fold.oracle import fold_all
+from processors.fold.projection import (
+    InvalidOutputError,
+    SideEffect,
+    State,
+    encode_effects,
+    fold_one,
+)
+from processors.fold.records import SourceRecord
+from processors.order_state.projection import OrderStateProjection, status_change
+from processors.runtime.envelope import FoldTarget, FoldWriter
+from processors.runtime.kafka_ranges import read_log
+from services.reader.state_reader import StateReader
+
+CODEC = EventCodec()
+PARTITIONS = 4
+
+
+class StatusCounts:
+    """A processor of customers: status changes counted per customer (downstream)."""
+
+    name = "customer_changes"
+    table = "customers"
+    aggregate = "changes"
+    event_types = ("OrderStatusChanged",)
+
+    def key(self, event_type: str, event: Mapping[str, Any]) -> str:
+        return str(event["customer_id"])
+
+    def apply(self, state: State | None, event_type: str, event: Mapping[str, Any]) -> State:
+        counts = dict((state or {}).get("counts", {}))
+        counts[event["status"]] = counts.get(event["status"], 0) + 1
+        return {"customer_id": event["customer_id"], "counts": counts}
+
+    def contribution(self, state: State) -> Mapping[str, int]:
+        return {f"to:{s}": n for s, n in state["counts"].items()}
+
+
+def _orders(count: int, seed: int) -> tuple[list[tuple[str, dict[str, Any]]], list[SourceRecord]]:
+    """Order events and their records on a 4-partition topic ``orders``, in publishing order."""
+    events = list(OrderSimulator(count, seed=seed))
+    offsets: Counter[int] = Counter()
+    records = []
+    for event_type, event in events:
+        partition = zlib.crc32(event["order_id"].encode()) % PARTITIONS
+        records.append(
+            SourceRecord(
+                "orders",
+                partition,
+                offsets[partition],
+                event["order_id"].encode(),
+                CODEC.encode(event_type, event),
+            )
+        )
+        offsets[partition] += 1
+    return events, records
+
+
+def _changes_of(events: list[tuple[str, dict[str, Any]]]) -> Counter[tuple[str, str]]:
+    """(customer, status) -> how often an order of the customer moved to that status."""
+    projection = OrderStateProjection()
+    states: dict[str, State] = {}
+    out: Counter[tuple[str, str]] = Counter()
+    for event_type, event in events:
+        key = projection.key(event_type, event)
+        try:
+            new, *_rest = fold_one(projection, states.get(key), event_type, event)
+        except Exception:  # noqa: BLE001 - rejected events change nothing (the oracle's rule)
+            continue
+        change = status_change(states.get(key), new)
+        if change is not None:
+            out[(change["customer_id"], change["status"])] += 1
+        states[key] = new
+    return out
+
+
+def _in_chunks(writer: FoldWriter, records: list[SourceRecord], rng: random.Random) -> int:
+    """Apply in random chunks, then the last chunk again (a replayed batch); duplicates seen."""
+    duplicates, i, batch = 0, 0, 0
+    while i < len(records):
+        size = rng.randint(1, 150)
+        duplicates += writer.apply(records[i : i + size], batch_id=batch).duplicates
+        i, batch = i + size, batch + 1
+    assert writer.apply(records[-50:], batch_id=batch).applied == 0
+    return duplicates
+
+
+def test_a_chained_processor_applies_each_upstream_output_once(
+    target: FoldTarget, redis_url: str, kafka_bootstrap: str, make_topic
+) -> None:
+    events, records = _orders(300, seed=21)
+    changes = make_topic(partitions=3, prefix="changes")
+    notices = make_topic(partitions=1, prefix="notices")
+    upstream = OrderStateProjection(notifications_topic=notices, changes_topic=changes)
+    rng = random.Random(4)
+    _in_chunks(FoldWriter(target, upstream), records, rng)
+    # The same processor sends a part again from a fresh state (as after a crash between its
+    # produce and its commit): the same origin ids, after the originals of each stream.
+    again = dataclasses.replace(target, key_prefix=f"{target.key_prefix}-again")
+    resent = [r for r in records if r.offset < 40]
+    _in_chunks(FoldWriter(again, upstream), resent, rng)
+
+    kafka = dict(target.kafka)
+    log = [SourceRecord.of_message(m) for chunk in read_log(kafka, changes) for m in chunk]
+    ids = [r.origin for r in log]
+    assert all(parse_origin_id(i) is not None for i in ids)
+    assert len(ids) > len(set(ids))  # the re-sent outputs are on the topic
+    decoded = [CODEC.decode(r.value) for r in log]
+    assert {d.event_type for d in decoded} == {"OrderStatusChanged"}
+    assert all(r.key == d.data["customer_id"].encode() for r, d in zip(log, decoded, strict=True))
+
+    downstream = dataclasses.replace(target, processor="customer_changes", topics=(changes,))
+    by_partition: dict[int, list[SourceRecord]] = {}
+    for record in log:
+        by_partition.setdefault(record.partition, []).append(record)
+    shuffled = [r for p in sorted(by_partition) for r in by_partition[p]]
+    skipped = _in_chunks(FoldWriter(downstream, StatusCounts()), shuffled, rng)
+    assert skipped == len(ids) - len(set(ids))
+
+    reader = StateReader(redis.Redis.from_url(redis_url), "customer_changes", target.key_prefix)
+    states = dict(reader.scan("customers", 1))
+    wanted = _changes_of(events)
+    got = Counter(
+        {(c, s): n for c, state in states.items() for s, n in state["counts"].items() if n}
+    )
+    assert got == wanted
+    # == a plain fold of the log with each origin id once
+    first: dict[str, tuple[str, dict[str, Any]]] = {}
+    for record, event in zip(log, decoded, strict=True):
+        first.setdefault(str(record.origin), (event.event_type, event.data))
+    assert states == fold_all(StatusCounts(), first.values()).states
+
+
+def test_an_output_that_breaks_its_contract_dead_letters_its_record() -> None:
+    good = SideEffect("t", "k", {"order_id": "o"}, contract=None)
+    assert encode_effects([good])[0].payload == b'{"order_id":"o"}'
+    bad = SideEffect("t", "k", {"order_id": "o", "status": 3}, contract="OrderStatusChanged")
+    with pytest.raises(InvalidOutputError) as caught:
+        encode_effects([bad])
+    assert isinstance(caught.value.__cause__, EventValidationError)
+    assert "OrderStatusChanged" in str(caught.value)
