@@ -30,11 +30,15 @@ from typing import Any
 
 import orjson
 
+from contracts.catalog import SCHEMA_ROOT
 from contracts.errors import ContractError
+from contracts.registry import ContractSet
 
 __all__ = [
     "CLOSE_TIMERS",
     "EXPIRE_TIMERS",
+    "WINDOW_RESULT",
+    "WINDOW_RESULTS",
     "Hopping",
     "Sliding",
     "Tumbling",
@@ -42,7 +46,9 @@ __all__ = [
     "combine",
     "decode_timer",
     "encode_timer",
+    "result_from_record",
     "result_of",
+    "result_record",
     "watermark_of",
     "windows_topic",
 ]
@@ -218,6 +224,46 @@ def result_of(
         **dict(sorted(aggregates.items())),
         **averages,
         **{f"distinct:{k}": v for k, v in sorted((distinct or {}).items())},
+    }
+
+
+# Closed windows go out as records of this contract (the ``windows`` contract set, registered
+# through the ``refold.contracts`` entry point like any user's), so processors can chain on them.
+WINDOW_RESULT = "WindowResult"
+WINDOW_RESULTS = ContractSet(name="windows", schemas=SCHEMA_ROOT / "windows")
+
+
+def result_record(processor: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """A result of :func:`result_of` as a ``WindowResult`` record (its contract's shape)."""
+    fixed = ("window", "group", "start", "end", "count")
+    return {
+        "processor": processor,
+        "window": result["window"],
+        "group": str(result["group"]),
+        "start": result["start"],
+        "end": result["end"],
+        "count": result.get("count", 0),
+        "aggregates": {
+            k: v
+            for k, v in result.items()
+            if k not in fixed and k.startswith(("sum:", "min:", "max:"))
+        },
+        "averages": {k: float(v) for k, v in result.items() if k.startswith("avg:")},
+        "distinct": {k[9:]: v for k, v in result.items() if k.startswith("distinct:")},
+    }
+
+
+def result_from_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``WindowResult`` record back in :func:`result_of`'s shape."""
+    return {
+        "window": record["window"],
+        "group": record["group"],
+        "start": record["start"],
+        "end": record["end"],
+        "count": record["count"],
+        **record["aggregates"],
+        **record["averages"],
+        **{f"distinct:{k}": v for k, v in record["distinct"].items()},
     }
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "encode_effects",
     "fits_int64",
     "fold_one",
+    "output_codec",
     "store_state",
 ]
 
@@ -131,7 +132,7 @@ class SideEffect:
 
 
 @cache
-def _output_codec() -> EventCodec:
+def output_codec() -> EventCodec:
     """The codec of output contracts: every installed contract set (one per process)."""
     return EventCodec()
 
@@ -149,7 +150,7 @@ def encode_effects(effects: Iterable[SideEffect]) -> list[SideEffect]:
             if effect.contract is None:
                 payload = orjson.dumps(effect.value)
             else:
-                payload = _output_codec().encode(effect.contract, dict(effect.value))
+                payload = output_codec().encode(effect.contract, dict(effect.value))
         except (ContractError, TypeError, ValueError) as exc:  # JSONEncodeError is a TypeError
             msg = f"output to {effect.topic} is invalid: {exc}"
             raise InvalidOutputError(msg) from exc

@@ -7,26 +7,29 @@ so the tasks of several partitions add to one bucket, each under its own partiti
 
 :class:`WindowCloser` runs on the driver after each micro-batch (one per processor query, so one
 at a time): it fires the close timers the processor's watermark has passed, emitting each
-window's result to ``<processor>.windows``, and deletes the buckets whose retention is over.
-A result is produced and acknowledged before its timer is removed: at least once (a crash in
-between emits it again, same headers). A late record that ``accept`` folds into a closed window
+window's result to ``<processor>.windows`` (a ``WindowResult`` record, Avro), and deletes the
+buckets whose retention is over. A result is produced and acknowledged before its timer is
+removed: at least once (a crash in between emits it again, with the same origin id: read the
+results as upserts by window, start and group). A late record that ``accept`` folds into a closed window
 sets its timer again, and the window is emitted again with the corrected result.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-import orjson
 import redis
 from confluent_kafka import Producer
 from redis.client import Pipeline
 
 from contracts.layout import GenerationKeys, StateLayout, parse_position_field
-from contracts.windows import watermark_of
+from contracts.origin import ORIGIN_ID
+from contracts.windows import WINDOW_RESULT, result_record, watermark_of
+from processors.fold.projection import output_codec
 from processors.fold.timers import TimerQueue
 from processors.fold.windows import (
     CLOSE_TIMERS,
@@ -354,16 +357,26 @@ class WindowCloser(DriverTask):
         if self._producer is None:
             self._producer = output_producer(self.kafka)
         sent = Deliveries(self._producer, f"{len(results)} window results to {self.topic}")
+        codec = output_codec()
         for result in results:
+            record = result_record(self.keys.processor, result)
+            payload = codec.encode(WINDOW_RESULT, record, validated=True)
+            # The same result emitted again has the same id; a correction has another.
+            digest = hashlib.blake2b(payload, digest_size=8).hexdigest()
+            result_id = (
+                f"{self.keys.processor}|{result['window']}/{result['start']}/{digest}"
+                f"/{result['group']}"
+            )
             sent.produce(
                 self.topic,
-                orjson.dumps(result),
+                payload,
                 str(result["group"]).encode(),
                 [
                     ("refold.processor", self.keys.processor.encode()),
                     ("refold.generation", str(self.keys.generation).encode()),
                     ("refold.window", str(result["window"]).encode()),
                     ("refold.window.end", str(result["end"]).encode()),
+                    (ORIGIN_ID, result_id.encode()),
                 ],
             )
         sent.wait()

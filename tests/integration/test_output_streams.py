@@ -24,9 +24,11 @@ from contracts.origin import parse_origin_id
 from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
 from processors.fold.projection import (
+    EventRejectedError,
     InvalidOutputError,
     SideEffect,
     State,
+    UnstorableStateError,
     encode_effects,
     fold_one,
 )
@@ -89,8 +91,8 @@ def _changes_of(events: list[tuple[str, dict[str, Any]]]) -> Counter[tuple[str, 
         key = projection.key(event_type, event)
         try:
             new, *_rest = fold_one(projection, states.get(key), event_type, event)
-        except Exception:  # noqa: BLE001 - rejected events change nothing (the oracle's rule)
-            continue
+        except (EventRejectedError, UnstorableStateError):
+            continue  # rejected events change nothing (the oracle's rule)
         change = status_change(states.get(key), new)
         if change is not None:
             out[(change["customer_id"], change["status"])] += 1

@@ -11,7 +11,6 @@ import dataclasses
 import random
 import zlib
 
-import orjson
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
@@ -19,6 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 from contracts.codec import EventCodec
 from contracts.layout import StateLayout, position_field
 from contracts.store.generations import GenerationRegistry
+from contracts.windows import result_from_record
 from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_windows
 from processors.fold.records import SourceRecord
@@ -31,6 +31,11 @@ from tests.support.windows import bucket_dump
 FOLD = SalesWindows()
 EVENT_TIME = SALES_WINDOWS.event_time
 CODEC = EventCodec()
+
+
+def _result(value: bytes) -> dict:
+    """A closed window's result as emitted (a WindowResult record), in result_of's shape."""
+    return result_from_record(EventCodec().decode(value).data)
 
 
 def _records(events, partitions=4, topic="orders"):
@@ -207,7 +212,7 @@ def test_the_closer_emits_each_passed_window_once_then_expires_it(
     emitted = closer.close()
     assert emitted > 0
     assert closer.close() == 0  # nothing twice
-    results = [orjson.loads(m.value()) for m in _consume(kafka_bootstrap, results_topic)]
+    results = [_result(m.value()) for m in _consume(kafka_bootstrap, results_topic)]
     assert len(results) == emitted
     assert all(r["end"] <= watermark for r in results)
     windows = {w.name: w for w in FOLD.windows}
@@ -250,7 +255,7 @@ def test_a_record_folded_while_its_window_closes_keeps_the_timer_for_a_correctio
     closer._settle(timers, [member], due, buckets)
     assert client.zscore(timers, member) is not None  # kept: it fires again, corrected
     closer.close()
-    emitted = [orjson.loads(m.value()) for m in _consume(kafka_bootstrap, results_topic)]
+    emitted = [_result(m.value()) for m in _consume(kafka_bootstrap, results_topic)]
     minute = [r for r in emitted if r["window"] == "per_minute" and r["end"] == base + 60_000]
     assert minute[-1]["count"] == 2
     assert minute[-1]["sum:amount_minor"] == 150

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import orjson
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
+from contracts.codec import EventCodec
 from contracts.commerce import ORDERS
 from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher, ProcessorOptions
@@ -23,6 +23,7 @@ from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
 from contracts.web import PAGEVIEWS
+from contracts.windows import result_from_record
 from deploy.processes import ProcessorProcess
 from deploy.simulators.clickstream import ClickstreamSimulator
 from deploy.simulators.orders import OrderSimulator
@@ -46,6 +47,11 @@ FOLDS: dict[str, WindowFold] = {
 SPECS = {"sales_windows": SALES_WINDOWS, "unique_visitors": UNIQUE_VISITORS}
 
 
+def _result(value: bytes) -> dict:
+    """A closed window's result as emitted (a WindowResult record), in result_of's shape."""
+    return result_from_record(EventCodec().decode(value).data)
+
+
 def _emitted(bootstrap: str, topic: str) -> list[tuple[dict, dict]]:
     """Every result on a windows topic, with its headers, in partition order."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t"})
@@ -55,7 +61,13 @@ def _emitted(bootstrap: str, topic: str) -> list[tuple[dict, dict]]:
     while idle < 4:
         batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
         idle = 0 if batch else idle + 1
-        out += [(orjson.loads(m.value()), {k: v.decode() for k, v in m.headers()}) for m in batch]
+        out += [
+            (
+                _result(m.value()),
+                {k: v.decode() for k, v in m.headers()},
+            )
+            for m in batch
+        ]
     consumer.close()
     return out
 
