@@ -84,6 +84,56 @@ def _lookups(target: FoldTarget) -> tuple[FoldTarget, object, list, tuple[str, .
     return chosen, EnrichedClicksProjection(), records, ("tm:lookup", "wm:")
 
 
+class _StatusCounts:
+    """A processor of an output stream (origin ids): status changes counted per customer."""
+
+    name = "customer_changes"
+    table = "customers"
+    aggregate = "changes"
+    event_types = ("OrderStatusChanged",)
+
+    def key(self, event_type, event):
+        return event["customer_id"]
+
+    def apply(self, state, event_type, event):
+        return {"n": (state or {"n": 0})["n"] + 1}
+
+    def contribution(self, state):
+        return {"changes": state["n"]}
+
+
+def _chained(target: FoldTarget) -> tuple[FoldTarget, object, list, tuple[str, ...]]:
+    records = []
+    for offset in range(40):
+        customer = f"cus-{offset % 7}"
+        change = {
+            "order_id": f"o-{offset}",
+            "customer_id": customer,
+            "status": "paid",
+            "previous_status": "placed",
+            "currency": "EUR",
+            "total_minor": 100,
+            "changed_at": 1_767_225_600_000 + offset,
+        }
+        records.append(
+            SourceRecord(
+                "changes",
+                zlib.crc32(customer.encode()) % 2,
+                offset,
+                customer.encode(),
+                CODEC.encode("OrderStatusChanged", change),
+                0,
+                f"order_state|orders/{offset % 3}@{offset}.0",
+            )
+        )
+    per_partition: dict[int, int] = {}
+    for i, record in enumerate(records):  # offsets per partition, in order
+        records[i] = record._replace(offset=per_partition.get(record.partition, 0))
+        per_partition[record.partition] = records[i].offset + 1
+    chosen = dataclasses.replace(target, processor="customer_changes", topics=("changes",))
+    return chosen, _StatusCounts(), records, ("t:", "a:", "om:")
+
+
 def _state(client: redis.Redis, registry: GenerationRegistry, generation: int) -> dict:
     """Every state key of a generation (without its base) -> its DUMP."""
     keys = registry.keys(generation)
@@ -96,7 +146,9 @@ def _state(client: redis.Redis, registry: GenerationRegistry, generation: int) -
 
 
 @pytest.mark.parametrize(
-    "kind", [_windows, _timers, _lookups], ids=["windows", "timers", "lookups"]
+    "kind",
+    [_windows, _timers, _lookups, _chained],
+    ids=["windows", "timers", "lookups", "origin-marks"],
 )
 def test_snapshot_seed_diff_reset_and_gc_cover_every_state_kind(target, redis_url, kind, tmp_path):
     chosen, fold, records, namespaces = kind(target)
