@@ -21,6 +21,7 @@ producer lazily, in the process that calls :meth:`apply` (a Spark executor's Pyt
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import time
 import zlib
@@ -1268,17 +1269,22 @@ class FoldWriter:
     def _send_effects(self, effects: Sequence[tuple[SourceRecord, SideEffect]]) -> None:
         """Produce side effects and wait for the acknowledgements (before the commit).
 
-        In origin order (source partition, offset, then the record's own order), each with its
-        origin id: a consumer deduplicates per stream on it (:mod:`contracts.origin`).
+        Each with its origin id, each stream (source partition) in origin order (offset, then
+        the record's own order): a consumer deduplicates per stream on it
+        (:mod:`contracts.origin`). The streams are merged by their records' timestamps, so a
+        consumer on event time sees a batch's outputs roughly as they happened, not one source
+        partition's whole span after another's.
         """
-        ordered = sorted(effects, key=lambda e: (e[0].topic, e[0].partition, e[0].offset))
+        streams: dict[tuple[str, int], list[tuple[int, SourceRecord, SideEffect, str]]] = {}
+        for record, effect in sorted(effects, key=lambda e: e[0][:3]):  # stable
+            stream = streams.setdefault((record.topic, record.partition), [])
+            index = stream[-1][0] + 1 if stream and stream[-1][1].offset == record.offset else 0
+            oid = origin_id(self.target.processor, *record[:3], index, self.slot)
+            stream.append((index, record, effect, oid))
         sent = Deliveries(self._dead_letter_producer(), f"{len(effects)} side effects")
-        index, last = 0, None
-        for record, effect in ordered:
-            at = (record.topic, record.partition, record.offset)
-            index = index + 1 if at == last else 0
-            last = at
-            oid = origin_id(self.target.processor, *at, index, self.slot)
+        for _index, record, effect, oid in heapq.merge(
+            *streams.values(), key=lambda e: e[1].timestamp
+        ):
             sent.produce(
                 effect.topic,
                 effect.payload if effect.payload is not None else orjson.dumps(effect.value),
