@@ -454,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.windows import main as windows_main
 
         return windows_main(given[1:])
+    if given[:1] == ["archive"]:  # the Parquet archive against the entity fold, alone
+        from bench.archive import main as archive_main
+
+        return archive_main(given[1:])
     args = parser.parse_args(given)
 
     if args.work_dir is not None:

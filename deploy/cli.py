@@ -254,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
             "check | lock the published schema versions (see `refold contracts -h`)",
             "deploy.contracts_cli:main",
         ),
+        (
+            "archive",
+            "backfill | compact | status of the Parquet archive (see `refold archive -h`)",
+            "processors.runtime.archive_cli:main",
+        ),
     ):
         passing = sub.add_parser(name, help=text, add_help=False)
         passing.add_argument("rest", nargs=argparse.REMAINDER)

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from processors.errors import DeadLetterError
 
-__all__ = ["Deliveries", "output_producer"]
+__all__ = ["Deliveries", "Headers", "dead_letter_headers", "origin_headers", "output_producer"]
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +24,44 @@ logger = logging.getLogger(__name__)
 _ACK_WAIT_S, _ACK_WAIT_MAX_S = 10.0, 310.0
 
 Headers = list[tuple[str, str | bytes | None]]
+# Longest error text kept in a dead letter's ``refold.error`` header.
+_ERROR_HEADER_MAX = 2000
+
+
+def origin_headers(
+    topic: str, partition: int, offset: int, processor: str, generation: int
+) -> Headers:
+    """Where an output record comes from (consumers deduplicate on these) and who sent it."""
+    return [
+        ("refold.origin.topic", topic.encode()),
+        ("refold.origin.partition", str(partition).encode()),
+        ("refold.origin.offset", str(offset).encode()),
+        ("refold.processor", processor.encode()),
+        ("refold.generation", str(generation).encode()),
+    ]
+
+
+def dead_letter_headers(
+    reason: str,
+    detail: str,
+    origin: tuple[str, int, int],
+    processor: str,
+    generation: int,
+) -> Headers:
+    """The headers of a dead letter: why (``refold.reason``, ``refold.error``) and its origin.
+
+    Args:
+        reason: Short machine-friendly reason (``bad-magic``, ``bad-body``, ...).
+        detail: The error, for people (cut to 2000 bytes).
+        origin: ``(topic, partition, offset)`` of the record.
+        processor: The processor that refused it.
+        generation: Its generation.
+    """
+    return [
+        ("refold.reason", reason.encode()),
+        ("refold.error", detail.encode()[:_ERROR_HEADER_MAX]),
+        *origin_headers(*origin, processor, generation),
+    ]
 
 
 def output_producer(kafka: Mapping[str, str]) -> Producer:

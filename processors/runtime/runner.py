@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import redis
 
 from contracts.catalog import default_catalog
+from contracts.codec import EventCodec
 from contracts.errors import RefoldError
 from contracts.fingerprints import code_fingerprint, schema_fingerprints
 from contracts.kafka.admin import ensure_topics
@@ -48,11 +49,13 @@ from contracts.store.generations import (
 from contracts.store.lease import GenerationLease
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
 from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
+from processors.fold.archive import ArchiveProcessor, is_archive_processor
 from processors.fold.dataframe import DataFrameProcessor, is_dataframe_processor
 from processors.fold.lookups import LookupFold
 from processors.fold.projection import Projection
 from processors.fold.rekey import Keying, KeyingError, plan_keying
 from processors.fold.windows import WindowFold, windows_topic
+from processors.runtime.archive_sink import ArchiveSink, prepare_archive, start_archive_query
 from processors.runtime.background import DriverTask
 from processors.runtime.dataframe import (
     DataFrameSink,
@@ -455,7 +458,15 @@ def run_processor(
     # A DataFrame processor's rows are written by the driver, one transaction per batch: its
     # entities need no owner task, so it is never re-keyed.
     dataframe = is_dataframe_processor(projection)
-    keying = None if spec is None or dataframe else _plan_keying(spec, topics, kafka, options)
+    # An archive has no entities (each task archives its own partitions) and is one lineage of
+    # files: code and schema changes never call for a rebuild (new files get the new columns;
+    # `refold archive backfill` rewrites old dates).
+    archive = is_archive_processor(projection)
+    if archive:
+        options = dataclasses.replace(options, accept_code_change=True)
+    keying = (
+        None if spec is None or dataframe or archive else _plan_keying(spec, topics, kafka, options)
+    )
     event_time = None if spec is None else spec.event_time
     _check_event_time(projection, event_time, keying)
     client = redis.Redis.from_url(redis_settings.client_url())
@@ -669,8 +680,19 @@ def _run_generation(
     applied, _batch = registry.positions(run.generation)
     mirror.commit({position_field(t, p): o for (t, p), o in applied.items()})
     catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
-    sink: RedisFoldSink | DataFrameSink
-    if is_dataframe_processor(projection):
+    sink: RedisFoldSink | DataFrameSink | ArchiveSink
+    if is_archive_processor(projection):
+        archive = cast("ArchiveProcessor", projection)
+        plan = prepare_archive(run.target, archive, EventCodec(), options.source_format)
+        sink = ArchiveSink(plan, mirror)
+        query = start_archive_query(
+            _source(spark, topics, kafka, run, options),
+            sink,
+            f"{projection.name}_g{run.generation}",
+            run.checkpoint,
+            options.trigger_interval,
+        )
+    elif is_dataframe_processor(projection):
         frames = cast("DataFrameProcessor", projection)
         sink = DataFrameSink(run.target, frames.table, run.checkpoint, mirror)
         query = build_dataframe_query(
@@ -741,6 +763,11 @@ def _run_generation(
     failure = query.exception()
     if failure is not None and outcome == "stopped":
         raise failure
+    if isinstance(sink, ArchiveSink):
+        logger.info(
+            "%s generation %d stopped: %s", projection.name, run.generation, sink.total.describe()
+        )
+        return outcome
     if isinstance(sink, DataFrameSink):
         logger.info(
             "%s generation %d stopped: %s", projection.name, run.generation, sink.total.describe()

@@ -1,0 +1,1 @@
+"""archive: every event of the reference topics as Parquet, one table per event type."""

@@ -1,0 +1,553 @@
+"""``refold archive backfill | compact | status``: maintain an archive processor's Parquet files.
+
+* ``backfill --from D --to D [--types T,...]``: re-archive dates from the log. Per Kafka
+  partition, it reads the log from its start up to the archive's applied position ``A`` and
+  writes, per event type and date in range, ONE file covering ``[log start, A)`` (rows of older
+  files below the log start, which retention removed from Kafka, are carried over); the
+  redundancy rule then deletes the files it replaces. No duplicates, no gaps, whatever ran
+  before; a crash leaves the old files or the new one plus files the rule deletes next time.
+* ``compact``: merge the committed files of each (type, date, partition) into one covering file
+  (rows de-duplicated by offset), then the rule deletes the small ones; repairs a crash between
+  the two steps of an earlier compaction or backfill.
+* ``status``: tables, dates, files, rows and bytes, and anything that needs an operator.
+
+Backfill and compaction take the archive's maintenance lock and only touch committed files (those
+ending at or below the applied position), so they run beside the live archive processor.
+Settings as the processor's: ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_STATE_DIR`` and
+``REFOLD_<PROCESSOR>__*`` (e.g. ``REFOLD_ARCHIVE__ROOT``). This module reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import redis
+from tqdm import tqdm
+
+from contracts.codec import MAGIC, EventCodec
+from contracts.errors import DeserializationError, RefoldError
+from contracts.kafka.offsets import LogOffsets, TopicPartitionKey
+from contracts.layout import StateLayout
+from contracts.registry import default_registry, import_reference
+from contracts.store.generations import GenerationRegistry
+from contracts.topics import dead_letter_topic
+from processors.fold.archive import (
+    ArchiveProcessor,
+    ArchiveTable,
+    Coverage,
+    date_dir,
+    overlapping,
+    redundant,
+)
+from processors.fold.records import SourceRecord
+from processors.runtime.archive_sink import ArchivePlan
+from processors.runtime.archive_store import ArchiveError, ArchiveStore, unify
+from processors.runtime.envelope import FoldTarget
+from processors.runtime.kafka_ranges import SourceOptions, read_messages
+
+__all__ = [
+    "BackfillResult",
+    "CompactResult",
+    "TableStatus",
+    "archive_status",
+    "backfill",
+    "build_parser",
+    "compact",
+    "main",
+]
+
+# Rows of one (type, date) group kept as dicts before they become an Arrow batch (memory).
+_ROWS_PER_BATCH = 5_000
+
+
+@dataclass(slots=True)
+class BackfillResult:
+    """What a backfill did."""
+
+    records: int = 0  # read from the log
+    rows: int = 0  # written (log rows in range, and rows carried over from below the log start)
+    files_written: int = 0
+    files_removed: int = 0
+    undecodable: int = 0  # skipped (the live processor dead-lettered them)
+    not_archived: list[str] = field(default_factory=list)  # partitions without a position
+
+
+@dataclass(slots=True)
+class CompactResult:
+    """What a compaction did."""
+
+    groups: int = 0  # (type, date, partition) merged
+    files_merged: int = 0
+    files_removed: int = 0  # by the redundancy rule (merged files and crash leftovers)
+    rows: int = 0
+
+
+@dataclass(slots=True)
+class TableStatus:
+    """One table of the archive."""
+
+    dates: int = 0
+    first: str = ""
+    last: str = ""
+    files: int = 0
+    rows: int = 0
+    bytes: int = 0
+
+
+def _applied(plan: ArchivePlan) -> dict[TopicPartitionKey, int]:
+    """The archive generation's applied positions (what its files are committed up to)."""
+    client = redis.Redis.from_url(plan.target.redis_url)
+    registry = GenerationRegistry(
+        client, StateLayout(plan.target.processor, plan.target.key_prefix)
+    )
+    return registry.positions(plan.target.generation)[0]
+
+
+def _sorted_unique(table: pa.Table) -> pa.Table:
+    """Rows in offset order, one per offset (an offset is one event of the partition)."""
+    ordered = table.sort_by("kafka_offset")
+    offsets = ordered.column("kafka_offset").to_numpy()
+    if len(offsets) < 2:
+        return ordered
+    keep = np.concatenate(([True], offsets[1:] != offsets[:-1]))
+    return ordered if bool(keep.all()) else ordered.filter(pa.array(keep))
+
+
+def _wanted_type(codec: EventCodec, value: bytes | None, types: frozenset[str]) -> bool:
+    """Whether a record is of one of ``types``, read off its header (undecodable: True)."""
+    if value is None or len(value) < 10 or value[:2] != MAGIC:
+        return True
+    try:
+        return codec.catalog.by_fingerprint(value[2:10]).name in types
+    except DeserializationError:
+        return True
+
+
+def _read_dates(
+    plan: ArchivePlan,
+    span: tuple[str, int, int, int],
+    dates: tuple[str, str],
+    types: frozenset[str],
+    tables: dict[str, ArchiveTable],
+    result: BackfillResult,
+    bar: tqdm[Any] | None,
+) -> dict[tuple[str, str], list[pa.RecordBatch]]:
+    """The log records of ``span`` of ``types`` dated within ``dates``, grouped by (type, date)."""
+    codec = plan.codec
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    out: dict[tuple[str, str], list[pa.RecordBatch]] = defaultdict(list)
+    options = SourceOptions(kafka=plan.target.kafka, topics=(span[0],))
+    for chunk in read_messages(options, (span,), slot="backfill"):
+        result.records += len(chunk)
+        if bar is not None:
+            bar.update(len(chunk))
+        for message in chunk:
+            record = SourceRecord.of_message(message)
+            if not _wanted_type(codec, record.value, types):
+                continue
+            try:
+                event = codec.decode(record.value)
+            except DeserializationError:
+                result.undecodable += 1
+                continue
+            if event.event_type not in types:
+                continue
+            table = tables.get(event.event_type)
+            if table is None:
+                reader = codec.reader_for(event.event_type)
+                table = tables[event.event_type] = plan.archive.table(
+                    reader.raw, reader.fingerprint_hex
+                )
+            date = table.date_of(event.data, record.timestamp)
+            if not dates[0] <= date <= dates[1]:
+                continue
+            origin = (record.topic, record.partition, record.offset, record.timestamp, record.key)
+            group = rows[event.event_type, date]
+            group.append(table.row(event.data, origin, event.writer.version))
+            if len(group) >= _ROWS_PER_BATCH:
+                out[event.event_type, date].append(
+                    pa.RecordBatch.from_pylist(group, schema=table.schema)
+                )
+                group.clear()
+    for key, group in rows.items():
+        if group:
+            out[key].append(pa.RecordBatch.from_pylist(group, schema=tables[key[0]].schema))
+    return out
+
+
+def backfill(
+    plan: ArchivePlan,
+    topics: Sequence[str],
+    date_from: str,
+    date_to: str,
+    types: Iterable[str] | None = None,
+    *,
+    progress: bool = False,
+) -> BackfillResult:
+    """Re-archive the events of ``types`` dated ``date_from``..``date_to`` (see the module doc).
+
+    Raises:
+        ArchiveBusyError: Another backfill or compaction runs.
+    """
+    store = plan.store
+    wanted = frozenset(types or (*plan.archive.event_types, *store.tables()))
+    result = BackfillResult()
+    tables: dict[str, ArchiveTable] = {}
+    with store.maintenance():
+        applied = _applied(plan)
+        probe = LogOffsets(dict(plan.target.kafka))
+        try:
+            tps = [(t, p) for t in topics for p in probe.partitions(t)]
+            starts = probe.start_offsets(tps)
+        finally:
+            probe.close()
+        total = sum(max(0, applied.get(tp, 0) - starts[tp]) for tp in tps)
+        bar = tqdm(total=total, unit="ev", desc="backfill", disable=not progress, leave=False)
+        with bar:
+            for topic, partition in tps:
+                end = applied.get((topic, partition))
+                if end is None:
+                    result.not_archived.append(f"{topic}/{partition}")
+                    continue
+                start = starts[topic, partition]
+                span = (topic, partition, start, max(start, end))
+                found = _read_dates(plan, span, (date_from, date_to), wanted, tables, result, bar)
+                on_disk = {
+                    (t, d) for t in wanted for d in store.dates(t) if date_from <= d <= date_to
+                }
+                for event_type, date in sorted(set(found) | on_disk):
+                    batches = found.get((event_type, date), [])
+                    _rewrite(
+                        store, (topic, partition, start, end), event_type, date, batches, result
+                    )
+    return result
+
+
+def _rewrite(
+    store: ArchiveStore,
+    span: tuple[str, int, int, int],
+    event_type: str,
+    date: str,
+    batches: list[pa.RecordBatch],
+    result: BackfillResult,
+) -> None:
+    """One (type, date) of one partition: one file covering the archived range, then the rule."""
+    topic, partition, log_start, end = span
+    directory = date_dir(store.root, event_type, date)
+    committed = [
+        (c, path)
+        for c, path in store.files(directory)
+        if (c.topic, c.partition) == (topic, partition) and c.end <= end
+    ]
+    parts = [pa.Table.from_batches(batches)] if batches else []
+    for cov, path in committed:
+        if cov.start < log_start:  # rows the log no longer has (retention): keep them
+            old = pq.read_table(path)
+            parts.insert(0, old.filter(pc.less(old.column("kafka_offset"), log_start)))
+    start = min([log_start, *(c.start for c, _p in committed)])
+    rows = sum(p.num_rows for p in parts)
+    if not rows:
+        # The log holds nothing of this type and date any more, and neither do these files.
+        store.remove([path for _c, path in committed])
+        result.files_removed += len(committed)
+        return
+    if end <= start:
+        return
+    store.write(directory, Coverage(topic, partition, start, end), _sorted_unique(unify(parts)))
+    result.files_written += 1
+    result.rows += rows
+    result.files_removed += len(store.apply_rule(directory))
+
+
+def compact(
+    plan: ArchivePlan,
+    date_from: str = "0001-01-01",
+    date_to: str = "9999-12-31",
+    types: Iterable[str] | None = None,
+    *,
+    min_files: int = 2,
+    progress: bool = False,
+) -> CompactResult:
+    """Merge each (type, date, partition)'s committed files into one (see the module doc).
+
+    Raises:
+        ArchiveBusyError: Another backfill or compaction runs.
+    """
+    store = plan.store
+    wanted = set(types) if types else None
+    result = CompactResult()
+    with store.maintenance():
+        applied = _applied(plan)
+        dirs = [
+            (t, d, path)
+            for t, d, path in store.date_dirs()
+            if (wanted is None or t in wanted) and date_from <= d <= date_to
+        ]
+        for _event_type, _date, directory in tqdm(
+            dirs, unit="dir", desc="compact", disable=not progress, leave=False
+        ):
+            result.files_removed += len(store.apply_rule(directory))  # repair first
+            by_partition: dict[TopicPartitionKey, list[tuple[Coverage, Path]]] = defaultdict(list)
+            for cov, path in store.files(directory):
+                position = applied.get((cov.topic, cov.partition))
+                if position is not None and cov.end <= position:  # committed only
+                    by_partition[cov.topic, cov.partition].append((cov, path))
+            for (topic, partition), files in sorted(by_partition.items()):
+                if len(files) < min_files:
+                    continue
+                merged = _sorted_unique(unify([pq.read_table(path) for _c, path in files]))
+                cover = Coverage(
+                    topic, partition, min(c.start for c, _p in files), max(c.end for c, _p in files)
+                )
+                store.write(directory, cover, merged)
+                result.groups += 1
+                result.files_merged += len(files)
+                result.rows += merged.num_rows
+                result.files_removed += len(store.apply_rule(directory))
+    return result
+
+
+def archive_status(
+    plan: ArchivePlan, *, progress: bool = False
+) -> tuple[dict[str, TableStatus], list[str]]:
+    """Per table its dates, files, rows and bytes; and what needs an operator (one line each)."""
+    store = plan.store
+    applied = _applied(plan)
+    tables: dict[str, TableStatus] = {}
+    problems: list[str] = []
+    dirs = list(store.date_dirs())
+    for event_type, date, directory in tqdm(
+        dirs, unit="dir", desc="status", disable=not progress, leave=False
+    ):
+        table = tables.setdefault(event_type, TableStatus(first=date))
+        files = store.files(directory)
+        if not files:
+            continue
+        table.dates += 1
+        table.last = date
+        where = f"{event_type}/event_date={date}"
+        covs = [c for c, _p in files]
+        if stale := redundant(covs):
+            problems.append(
+                f"{where}: {len(stale)} files lie within another (a compaction or backfill "
+                "stopped between its two steps). Operator action: refold archive compact"
+            )
+        for first, second in overlapping(covs):
+            problems.append(
+                f"{where}: {first.file_name} and {second.file_name} overlap (copied in by "
+                "hand?). Operator action: refold archive compact (it merges them by offset)"
+            )
+        for cov, path in files:
+            table.files += 1
+            table.rows += pq.read_metadata(path).num_rows
+            table.bytes += path.stat().st_size
+            position = applied.get((cov.topic, cov.partition), -1)
+            if cov.end > position:
+                problems.append(
+                    f"{where}/{cov.file_name}: past the applied position {position} (a batch "
+                    "in flight, or left by a crash; the writer removes it on its next batch)"
+                )
+        if temporaries := store.temporaries(directory):
+            problems.append(
+                f"{where}: {len(temporaries)} half-written files (.*.tmp, invisible to readers) "
+                "from a crash; the writer or a compaction removes them"
+            )
+    return tables, problems
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def _date(text: str) -> str:
+    try:
+        return dt.date.fromisoformat(text).isoformat()
+    except ValueError:
+        msg = f"expected a date YYYY-MM-DD, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def _types(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``refold archive`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="refold archive",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Maintain an archive processor's Parquet files (docs/archive.md):\n"
+        "  <root>/<EventType>/event_date=YYYY-MM-DD/<topic>~p<partition>~<start>-<end>.parquet\n"
+        "Settings: REFOLD_KAFKA__*, REFOLD_REDIS__*, REFOLD_STATE_DIR and the processor's\n"
+        "REFOLD_<PROCESSOR>__* (e.g. REFOLD_ARCHIVE__ROOT), as the processor has them.",
+        epilog="examples:\n"
+        "  refold archive status\n"
+        "  refold archive backfill --from 2026-01-01 --to 2026-01-31 --types OrderPaid\n"
+        "  refold archive compact --to 2026-01-31",
+    )
+    parser.add_argument(
+        "--processor", default="archive", help="the archive processor (default: archive)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    fill = sub.add_parser(
+        "backfill",
+        help="re-archive dates from the log, without duplicates",
+        description="Re-read the log and rewrite each date in range, per event type and Kafka "
+        "partition, as one file covering everything archived so far; the files it replaces "
+        "are deleted. Runs beside the live archive processor.",
+    )
+    fill.add_argument(
+        "--from", dest="date_from", type=_date, required=True, metavar="DATE", help="YYYY-MM-DD"
+    )
+    fill.add_argument(
+        "--to", dest="date_to", type=_date, required=True, metavar="DATE", help="YYYY-MM-DD"
+    )
+    fill.add_argument(
+        "--types", type=_types, metavar="T,T", help="event types, comma-separated (default: all)"
+    )
+    merge = sub.add_parser(
+        "compact",
+        help="merge small files into one per event type, date and partition",
+        description="Merge the committed files of each event type, date and Kafka partition "
+        "into one file, then delete the small ones. Also repairs an earlier compaction or "
+        "backfill that stopped half way.",
+    )
+    merge.add_argument(
+        "--from",
+        dest="date_from",
+        type=_date,
+        default="0001-01-01",
+        metavar="DATE",
+        help="first event date to compact (default: all)",
+    )
+    merge.add_argument(
+        "--to",
+        dest="date_to",
+        type=_date,
+        default="9999-12-31",
+        metavar="DATE",
+        help="last event date to compact (default: all)",
+    )
+    merge.add_argument(
+        "--types", type=_types, metavar="T,T", help="event types, comma-separated (default: all)"
+    )
+    merge.add_argument(
+        "--min-files", type=int, default=2, help="merge a partition's files from this many (2)"
+    )
+    state = sub.add_parser("status", help="tables, dates, files, rows; what needs an operator")
+    state.add_argument("--json", action="store_true", help="as JSON")
+    return parser
+
+
+def _plan(name: str) -> tuple[ArchivePlan, list[str]]:
+    """The archive's plan (its owning generation) and topics, from the environment."""
+    from processors.runtime.cli import ProcessSettings, load_options
+
+    settings = ProcessSettings()
+    spec = default_registry().processor(name)
+    options = load_options(spec, os.environ)
+    archive = import_reference(spec.projection)(options)
+    if not isinstance(archive, ArchiveProcessor):
+        msg = f"{name} is not an archive processor"
+        raise ArchiveError(msg)
+    store = ArchiveStore(archive.root)
+    owner = store.owner()
+    if owner is None:
+        msg = f"nothing archived at {archive.root} yet (run the {name} processor first)"
+        raise ArchiveError(msg)
+    prefix = settings.redis.key_prefix
+    if (owner.get("processor"), owner.get("key_prefix")) != (name, prefix):
+        msg = (
+            f"the archive at {archive.root} belongs to {owner.get('processor')} under key "
+            f"prefix {owner.get('key_prefix')!r}, not {name} under {prefix!r}. Operator action: "
+            "set REFOLD_REDIS__KEY_PREFIX and REFOLD_<PROCESSOR>__ROOT as the processor has them."
+        )
+        raise ArchiveError(msg)
+    target = FoldTarget(
+        processor=name,
+        generation=int(owner["generation"]),
+        redis_url=settings.redis.client_url(),
+        key_prefix=prefix,
+        kafka=tuple(sorted(settings.kafka.as_librdkafka().items())),
+        dlq_topic=options.dead_letter_topic or dead_letter_topic(name),
+    )
+    return ArchivePlan(target, archive, EventCodec()), list(options.topics or spec.topics)
+
+
+def _print_status(plan: ArchivePlan, as_json: bool) -> int:
+    tables, problems = archive_status(plan, progress=not as_json and sys.stderr.isatty())
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "root": str(plan.archive.root),
+                    "generation": plan.target.generation,
+                    "tables": {t: asdict(s) for t, s in sorted(tables.items())},
+                    "problems": problems,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"archive {plan.target.processor} g{plan.target.generation} at {plan.archive.root}")
+    print(f"{'table':<22} {'dates':>5} {'first':>10}  {'last':>10} {'files':>7} {'rows':>12}  size")
+    for name, table in sorted(tables.items()):
+        print(
+            f"{name:<22} {table.dates:>5} {table.first:>10}  {table.last:>10} {table.files:>7,} "
+            f"{table.rows:>12,}  {table.bytes / 1e6:,.1f} MB"
+        )
+    for problem in problems[:50]:
+        print(f"! {problem}")
+    if len(problems) > 50:
+        print(f"! ... and {len(problems) - 50} more (--json lists them all)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; the exit code (1 on an archive error, 2 on bad usage)."""
+    args = build_parser().parse_args(argv)
+    try:
+        plan, topics = _plan(args.processor)
+        if args.command == "status":
+            return _print_status(plan, args.json)
+        if args.command == "backfill":
+            if args.date_from > args.date_to:
+                print("refold archive: --from is after --to", file=sys.stderr)
+                return 2
+            print(
+                f"backfill {args.date_from}..{args.date_to} of {plan.archive.root}: reading "
+                f"{', '.join(topics)} up to the applied positions of g{plan.target.generation}",
+                flush=True,
+            )
+            filled = backfill(plan, topics, args.date_from, args.date_to, args.types, progress=True)
+            print(
+                f"{filled.records:,} records read, {filled.rows:,} rows in "
+                f"{filled.files_written:,} files written, {filled.files_removed:,} files "
+                f"replaced, {filled.undecodable:,} undecodable records skipped"
+            )
+            if filled.not_archived:
+                print(f"not archived yet (no position): {', '.join(filled.not_archived)}")
+            return 0
+        merged = compact(
+            plan, args.date_from, args.date_to, args.types, min_files=args.min_files, progress=True
+        )
+        print(
+            f"{merged.groups:,} groups compacted: {merged.files_merged:,} files merged into "
+            f"{merged.groups:,} ({merged.rows:,} rows), {merged.files_removed:,} files removed"
+        )
+        return 0
+    except RefoldError as exc:
+        print(f"refold archive: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,521 @@
+"""The archive's writer: each micro-batch's events as Parquet files, exactly once, in Spark tasks.
+
+The query is ``refold_kafka_ranges -> foreachBatch(ArchiveSink)``; the sink runs one
+``mapInArrow`` task per group of partition ranges (:func:`archive_ranges`, executor side), and
+per Kafka partition ``(topic, partition)`` of its ranges a task:
+
+1. reads the partition's applied position ``A`` in Redis (the truth, DESIGN.md decision 9) and
+   skips the range if ``A`` is at or past its end; otherwise it archives ``[A, end)`` (also when
+   ``A`` is below the planned start: Redis lost writes, the gap is read again);
+2. makes the partition's files agree with ``A`` (``ArchiveStore.reconcile``): files a crashed
+   attempt wrote past ``A`` are deleted;
+3. reads ``[A, end)``, decodes every record with its writer schema resolved to the reader's
+   (one table per event type) and groups them by event type and event date;
+4. records its intent (where it will write), then writes one file per group, named by the
+   range it covers, ``<topic>~p<partition>~<A>-<end>.parquet`` (temporary name + rename; a re-run
+   writes the same names);
+5. dead-letters what does not decode (acknowledged before step 6), with reason and origin;
+6. moves the positions from ``A`` to ``end`` in ONE transaction guarded by ``WATCH`` on the
+   partitions' guard keys, as the fold envelope does.
+
+So a batch's files are committed exactly when its positions move: a re-run batch finds the
+positions moved and writes nothing; a crash between 4 and 6 leaves files the next attempt
+deletes (or rewrites under the same names) before it writes its own. Readers never see an
+event twice; they may see a batch's files a moment before its positions move.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import pyarrow as pa
+import redis
+from confluent_kafka import Producer
+
+from contracts.codec import EventCodec
+from contracts.errors import DeserializationError
+from contracts.layout import BATCH_ID_FIELD, position_field
+from processors.errors import (
+    REDIS_UNAVAILABLE,
+    ProcessorConfigError,
+    SinkConflictError,
+    StateStoreUnavailableError,
+)
+from processors.fold.archive import (
+    ArchiveProcessor,
+    ArchiveSchemaError,
+    ArchiveTable,
+    Coverage,
+    date_dir,
+)
+from processors.fold.records import SourceRecord
+from processors.runtime.acks import Deliveries, dead_letter_headers, output_producer
+from processors.runtime.archive_store import ArchiveStore, Intent
+from processors.runtime.envelope import FoldTarget
+from processors.runtime.group_mirror import ConsumerGroupMirror
+from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
+from processors.runtime.sink import ranges_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.query import StreamingQuery
+
+__all__ = [
+    "ARCHIVE_OUTCOME_SCHEMA",
+    "ArchiveOutcome",
+    "ArchivePlan",
+    "ArchiveSink",
+    "archive_ranges",
+    "prepare_archive",
+    "start_archive_query",
+]
+
+logger = logging.getLogger(__name__)
+
+ARCHIVE_OUTCOME_SCHEMA = (
+    "records long, archived long, skipped long, undecodable long, files long, positions string"
+)
+_OUTCOME_ARROW = pa.schema(
+    [
+        ("records", pa.int64()),
+        ("archived", pa.int64()),
+        ("skipped", pa.int64()),
+        ("undecodable", pa.int64()),
+        ("files", pa.int64()),
+        ("positions", pa.string()),
+    ]
+)
+# Rows of one (event type, date) group kept as Python dicts before they become an Arrow batch:
+# Arrow holds a row in ~5x less memory than a decoded dict.
+_ROWS_PER_BATCH = 5_000
+# As the fold envelope: a few WATCH conflicts are a transient overlap, more mean two processes
+# write one generation; an unreachable Redis is waited out this long (nothing is lost meanwhile).
+_MAX_ATTEMPTS = 5
+_REDIS_OUTAGE_S = 600.0
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivePlan:
+    """What an archive task needs: built on the driver, pickled into every task.
+
+    Attributes:
+        target: The generation (Redis positions, Kafka settings, dead-letter topic).
+        archive: The archive processor (root, dates, Parquet settings).
+        codec: The driver's contracts (executors decode with the driver's catalog).
+    """
+
+    target: FoldTarget
+    archive: ArchiveProcessor
+    codec: EventCodec
+
+    @property
+    def store(self) -> ArchiveStore:
+        """The archive's files."""
+        return ArchiveStore(self.archive.root, self.archive.compression, self.archive.fsync)
+
+
+@dataclass(slots=True)
+class ArchiveOutcome:
+    """What archiving some ranges did."""
+
+    records: int = 0
+    archived: int = 0
+    skipped: int = 0
+    undecodable: int = 0
+    files: int = 0
+    positions: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: ArchiveOutcome) -> None:
+        """Add another task's outcome."""
+        self.records += other.records
+        self.archived += other.archived
+        self.skipped += other.skipped
+        self.undecodable += other.undecodable
+        self.files += other.files
+        self.positions.update(other.positions)
+
+    def describe(self) -> str:
+        """One line for the log."""
+        return (
+            f"{self.records} records, {self.archived} archived in {self.files} files, "
+            f"{self.skipped} already archived, {self.undecodable} undecodable"
+        )
+
+
+def _redis_call(target: FoldTarget, call: Callable[[], _T]) -> _T:
+    """Run ``call``, waiting (with backoff, bounded) while Redis is unreachable."""
+    started = time.monotonic()
+    delay = _BACKOFF_FIRST_S
+    while True:
+        try:
+            return call()
+        except REDIS_UNAVAILABLE as exc:
+            waited = time.monotonic() - started
+            if waited > _REDIS_OUTAGE_S:
+                msg = (
+                    f"{target.processor} g{target.generation}: Redis unreachable for "
+                    f"{waited:.0f}s ({exc}); the batch's positions did not move and nothing is "
+                    "lost. Operator action: bring Redis back; a restart archives the batch."
+                )
+                raise StateStoreUnavailableError(msg) from exc
+            logger.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX_S)
+
+
+class _Writer:
+    """Per Python worker (Spark reuses them): the Redis client, the producer, the tables."""
+
+    def __init__(self, plan: ArchivePlan) -> None:
+        self.plan = plan
+        self.redis = redis.Redis.from_url(plan.target.redis_url)
+        self.producer: Producer = output_producer(dict(plan.target.kafka))
+        self._tables: dict[str, ArchiveTable] = {}
+
+    def table(self, event_type: str) -> ArchiveTable:
+        table = self._tables.get(event_type)
+        if table is None:
+            reader = self.plan.codec.reader_for(event_type)
+            table = self.plan.archive.table(reader.raw, reader.fingerprint_hex)
+            self._tables[event_type] = table
+        return table
+
+    def applied(self, fields: list[str]) -> dict[str, int]:
+        keys = self.plan.target.keys
+        raw = _redis_call(
+            self.plan.target,
+            lambda: cast("list[bytes | None]", self.redis.hmget(keys.positions, fields)),
+        )
+        return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+
+    def commit(self, moves: Mapping[str, tuple[int | None, int]], batch_id: int) -> None:
+        """Move each position from its expected value to its end, in one guarded transaction.
+
+        Raises:
+            SinkConflictError: A position is neither where this task found it nor at its end
+                (another writer archives the same generation), or kept changing.
+        """
+        keys = self.plan.target.keys
+        fields = sorted(moves)
+        for _attempt in range(_MAX_ATTEMPTS):
+            with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(*(keys.guard(f) for f in fields))  # type: ignore[no-untyped-call]
+                    raw = cast("list[bytes | None]", pipe.hmget(keys.positions, fields))
+                    now = {
+                        f: None if v is None else int(v) for f, v in zip(fields, raw, strict=True)
+                    }
+                    if all(now[f] == end for f, (_exp, end) in moves.items()):
+                        pipe.unwatch()
+                        return  # an attempt with the same plan committed these very files
+                    moved = [f for f, (expected, _end) in moves.items() if now[f] != expected]
+                    if moved:
+                        msg = (
+                            f"{self.plan.target.processor} g{self.plan.target.generation}: "
+                            f"positions {', '.join(moved)} moved while batch {batch_id} was "
+                            "archived: another process writes this generation. Operator "
+                            "action: make sure only one archive processor runs it."
+                        )
+                        raise SinkConflictError(msg)
+                    pipe.multi()
+                    pipe.hset(
+                        keys.positions,
+                        mapping={
+                            **{f: end for f, (_e, end) in moves.items()},
+                            BATCH_ID_FIELD: batch_id,
+                        },
+                    )
+                    for name, (_expected, end) in moves.items():
+                        pipe.set(keys.guard(name), end)
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    logger.warning("positions changed during the commit; checking again")
+        msg = (
+            f"{self.plan.target.processor} g{self.plan.target.generation}: positions changed "
+            f"{_MAX_ATTEMPTS} times during one commit. Operator action: make sure only one "
+            "processor runs per generation."
+        )
+        raise SinkConflictError(msg)
+
+
+# One writer per plan per Python worker.
+_WRITERS: dict[tuple[FoldTarget, ArchiveProcessor], _Writer] = {}
+
+
+def _writer(plan: ArchivePlan) -> _Writer:
+    key = (plan.target, plan.archive)
+    writer = _WRITERS.get(key)
+    if writer is None:
+        writer = _WRITERS[key] = _Writer(plan)
+    return writer
+
+
+class _Group:
+    """The rows of one (event type, date) of one partition, as Arrow batches."""
+
+    def __init__(self, table: ArchiveTable) -> None:
+        self.table = table
+        self.rows: list[dict[str, Any]] = []
+        self.batches: list[pa.RecordBatch] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= _ROWS_PER_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.batches.append(pa.RecordBatch.from_pylist(self.rows, schema=self.table.schema))
+            self.rows = []
+
+    def to_table(self) -> pa.Table:
+        self.flush()
+        return pa.Table.from_batches(self.batches, schema=self.table.schema)
+
+
+def _decode_into(
+    writer: _Writer,
+    record: SourceRecord,
+    groups: dict[tuple[str, str], _Group],
+    dead: list[tuple[SourceRecord, DeserializationError]],
+) -> bool:
+    """Decode one record into its group; a dead letter (False) when it does not decode."""
+    try:
+        event = writer.plan.codec.decode(record.value)
+    except DeserializationError as exc:
+        dead.append((record, exc))
+        return False
+    except Exception as exc:  # the codec's own guard missed a kind: still this record only
+        dead.append((record, DeserializationError("undecodable", repr(exc), record.value)))
+        return False
+    try:
+        table = writer.table(event.event_type)
+    except ArchiveSchemaError as exc:  # a type outside the archive's own, with no Parquet form
+        dead.append((record, DeserializationError("unarchivable", str(exc), record.value)))
+        return False
+    date = table.date_of(event.data, record.timestamp)
+    group = groups.get((event.event_type, date))
+    if group is None:
+        group = groups[event.event_type, date] = _Group(table)
+    origin = (record.topic, record.partition, record.offset, record.timestamp, record.key)
+    group.add(table.row(event.data, origin, event.writer.version))
+    return True
+
+
+def _send_dead_letters(
+    writer: _Writer, dead: list[tuple[SourceRecord, DeserializationError]], batch_id: int
+) -> None:
+    """Produce the undecodable records with reason and origin; wait for every ack."""
+    target = writer.plan.target
+    sent = Deliveries(writer.producer, f"{len(dead)} dead letters to {target.dlq_topic}")
+    for record, exc in dead:
+        origin = (record.topic, record.partition, record.offset)
+        headers = dead_letter_headers(
+            exc.reason, str(exc), origin, target.processor, target.generation
+        )
+        sent.produce(target.dlq_topic, record.value, record.key, headers)
+        logger.warning(
+            "dead-lettered: %s",
+            exc,
+            extra={
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "batch_id": batch_id,
+            },
+        )
+    sent.wait()
+
+
+def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) -> ArchiveOutcome:
+    """Archive the records of ``ranges`` exactly once (executor side; see the module docstring).
+
+    Idempotent: run again (a retried task, a re-executed batch), it writes nothing new.
+
+    Args:
+        plan: The archive and its generation.
+        ranges: ``(topic, partition, start, end)`` of the task, end exclusive.
+        batch_id: Spark's batch id, stored with the positions.
+
+    Raises:
+        SinkConflictError: Another writer moved the positions.
+        DeadLetterError: A dead letter was not acknowledged (nothing committed).
+        StateStoreUnavailableError: Redis stayed unreachable.
+        RuntimeError: Reading the log failed (see ``read_messages``); Spark retries the task.
+    """
+    outcome = ArchiveOutcome()
+    if not ranges:
+        return outcome
+    writer = _writer(plan)
+    store = plan.store
+    applied = writer.applied(sorted({position_field(t, p) for t, p, _s, _e in ranges}))
+    todo: list[Range] = []
+    for topic, partition, start, end in ranges:
+        begin = applied.get(position_field(topic, partition), start)
+        outcome.records += end - start
+        if begin >= end:
+            outcome.skipped += end - start
+            continue
+        outcome.skipped += max(0, begin - start)
+        todo.append((topic, partition, begin, end))
+    if not todo:
+        return outcome
+    for topic, partition, begin, _end in todo:
+        store.reconcile(topic, partition, begin)
+    groups: dict[tuple[str, int], dict[tuple[str, str], _Group]] = {
+        (t, p): {} for t, p, _s, _e in todo
+    }
+    dead: list[tuple[SourceRecord, DeserializationError]] = []
+    options = SourceOptions(kafka=plan.target.kafka, topics=tuple(sorted({r[0] for r in todo})))
+    for chunk in read_messages(options, tuple(todo)):
+        for message in chunk:
+            record = SourceRecord.of_message(message)
+            if _decode_into(writer, record, groups[record.topic, record.partition], dead):
+                outcome.archived += 1
+    root = plan.archive.root
+    for topic, partition, begin, end in todo:
+        mine = groups[topic, partition]
+        dirs = tuple(sorted(str(date_dir(Path(), t, d)) for t, d in mine))
+        store.write_intent(topic, partition, Intent(begin, end, dirs))
+        coverage = Coverage(topic, partition, begin, end)
+        for (event_type, date), group in sorted(mine.items()):
+            store.write(date_dir(root, event_type, date), coverage, group.to_table())
+            outcome.files += 1
+    if dead:
+        outcome.undecodable = len(dead)
+        _send_dead_letters(writer, dead, batch_id)
+    moves = {position_field(t, p): (applied.get(position_field(t, p)), e) for t, p, _b, e in todo}
+    _redis_call(plan.target, lambda: writer.commit(moves, batch_id))
+    outcome.positions = {f: end for f, (_expected, end) in moves.items()}
+    return outcome
+
+
+def _archive_task(
+    plan: ArchivePlan, batch_id: int, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` (executor side): archive the task's ranges; one outcome row."""
+    outcome = archive_ranges(plan, ranges_of(batches), batch_id)
+    if outcome.records:
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "records": outcome.records,
+                    "archived": outcome.archived,
+                    "skipped": outcome.skipped,
+                    "undecodable": outcome.undecodable,
+                    "files": outcome.files,
+                    "positions": json.dumps(outcome.positions),
+                }
+            ],
+            schema=_OUTCOME_ARROW,
+        )
+
+
+def prepare_archive(
+    target: FoldTarget, archive: ArchiveProcessor, codec: EventCodec, source_format: str
+) -> ArchivePlan:
+    """Check an archive run and take ownership of its files (driver side, before the query).
+
+    Raises:
+        ProcessorConfigError: Not the ``refold_kafka_ranges`` source, an event type without
+            a Parquet schema, or the files belong to another processor or generation
+            (:class:`~processors.runtime.archive_store.ArchiveOwnerError`).
+    """
+    if source_format != "refold_kafka_ranges":
+        msg = (
+            f"{archive.name} archives each partition range in the task that reads it, which "
+            f"needs the refold_kafka_ranges source, not {source_format}. Operator action: "
+            f"unset REFOLD_{archive.name.upper()}__SOURCE_FORMAT."
+        )
+        raise ProcessorConfigError(msg)
+    try:
+        archive.check([codec.reader_for(t).raw for t in archive.event_types])
+    except ArchiveSchemaError as exc:
+        msg = f"{archive.name}: {exc}"
+        raise ProcessorConfigError(msg) from exc
+    plan = ArchivePlan(target, archive, codec)
+    plan.store.claim(target.processor, target.key_prefix, target.generation)
+    for event_type in archive.event_types:
+        reader = codec.reader_for(event_type)
+        if archive.table(reader.raw).time_field is None:
+            logger.info(
+                "%s: %s events are dated by their Kafka timestamp", archive.name, event_type
+            )
+    logger.info("%s g%d archives to %s", archive.name, target.generation, archive.root)
+    return plan
+
+
+class ArchiveSink:
+    """The ``foreachBatch`` function of an archive query (driver side, picklable).
+
+    Args:
+        plan: From :func:`prepare_archive`.
+        mirror: Commits each batch's new positions to the generation's consumer group.
+    """
+
+    def __init__(self, plan: ArchivePlan, mirror: ConsumerGroupMirror | None = None) -> None:
+        self.plan = plan
+        self.target = plan.target
+        self.mirror = mirror
+        self.total = ArchiveOutcome()
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """Archive one micro-batch; idempotent (a re-executed batch writes nothing new)."""
+        started = time.perf_counter()
+        task = functools.partial(_archive_task, self.plan, batch_id)
+        outcome = ArchiveOutcome()
+        for row in df.mapInArrow(task, ARCHIVE_OUTCOME_SCHEMA).collect():
+            outcome.merge(
+                ArchiveOutcome(
+                    row.records,
+                    row.archived,
+                    row.skipped,
+                    row.undecodable,
+                    row.files,
+                    json.loads(row.positions),
+                )
+            )
+        self.total.merge(outcome)
+        if self.mirror is not None:
+            self.mirror.commit(outcome.positions)
+        elapsed = time.perf_counter() - started
+        if outcome.records:
+            logger.info(
+                "batch %d: %s in %.2fs (%.0f/s)",
+                batch_id,
+                outcome.describe(),
+                elapsed,
+                outcome.records / max(elapsed, 1e-9),
+                extra={
+                    "batch_id": batch_id,
+                    "generation": self.target.generation,
+                    "processor": self.target.processor,
+                },
+            )
+
+
+def start_archive_query(
+    source: DataFrame, sink: ArchiveSink, query_name: str, checkpoint: Path, trigger_interval: str
+) -> StreamingQuery:
+    """Wire the ranges source -> ``foreachBatch`` archive sink (no logic here)."""
+    if "start_offset" not in source.columns:
+        msg = f"{sink.target.processor}: the archive needs the refold_kafka_ranges source"
+        raise ProcessorConfigError(msg)
+    return (
+        source.writeStream.foreachBatch(sink)
+        .queryName(query_name)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime=trigger_interval)
+        .start()
+    )
