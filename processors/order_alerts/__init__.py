@@ -1,0 +1,1 @@
+"""order_alerts: patterns per order (paid but not shipped in time; paid then cancelled)."""
