@@ -458,6 +458,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.archive import main as archive_main
 
         return archive_main(given[1:])
+    if given[:1] == ["webhooks"]:  # webhook deliveries/s to a local receiver, alone
+        from bench.webhooks import main as webhooks_main
+
+        return webhooks_main(given[1:])
     args = parser.parse_args(given)
 
     if args.work_dir is not None:

@@ -50,6 +50,7 @@ __all__ = [
     "GenerationKeys",
     "GenerationStatus",
     "StateLayout",
+    "WebhookKeys",
     "parse_position_field",
     "position_field",
     "processor_of_registry_key",
@@ -264,3 +265,68 @@ def processor_of_registry_key(key: str, prefix: str = DEFAULT_KEY_PREFIX) -> str
         return None
     name = key[len(head) : -len(tail)]
     return name if name and not any(c in name for c in ":{}") else None
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookKeys:
+    """The keys of one webhook dispatcher (``services.webhooks``), by its name.
+
+    They share the hash tag ``{webhooks.<name>}``, so the dispatcher's commit (positions, log
+    entries and counters in one Lua call) also works on a Redis Cluster. None of them is a
+    processor's state: replay, snapshots and gc never touch them.
+
+    =========================================  ======  =========================================
+    key                                         type    content
+    =========================================  ======  =========================================
+    ``<p>:{webhooks.<name>}:positions``         hash    ``<topic>/<partition>`` -> next offset to
+                                                        deliver (insight topics, and the DLQ's
+                                                        for ``redrive``)
+    ``<p>:{webhooks.<name>}:log``               stream  one entry per delivery outcome and per
+                                                        retried attempt (capped, ``MAXLEN ~``)
+    ``<p>:{webhooks.<name>}:counters``          hash    ``delivered``, ``retried``, ``failed``,
+                                                        ``failed:<reason>``, ``redriven``
+    ``<p>:{webhooks.<name>}:lease:<role>``      string  ``host:pid:nonce`` of the running
+                                                        dispatcher (role ``dispatch``/``redrive``)
+    =========================================  ======  =========================================
+    """
+
+    name: str
+    prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def base(self) -> str:
+        """Common prefix, with the cluster hash tag."""
+        return f"{self.prefix}:{{webhooks.{self.name}}}"
+
+    @property
+    def positions(self) -> str:
+        """Hash of the next offset to deliver per ``<topic>/<partition>``."""
+        return f"{self.base}:positions"
+
+    @property
+    def log(self) -> str:
+        """Stream of delivery outcomes (the delivery log)."""
+        return f"{self.base}:log"
+
+    @property
+    def counters(self) -> str:
+        """Hash of delivery counters (integers)."""
+        return f"{self.base}:counters"
+
+    def lease(self, role: str) -> str:
+        """The lease of the dispatcher running ``role`` (one process per name and role)."""
+        return f"{self.base}:lease:{role}"
+
+    @staticmethod
+    def pattern(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+        """SCAN pattern matching every dispatcher's counters hash (to list dispatchers)."""
+        return f"{prefix}:{{webhooks.*}}:counters"
+
+    @staticmethod
+    def name_of(key: str, prefix: str = DEFAULT_KEY_PREFIX) -> str | None:
+        """The dispatcher whose counters hash ``key`` is (inverse of :attr:`counters`)."""
+        head, tail = f"{prefix}:{{webhooks.", "}:counters"
+        if not (key.startswith(head) and key.endswith(tail)):
+            return None
+        name = key[len(head) : -len(tail)]
+        return name or None

@@ -255,6 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
             "deploy.contracts_cli:main",
         ),
         (
+            "webhooks",
+            "run | log | redrive: deliver critical insights to a webhook "
+            "(see `refold webhooks -h`)",
+            "deploy.webhooks_cli:main",
+        ),
+        (
             "archive",
             "backfill | compact | status of the Parquet archive (see `refold archive -h`)",
             "processors.runtime.archive_cli:main",

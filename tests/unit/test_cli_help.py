@@ -27,6 +27,8 @@ from replay.__main__ import parse_args as replay_args
                 "contracts",
                 "topics",
                 "replay",
+                "webhooks",
+                "archive",
             ],
         ),
         (processor_parser, ["--generation", "--starting-offsets", "--available-now"]),

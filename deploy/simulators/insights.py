@@ -1,0 +1,119 @@
+"""Critical insights as a pattern processor writes them: Avro ``Insight`` records with origins.
+
+For tests, benchmarks and the demo of webhook delivery. Each record is single-object encoded
+(:class:`~contracts.codec.EventCodec`), keyed by the pattern's key, and carries the headers every
+processor output carries (:mod:`contracts.origin`): ``refold.origin.id`` (deterministic), the
+source record's topic, partition and offset, ``refold.processor`` and ``refold.generation``.
+Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from contracts.codec import EventCodec
+from contracts.insights import INSIGHT
+from contracts.origin import ORIGIN_ID, ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC, origin_id
+from processors.runtime.acks import Deliveries, output_producer
+
+__all__ = ["SimulatedInsight", "insights", "produce_insights"]
+
+_PATTERNS = (
+    ("card-testing", "count"),
+    ("payment-then-cancel", "sequence"),
+    ("paid-not-shipped", "absence"),
+)
+_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedInsight:
+    """One insight record: its key, fields and headers."""
+
+    key: str
+    fields: dict[str, Any]
+    headers: list[tuple[str, str | bytes | None]]
+
+    @property
+    def origin_id(self) -> str:
+        """The ``refold.origin.id`` header (the webhook's Idempotency-Key)."""
+        for name, value in self.headers:
+            if name == ORIGIN_ID and isinstance(value, bytes):
+                return value.decode()
+        return ""
+
+
+def insights(
+    count: int,
+    *,
+    processor: str = "order_patterns",
+    source_topic: str = "commerce.orders",
+    source_partitions: int = 4,
+    generation: int = 1,
+    seed: int = 0,
+    key_prefix: str = "customer-",
+    warning_every: int = 0,
+) -> Iterator[SimulatedInsight]:
+    """``count`` insights of ``processor``, in the order it would produce them.
+
+    Every ``warning_every``-th one (0: none) has severity ``warning``, the others ``critical``.
+    """
+    rng = random.Random(seed)  # noqa: S311 - test data, not security
+    offsets = [0] * source_partitions
+    now = _START_MS
+    for n in range(count):
+        partition = n % source_partitions
+        offsets[partition] += rng.randint(1, 40)
+        offset = offsets[partition]
+        pattern, kind = _PATTERNS[rng.randrange(len(_PATTERNS))]
+        key = f"{key_prefix}{rng.randint(1, 2_000):05d}"
+        now += rng.randint(50, 5_000)
+        events = rng.randint(2, 6)
+        fields = {
+            "insight_id": f"{processor}/{pattern}/{key}/{now}/0",
+            "processor": processor,
+            "pattern": pattern,
+            "kind": kind,
+            "key": key,
+            "severity": "warning" if warning_every and n % warning_every == 0 else "critical",
+            "detected_at": now,
+            "first_at": now - rng.randint(1_000, 600_000),
+            "event_count": events,
+            "events": [f"evt-{seed}-{n}-{i}" for i in range(events)],
+            "details": {"source_offset": str(offset)},
+        }
+        headers: list[tuple[str, str | bytes | None]] = [
+            (ORIGIN_ID, origin_id(processor, source_topic, partition, offset, 0).encode()),
+            (ORIGIN_TOPIC, source_topic.encode()),
+            (ORIGIN_PARTITION, str(partition).encode()),
+            (ORIGIN_OFFSET, str(offset).encode()),
+            ("refold.processor", processor.encode()),
+            ("refold.generation", str(generation).encode()),
+        ]
+        yield SimulatedInsight(key, fields, headers)
+
+
+def produce_insights(
+    bootstrap_servers: str,
+    topic: str,
+    records: list[SimulatedInsight],
+    *,
+    codec: EventCodec | None = None,
+) -> None:
+    """Produce ``records`` to ``topic`` (acks=all) and wait for every acknowledgement.
+
+    Raises:
+        DeadLetterError: The broker did not acknowledge them all.
+    """
+    codec = codec or EventCodec()
+    sent = Deliveries(
+        output_producer({"bootstrap.servers": bootstrap_servers}), f"{len(records)} insights"
+    )
+    for record in records:
+        sent.produce(
+            topic, codec.encode(INSIGHT, record.fields), record.key.encode(), record.headers
+        )
+    sent.wait()

@@ -1,0 +1,387 @@
+"""The dispatcher's Redis side: positions, the delivery log, counters, and its lease.
+
+Keys are :class:`contracts.layout.WebhookKeys`. A batch's outcome is committed in one Lua call:
+it checks that this process still holds the lease, then writes the next offset per partition,
+one log entry per insight and the counters. A dispatcher that lost its lease (a zombie after a
+long pause) therefore never moves positions under the one that took over.
+
+Lifecycle: one :class:`WebhookStore` per dispatcher; the redis-py client it is given may be
+shared between threads (its connection pool is thread-safe).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, cast
+
+import redis
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from contracts.layout import WebhookKeys, parse_position_field, position_field
+from contracts.store.lease import lease_holder_alive
+from services.webhooks.errors import WebhookLeaseError, WebhookStoreError
+
+__all__ = [
+    "LEASE_TTL_MS",
+    "DispatcherLease",
+    "LogEntry",
+    "WebhookStore",
+    "list_dispatchers",
+]
+
+logger = logging.getLogger(__name__)
+
+LEASE_TTL_MS = 15_000
+_RENEW_S = 2.0  # well inside the TTL, also while a batch waits out a receiver's outage
+_LEASE_POLL_S = 0.25
+# How long a commit keeps trying while Redis is unreachable (a restart, a failover) before the
+# dispatcher stops; the batch stays uncommitted, so a restart delivers it again.
+_COMMIT_PATIENCE_S = 120.0
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
+
+# KEYS: lease, positions, log, counters. ARGV: owner, maxlen, positions, counters, entries
+# (JSON: {field: "offset"}, {name: n}, [[field, value, ...], ...]). 0 when the lease is not ours.
+_COMMIT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+for field, offset in pairs(cjson.decode(ARGV[3])) do
+  redis.call('HSET', KEYS[2], field, offset)
+end
+for name, n in pairs(cjson.decode(ARGV[4])) do
+  redis.call('HINCRBY', KEYS[4], name, n)
+end
+for _, entry in ipairs(cjson.decode(ARGV[5])) do
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(entry))
+end
+return 1
+"""
+# KEYS: lease, positions. ARGV: owner, {field: "offset"}: set only the fields not set yet.
+_INIT_POSITIONS = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+for field, offset in pairs(cjson.decode(ARGV[2])) do
+  redis.call('HSETNX', KEYS[2], field, offset)
+end
+return 1
+"""
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
+end
+return 0
+"""
+_RENEW = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One entry of the delivery log.
+
+    Attributes:
+        id: The Idempotency-Key the insight was (or would have been) delivered with.
+        topic: The insight record's topic (for a redriven one: the topic it first came from).
+        partition: Its partition.
+        offset: Its offset.
+        status: ``delivered``, ``retry`` (an attempt failed, another follows), ``failed``
+            (dead-lettered: see ``reason``).
+        code: The last HTTP status (0: none, e.g. a timeout or a refused connection).
+        attempts: Attempts made so far.
+        latency_ms: Duration of the last attempt.
+        elapsed_ms: From the first attempt to this outcome.
+        time_ms: When (epoch ms).
+        reason: For ``failed``: ``webhook-failed``, ``webhook-rejected`` or the decoder's
+            reason (``bad-magic``, ``unknown-fingerprint``, ``bad-body``).
+        error: The last error (``HTTP 503``, ``ConnectError: ...``).
+        run: ``dispatch`` or ``redrive``.
+        entry_id: The stream entry's id (set when read back).
+    """
+
+    id: str
+    topic: str
+    partition: int
+    offset: int
+    status: str
+    code: int
+    attempts: int
+    latency_ms: float
+    elapsed_ms: float
+    time_ms: int
+    reason: str = ""
+    error: str = ""
+    run: str = "dispatch"
+    entry_id: str = ""
+
+    def flat(self) -> list[str]:
+        """``[field, value, ...]`` as XADD takes them (without the entry id)."""
+        out: list[str] = []
+        for name in _STORED_FIELDS:
+            value = getattr(self, name)
+            out += [name, f"{value:.1f}" if isinstance(value, float) else str(value)]
+        return out
+
+    @classmethod
+    def from_stream(cls, entry_id: bytes | str, raw: Mapping[bytes, bytes]) -> LogEntry:
+        """Read one stream entry back (unknown fields ignored, missing ones zero or empty)."""
+        data = {k.decode(): v.decode() for k, v in raw.items()}
+        values: dict[str, Any] = {}
+        for name in _STORED_FIELDS:
+            text = data.get(name, "")
+            kind = _FIELD_TYPES[name]
+            if kind == "int":
+                values[name] = int(text) if text.lstrip("-").isdigit() else 0
+            elif kind == "float":
+                try:
+                    values[name] = float(text)
+                except ValueError:
+                    values[name] = 0.0
+            else:
+                values[name] = text
+        entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        return cls(**values, entry_id=entry)
+
+
+_STORED_FIELDS = tuple(f.name for f in fields(LogEntry) if f.name != "entry_id")
+_FIELD_TYPES = {f.name: str(f.type) for f in fields(LogEntry)}  # "int", "float", "str"
+
+
+def _with_patience(what: str) -> Retrying:
+    """Retry a Redis call while Redis is unreachable, up to :data:`_COMMIT_PATIENCE_S`."""
+
+    def _log(state: Any) -> None:
+        logger.warning("Redis unreachable while %s; retrying (%s)", what, state.outcome.exception())
+
+    return Retrying(
+        retry=retry_if_exception_type(_REDIS_DOWN),
+        stop=stop_after_delay(_COMMIT_PATIENCE_S),
+        wait=wait_exponential(multiplier=0.1, max=5),
+        before_sleep=_log,
+        reraise=True,
+    )
+
+
+class WebhookStore:
+    """Positions, log and counters of one dispatcher.
+
+    Args:
+        client: A redis-py client (bytes responses).
+        keys: The dispatcher's keys.
+        log_max_entries: Approximate cap of the log stream.
+    """
+
+    def __init__(self, client: redis.Redis, keys: WebhookKeys, log_max_entries: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.log_max_entries = log_max_entries
+        self._commit = client.register_script(_COMMIT)
+        self._init = client.register_script(_INIT_POSITIONS)
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """The stored next offset of every ``(topic, partition)``."""
+        raw = cast("dict[bytes, bytes]", self.client.hgetall(self.keys.positions))
+        out: dict[tuple[str, int], int] = {}
+        for field, value in raw.items():
+            parsed = parse_position_field(field.decode())
+            if parsed is not None:
+                out[parsed] = int(value)
+        return out
+
+    def init_positions(self, lease: DispatcherLease, start: Mapping[tuple[str, int], int]) -> None:
+        """Store where partitions without a position start (those with one keep theirs).
+
+        Raises:
+            WebhookLeaseError: The lease is not ours any more.
+            WebhookStoreError: Redis did not answer in time.
+        """
+        if not start:
+            return
+        encoded = json.dumps({position_field(t, p): str(o) for (t, p), o in start.items()})
+        self._run(
+            "storing starting positions",
+            lambda: self._init(keys=[lease.key, self.keys.positions], args=[lease.owner, encoded]),
+        )
+
+    def commit(
+        self,
+        lease: DispatcherLease,
+        positions: Mapping[tuple[str, int], int],
+        entries: Iterable[LogEntry],
+        counters: Mapping[str, int],
+    ) -> None:
+        """Write a batch's outcome in one call: positions, log entries, counters.
+
+        Raises:
+            WebhookLeaseError: The lease is not ours any more (nothing was written).
+            WebhookStoreError: Redis did not answer in time (nothing was written).
+        """
+        args = [
+            lease.owner,
+            str(self.log_max_entries),
+            json.dumps({position_field(t, p): str(o) for (t, p), o in positions.items()}),
+            json.dumps({k: v for k, v in counters.items() if v}),
+            json.dumps([e.flat() for e in entries]),
+        ]
+        keys = [lease.key, self.keys.positions, self.keys.log, self.keys.counters]
+        self._run("committing a batch", lambda: self._commit(keys=keys, args=args))
+
+    def _run(self, what: str, call: Any) -> None:
+        try:
+            done = _with_patience(what)(call)
+        except _REDIS_DOWN as exc:
+            msg = (
+                f"Redis unreachable for {_COMMIT_PATIENCE_S:.0f}s while {what} ({exc}); the "
+                "batch stays uncommitted and is delivered again on restart. Operator action: "
+                "check Redis (REFOLD_REDIS__URL), then restart the dispatcher."
+            )
+            raise WebhookStoreError(msg) from exc
+        if not done:
+            msg = (
+                f"{self.keys.name}: lost the dispatcher lease while {what}: another dispatcher "
+                "of this name took over; this one stops without writing."
+            )
+            raise WebhookLeaseError(msg)
+
+    def log_retry(self, entry: LogEntry) -> None:
+        """Append a ``retry`` entry at once (best effort: a failure is only logged)."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(
+                self.keys.log,
+                dict(zip(entry.flat()[::2], entry.flat()[1::2], strict=True)),
+                maxlen=self.log_max_entries,
+                approximate=True,
+            )
+            pipe.hincrby(self.keys.counters, "retried", 1)
+            pipe.execute()
+        except redis.RedisError as exc:
+            logger.warning("could not log a retry of %s: %s", entry.id, exc)
+
+    def counters(self) -> dict[str, int]:
+        """The counters (``delivered``, ``retried``, ``failed``, ``failed:<reason>``...)."""
+        raw = cast("dict[bytes, bytes]", self.client.hgetall(self.keys.counters))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def recent(self, count: int) -> list[LogEntry]:
+        """The newest ``count`` log entries, newest first."""
+        raw = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]",
+            self.client.xrevrange(self.keys.log, count=count),
+        )
+        return [LogEntry.from_stream(entry_id, data) for entry_id, data in raw]
+
+    def log_length(self) -> int:
+        """Entries in the log stream now."""
+        return int(self.client.xlen(self.keys.log))
+
+
+def list_dispatchers(client: redis.Redis, prefix: str) -> list[str]:
+    """Names of the dispatchers that have counters under ``prefix``."""
+    names = {
+        WebhookKeys.name_of(key.decode() if isinstance(key, bytes) else str(key), prefix)
+        for key in client.scan_iter(match=WebhookKeys.pattern(prefix), count=1000)
+    }
+    return sorted(n for n in names if n)
+
+
+def _owner_id() -> str:
+    # The format lease_holder_alive() reads: host:pid:nonce.
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class DispatcherLease:
+    """At most one process per dispatcher name and role (``dispatch``, ``redrive``).
+
+    Two dispatchers of one name would both deliver (duplicates, same keys) and race on the
+    positions. The lease is a key with a TTL (``host:pid:nonce``), renewed every two seconds by
+    a background thread; a lease left by a crashed process of this host is taken over at once.
+
+    Args:
+        client: A redis-py client.
+        keys: The dispatcher's keys.
+        role: ``dispatch`` or ``redrive`` (they may run at the same time).
+    """
+
+    def __init__(self, client: redis.Redis, keys: WebhookKeys, role: str) -> None:
+        self.client = client
+        self.key = keys.lease(role)
+        self.label = f"{keys.name} ({role})"
+        self.owner = _owner_id()
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def acquire(self, wait_s: float) -> None:
+        """Take the lease, waiting up to ``wait_s`` for a live holder to let go.
+
+        Raises:
+            WebhookLeaseError: Another live process still holds it after ``wait_s``.
+        """
+        deadline = time.monotonic() + wait_s
+        announced = False
+        while True:
+            if self.client.set(self.key, self.owner, nx=True, px=LEASE_TTL_MS):
+                break
+            raw = cast("bytes | None", self.client.get(self.key))
+            if raw is None:
+                continue  # released or expired between the two calls
+            holder = raw.decode()
+            if not lease_holder_alive(holder) and self.client.eval(
+                _TAKE_OVER, 1, self.key, holder, self.owner, LEASE_TTL_MS
+            ):
+                logger.warning("took over the lease of %s from %s (gone)", self.label, holder)
+                break
+            if time.monotonic() > deadline:
+                msg = (
+                    f"webhook dispatcher {self.label} is running as {holder}; two are refused. "
+                    f"Operator action: stop the other one, or wait {LEASE_TTL_MS // 1000}s if it "
+                    "died on another host."
+                )
+                raise WebhookLeaseError(msg)
+            if not announced:
+                logger.info("waiting for the lease of %s, held by %s", self.label, holder)
+                announced = True
+            time.sleep(_LEASE_POLL_S)
+        self._renewer = threading.Thread(
+            target=self._renew_loop, name=f"lease {self.label}", daemon=True
+        )
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(_RENEW_S):
+            try:
+                renewed = self.client.eval(_RENEW, 1, self.key, self.owner, LEASE_TTL_MS)
+            except redis.RedisError:  # unreachable for a moment: the TTL leaves time to retry
+                logger.warning("cannot renew the lease of %s", self.label, exc_info=True)
+                continue
+            if not renewed:
+                logger.error("lost the lease of %s: another dispatcher took over", self.label)
+                self.lost.set()
+                return
+
+    def release(self) -> None:
+        """Stop renewing and let go (no-op when it is not ours any more)."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        try:
+            self.client.eval(_RELEASE, 1, self.key, self.owner)
+        except redis.RedisError:  # it expires by itself
+            logger.warning("could not release the lease of %s", self.label, exc_info=True)
