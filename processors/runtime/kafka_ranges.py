@@ -344,4 +344,12 @@ def read_log(
         end = ends[tp] if per_partition is None else min(ends[tp], starts[tp] + per_partition)
         spans.append((tp[0], tp[1], starts[tp], end))
     options = SourceOptions(kafka=tuple(kafka.items()), topics=(topic,))
-    yield from read_messages(options, tuple(spans), slot)
+    try:
+        yield from read_messages(options, tuple(spans), slot)
+    finally:
+        # Driver side, not a reused worker: close the consumer. A cached one would keep
+        # refreshing metadata of topics that may be deleted later (librdkafka crashed on that
+        # in a long test process, in rd_kafka_metadata_cache_find).
+        consumer = _CONSUMERS.pop((slot, options.kafka), None)
+        if consumer is not None:
+            consumer.close()

@@ -10,8 +10,8 @@ at a time): it fires the close timers the processor's watermark has passed, emit
 window's result to ``<processor>.windows`` (a ``WindowResult`` record, Avro), and deletes the
 buckets whose retention is over. A result is produced and acknowledged before its timer is
 removed: at least once (a crash in between emits it again, with the same origin id: read the
-results as upserts by window, start and group). A late record that ``accept`` folds into a closed window
-sets its timer again, and the window is emitted again with the corrected result.
+results as upserts by window, start and group). A late record that ``accept`` folds into a
+closed window sets its timer again, and the window is emitted again with the corrected result.
 """
 
 from __future__ import annotations

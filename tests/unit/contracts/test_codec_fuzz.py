@@ -74,6 +74,9 @@ def datum(schema: Any) -> st.SearchStrategy[Any]:
             "string": st.text(max_size=12),
             "int": INT32,
             "long": INT64,
+            "double": st.floats(allow_nan=False),
+            "float": st.floats(allow_nan=False, width=32),
+            "boolean": st.booleans(),
         }[schema]
     kind = schema["type"]
     if kind == "record":
