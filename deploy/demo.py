@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,14 @@ from contracts.processors import ProcessLauncher
 from contracts.registry import default_registry, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
-from contracts.topics import dead_letter_spec
+from contracts.topics import dead_letter_spec, effects_spec
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
 from deploy.simulators.clickstream import ClickstreamSimulator
 from deploy.simulators.orders import OrderSimulator
+from deploy.simulators.webhook_receiver import WebhookReceiver
 from processors.fold.lookups import PENDING_TIMERS
+from processors.fold.patterns import default_insights_topic
 from processors.sales_windows.projection import SalesWindows
 from processors.search_ctr.projection import ctr
 from processors.unique_visitors.projection import ALL, UniqueVisitors
@@ -37,6 +40,9 @@ from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
 from services.reader.window_reader import WindowReader
+from services.webhooks.config import WebhookSettings
+from services.webhooks.dispatcher import DispatcherThread, WebhookDispatcher
+from services.webhooks.store import WebhookStore
 
 __all__ = ["run_demo", "wait_until_caught_up"]
 
@@ -52,7 +58,12 @@ PROCESSORS = (
     "search_ctr",
     "customer_profiles",
     "enriched_clicks",
+    "order_alerts",
+    "customer_orders",  # after order_state: they fold order_state's output stream
+    "customer_alerts",
+    "archive",
 )
+ALERTS = ("order_alerts", "customer_alerts")  # their insights go to the local webhook
 _CATCH_UP_TIMEOUT_S = 600.0
 _TAKEOVER_TIMEOUT_S = 120.0
 
@@ -234,6 +245,89 @@ def _windows_summary(client: redis.Redis) -> None:
     )
 
 
+def _wait_for_deliveries(
+    store: WebhookStore, offsets: LogOffsets, topics: list[str], timeout: float = 120.0
+) -> float:
+    """Block until the dispatcher has settled every insight on ``topics`` (delivered or DLQ)."""
+    tps = [(t, p) for t in topics for p in offsets.partitions(t)]
+    ends = offsets.end_offsets(tps)
+    started = time.monotonic()
+    while any(store.positions().get(tp, 0) < end for tp, end in ends.items()):
+        if time.monotonic() - started > timeout:
+            msg = f"the webhook dispatcher has not settled the insights after {timeout:.0f}s"
+            raise TimeoutError(msg)
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def _results_out(
+    client: redis.Redis,
+    receiver: WebhookReceiver,
+    store: WebhookStore,
+    archive_root: Path,
+    produced: dict[str, int],
+) -> bool:
+    """Insights found and pushed to the webhook; the archive read back with DuckDB."""
+    import duckdb  # only here: the demo's reading of the archive
+
+    changes = StateReader(client, "customer_orders").aggregate("order_changes").value
+    orders = StateReader(client, PROCESSOR).aggregate("order_totals").value
+    terminal = {s: changes.get(f"to:{s}", 0) for s in ("shipped", "cancelled")}
+    print(
+        "customer_orders (chained on order_state.changes, deduplicated by origin id): "
+        + ", ".join(f"{n:,} orders {s}" for s, n in terminal.items())
+        + "; each once, as order_state counts them: "
+        + ("yes" if all(orders.get(f"orders:{s}") == n for s, n in terminal.items()) else "NO")
+    )
+    for name in ALERTS:
+        counts = StateReader(client, name).aggregate("insight_counts").value
+        found = ", ".join(
+            f"{k.split(':', 1)[1]} {v}"
+            for k, v in sorted(counts.items())
+            if k.startswith("insights:")
+        )
+        waiting = counts.get("buffered", 0)
+        print(f"{name}: insights {found or 'none yet'}; {waiting:,} events wait for the watermark")
+    seen = receiver.snapshot()
+    counters = store.counters()
+    print(
+        f"webhook {receiver.url}: {seen['accepted']:,} critical insights received "
+        f"({counters.get('skipped', 0):,} of other severities not pushed; {seen['requests']:,} "
+        f"requests: {counters.get('retried', 0):,} retried after a 503, {seen['duplicates']} "
+        f"duplicates by Idempotency-Key), {counters.get('failed', 0)} dead-lettered"
+    )
+    example = next(iter(receiver.accepted.values()), None)
+    if isinstance(example, dict):
+        insight = example.get("data", {})
+        print(
+            f"  e.g. Idempotency-Key {example.get('id')}: {insight.get('pattern')} on "
+            f"{insight.get('key')} at {_clock(int(insight.get('detected_at', 0)))} "
+            f"({', '.join(f'{k} {v}' for k, v in insight.get('details', {}).items())})"
+        )
+    tables = sorted(d.name for d in archive_root.iterdir() if not d.name.startswith("_"))
+    connection = duckdb.connect()
+    rows = {}
+    for table in tables:
+        counted = connection.execute(
+            "SELECT count(*) FROM read_parquet(?)", [f"{archive_root / table}/*/*.parquet"]
+        ).fetchone()
+        rows[table] = 0 if counted is None else int(counted[0])
+    exact = rows == {t: n for t, n in produced.items() if n}
+    print(
+        f"archive {archive_root}: {len(tables)} Parquet tables by event date, "
+        f"{sum(rows.values()):,} rows read back by DuckDB; equal to the events produced per type: "
+        f"{'yes' if exact else 'NO'}"
+    )
+    paid = connection.execute(
+        "SELECT event_date, currency, count(*) AS payments, sum(amount_minor) AS minor "
+        "FROM read_parquet(?, hive_partitioning = true) GROUP BY ALL ORDER BY ALL LIMIT 3",
+        [f"{archive_root}/OrderPaid/*/*.parquet"],
+    ).fetchall()
+    for day, currency, payments, minor in paid:
+        print(f"  {day} {currency}: {payments:,} payments, {_money(minor)}")
+    return exact
+
+
 def _tables(reader: StateReader, generation: int) -> tuple[dict[str, Any], dict[str, int]]:
     return (
         dict(reader.scan("orders", generation)),
@@ -249,6 +343,8 @@ def run_demo(orders: int, state_dir: Path) -> int:
     _say(f"starting the local stack (Tansu broker + redis-server) in {demo_dir}")
     stack.start()
     processor: ProcessorProcess | None = None
+    receiver: WebhookReceiver | None = None
+    dispatch: DispatcherThread | None = None
     try:
         kafka = KafkaSettings(bootstrap_servers=stack.bootstrap_servers)
         redis_settings = RedisSettings(url=stack.redis_url)
@@ -257,12 +353,27 @@ def run_demo(orders: int, state_dir: Path) -> int:
         topics = [registry_.topic(t) for n in PROCESSORS for t in processor_spec(n).topics]
         topics = list({t.name: t for t in topics}.values())
         ensure_topics(kafka.as_librdkafka(), [*topics, *(dead_letter_spec(n) for n in PROCESSORS)])
+        insight_topics = [default_insights_topic(n) for n in ALERTS]
+        ensure_topics(kafka.as_librdkafka(), [effects_spec(t) for t in insight_topics])
         for topic in topics:
             print(f"topic {topic.name}: {topic.partitions} partitions, key {topic.key_field}")
+        # A local webhook receiver that answers 503 to every 7th request (the dispatcher
+        # retries it), and the dispatcher pushing the alert processors' insights to it.
+        receiver = WebhookReceiver(fail_every=7).start()
+        client = redis.Redis.from_url(stack.redis_url)
+        webhook = WebhookSettings(
+            name="demo", url=receiver.url, topics=tuple(insight_topics), backoff_max_s=2.0
+        )
+        dispatcher = WebhookDispatcher(
+            webhook, kafka.as_librdkafka(), client, redis_settings.key_prefix
+        )
+        dispatch = dispatcher.start()
+        print(f"webhook receiver {receiver.url}; dispatcher of {', '.join(insight_topics)}")
         launcher = ProcessLauncher(kafka, redis_settings, SparkSettings(), demo_dir)
         _say(
             f"starting {', '.join(PROCESSORS)} as queries of ONE Spark application "
-            "(generation 1 each; customer_stats is re-keyed by customer_id)"
+            "(generation 1 each; customer_stats is re-keyed by customer_id; customer_alerts "
+            "folds order_state's output stream)"
         )
         processor = ProcessorProcess(
             launcher.argv(list(PROCESSORS)),
@@ -294,7 +405,6 @@ def run_demo(orders: int, state_dir: Path) -> int:
             f"last: {tokens[-1]}"
         )
 
-        client = redis.Redis.from_url(stack.redis_url)
         reader = StateReader(client, PROCESSOR)
         offsets = LogOffsets(kafka.as_librdkafka())
         try:
@@ -309,6 +419,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
                     desc=name,
                 )
             print(f"caught up {waited:.1f}s after the last event was acknowledged")
+            _wait_for_deliveries(dispatcher.store, offsets, insight_topics)
             dlq = dead_letter_spec(PROCESSOR).name
             dead = sum(offsets.end_offsets([(dlq, 0)]).values())
             live = reader.live_generation()
@@ -316,6 +427,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
             _platform_summary(client)
             _windows_summary(client)
 
+            before_replay = receiver.snapshot()["requests"]
             _say("replay: rebuild order_state from the earliest offset into a new generation")
             spec = processor_spec(PROCESSOR)
             plan = plan_replay(spec, ToEarliest(), kafka, client, redis_settings.key_prefix)
@@ -365,14 +477,33 @@ def run_demo(orders: int, state_dir: Path) -> int:
             )
             for info in registry.list():
                 print(f"  generation {info.generation}: {info.status}")
+            _wait_for_deliveries(dispatcher.store, offsets, insight_topics)
+            during = receiver.snapshot()["requests"] - before_replay
+            print(
+                f"webhook requests while replay built and flipped: {during} (a generation being "
+                "built does not send what the live one sent)"
+            )
+
+            _say("results out: insights pushed to the webhook, the archive read back")
+            archived = _results_out(
+                client,
+                receiver,
+                dispatcher.store,
+                demo_dir / "archive",
+                Counter(event_type for event_type, _event in events),
+            )
         finally:
             offsets.close()
-        _say("stopping the live processor and the stack")
+        _say("stopping the live processor, the webhook dispatcher and receiver, and the stack")
         processor.stop()
         processor = None
         print("done: every process the demo started has stopped.")
-        return 0 if same else 1
+        return 0 if same and archived else 1
     finally:
         if processor is not None:
             processor.stop()
+        if dispatch is not None:
+            dispatch.stop()
+        if receiver is not None:
+            receiver.stop()
         stack.stop()

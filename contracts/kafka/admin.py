@@ -14,9 +14,21 @@ __all__ = ["delete_topics", "ensure_topics"]
 
 
 def ensure_topics(
-    kafka: Mapping[str, str], specs: Iterable[TopicSpec], timeout: float = 30
+    kafka: Mapping[str, str],
+    specs: Iterable[TopicSpec],
+    timeout: float = 30,
+    *,
+    check_partitions: bool = True,
 ) -> None:
     """Create every topic that does not exist yet; check the partition count of those that do.
+
+    Args:
+        kafka: librdkafka settings.
+        specs: The topics.
+        timeout: Seconds per admin call.
+        check_partitions: False for topics a processor only writes to (its outputs): an
+            existing one is used with whatever partition count it has (the producer hashes keys
+            over it; a consumer checks its own inputs).
 
     Raises:
         RefoldError: A topic exists with another partition count (keys would map elsewhere),
@@ -26,7 +38,11 @@ def ensure_topics(
     wanted = {spec.name: spec for spec in specs}
     existing = admin.list_topics(timeout=timeout).topics
     for name, spec in wanted.items():
-        if name in existing and len(existing[name].partitions) != spec.partitions:
+        if (
+            check_partitions
+            and name in existing
+            and len(existing[name].partitions) != spec.partitions
+        ):
             msg = (
                 f"topic {name} has {len(existing[name].partitions)} partitions, the spec says "
                 f"{spec.partitions}. Operator action: fix the spec or recreate the topic."

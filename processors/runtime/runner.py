@@ -663,7 +663,8 @@ def _run_generation(
     # any other output topic gets the side-effect defaults.
     declared = default_registry().topics
     effect_topics = [declared.get(t) or effects_spec(t) for t in outputs]
-    ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters, *effect_topics])
+    ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters])
+    ensure_topics(kafka.as_librdkafka(), effect_topics, check_partitions=False)
     logger.info(
         "starting %s generation %d (checkpoint %s, starting offsets %s)",
         projection.name,

@@ -12,7 +12,6 @@ import dataclasses
 import random
 import zlib
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -22,44 +21,22 @@ from contracts.codec import EventCodec
 from contracts.errors import EventValidationError
 from contracts.origin import parse_origin_id
 from deploy.simulators.orders import OrderSimulator
+from processors.customer_orders.projection import CustomerOrdersProjection
 from processors.fold.oracle import fold_all
 from processors.fold.projection import (
-    EventRejectedError,
     InvalidOutputError,
     SideEffect,
-    State,
-    UnstorableStateError,
     encode_effects,
-    fold_one,
 )
 from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection, status_change
+from processors.order_state.projection import OrderStateProjection
 from processors.runtime.envelope import FoldTarget, FoldWriter
 from processors.runtime.kafka_ranges import read_log
 from services.reader.state_reader import StateReader
+from tests.support.chain import status_changes
 
 CODEC = EventCodec()
 PARTITIONS = 4
-
-
-class StatusCounts:
-    """A processor of customers: status changes counted per customer (downstream)."""
-
-    name = "customer_changes"
-    table = "customers"
-    aggregate = "changes"
-    event_types = ("OrderStatusChanged",)
-
-    def key(self, event_type: str, event: Mapping[str, Any]) -> str:
-        return str(event["customer_id"])
-
-    def apply(self, state: State | None, event_type: str, event: Mapping[str, Any]) -> State:
-        counts = dict((state or {}).get("counts", {}))
-        counts[event["status"]] = counts.get(event["status"], 0) + 1
-        return {"customer_id": event["customer_id"], "counts": counts}
-
-    def contribution(self, state: State) -> Mapping[str, int]:
-        return {f"to:{s}": n for s, n in state["counts"].items()}
 
 
 def _orders(count: int, seed: int) -> tuple[list[tuple[str, dict[str, Any]]], list[SourceRecord]]:
@@ -80,24 +57,6 @@ def _orders(count: int, seed: int) -> tuple[list[tuple[str, dict[str, Any]]], li
         )
         offsets[partition] += 1
     return events, records
-
-
-def _changes_of(events: list[tuple[str, dict[str, Any]]]) -> Counter[tuple[str, str]]:
-    """(customer, status) -> how often an order of the customer moved to that status."""
-    projection = OrderStateProjection()
-    states: dict[str, State] = {}
-    out: Counter[tuple[str, str]] = Counter()
-    for event_type, event in events:
-        key = projection.key(event_type, event)
-        try:
-            new, *_rest = fold_one(projection, states.get(key), event_type, event)
-        except (EventRejectedError, UnstorableStateError):
-            continue  # rejected events change nothing (the oracle's rule)
-        change = status_change(states.get(key), new)
-        if change is not None:
-            out[(change["customer_id"], change["status"])] += 1
-        states[key] = new
-    return out
 
 
 def _in_chunks(writer: FoldWriter, records: list[SourceRecord], rng: random.Random) -> int:
@@ -135,26 +94,26 @@ def test_a_chained_processor_applies_each_upstream_output_once(
     assert {d.event_type for d in decoded} == {"OrderStatusChanged"}
     assert all(r.key == d.data["customer_id"].encode() for r, d in zip(log, decoded, strict=True))
 
-    downstream = dataclasses.replace(target, processor="customer_changes", topics=(changes,))
+    downstream = dataclasses.replace(target, processor="customer_orders", topics=(changes,))
     by_partition: dict[int, list[SourceRecord]] = {}
     for record in log:
         by_partition.setdefault(record.partition, []).append(record)
     shuffled = [r for p in sorted(by_partition) for r in by_partition[p]]
-    skipped = _in_chunks(FoldWriter(downstream, StatusCounts()), shuffled, rng)
+    skipped = _in_chunks(FoldWriter(downstream, CustomerOrdersProjection()), shuffled, rng)
     assert skipped == len(ids) - len(set(ids))
 
-    reader = StateReader(redis.Redis.from_url(redis_url), "customer_changes", target.key_prefix)
+    reader = StateReader(redis.Redis.from_url(redis_url), "customer_orders", target.key_prefix)
     states = dict(reader.scan("customers", 1))
-    wanted = _changes_of(events)
+    wanted = status_changes(events)
     got = Counter(
-        {(c, s): n for c, state in states.items() for s, n in state["counts"].items() if n}
+        {(c, s): n for c, state in states.items() for s, n in state["entered"].items() if n}
     )
     assert got == wanted
     # == a plain fold of the log with each origin id once
     first: dict[str, tuple[str, dict[str, Any]]] = {}
     for record, event in zip(log, decoded, strict=True):
         first.setdefault(str(record.origin), (event.event_type, event.data))
-    assert states == fold_all(StatusCounts(), first.values()).states
+    assert states == fold_all(CustomerOrdersProjection(), first.values()).states
 
 
 def test_an_output_that_breaks_its_contract_dead_letters_its_record() -> None:

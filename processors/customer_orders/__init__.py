@@ -1,0 +1,1 @@
+"""customer_orders: a processor of customers over order_state's output stream (a chain)."""
