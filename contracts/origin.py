@@ -17,6 +17,11 @@ windows) carries its origin in Kafka headers. Two of them make outputs usable do
 
 Ids of other outputs (closed windows: at least once, read them as upserts) have no ``@``: they
 are ids, not sequence numbers, and are never deduplicated by mark.
+
+The other headers say who sent an output (``refold.processor``, ``refold.generation``) and, on a
+dead letter, why (``refold.reason``, ``refold.error``). This module owns every one of those
+names and builds them (:func:`origin_headers`, :func:`dead_letter_headers`): consumers, tests and
+the webhook dispatcher read them byte for byte.
 """
 
 from __future__ import annotations
@@ -24,19 +29,38 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = [
+    "DEAD_LETTER_ERROR",
+    "DEAD_LETTER_REASON",
+    "ORIGIN_GENERATION",
     "ORIGIN_ID",
     "ORIGIN_OFFSET",
     "ORIGIN_PARTITION",
+    "ORIGIN_PROCESSOR",
     "ORIGIN_TOPIC",
+    "Headers",
     "OriginSeq",
+    "dead_letter_headers",
+    "failure_headers",
+    "origin_headers",
     "origin_id",
     "parse_origin_id",
+    "sender_headers",
 ]
 
 ORIGIN_TOPIC = "refold.origin.topic"
 ORIGIN_PARTITION = "refold.origin.partition"
 ORIGIN_OFFSET = "refold.origin.offset"
 ORIGIN_ID = "refold.origin.id"
+# Who sent the output (the sender, not the source: hence no ``origin`` in these names).
+ORIGIN_PROCESSOR = "refold.processor"
+ORIGIN_GENERATION = "refold.generation"
+# Why a record is a dead letter: a short machine-friendly reason, and the error for people.
+DEAD_LETTER_REASON = "refold.reason"
+DEAD_LETTER_ERROR = "refold.error"
+# Longest error text (bytes) kept in a dead letter's ``refold.error`` header.
+_ERROR_HEADER_MAX = 2000
+
+Headers = list[tuple[str, str | bytes | None]]
 
 
 class OriginSeq(NamedTuple):
@@ -70,3 +94,67 @@ def parse_origin_id(value: str | bytes | None) -> OriginSeq | None:
     if not at or not dot or not offset.isdigit() or not index.isdigit():
         return None
     return OriginSeq(stream, int(offset), int(index))
+
+
+def sender_headers(processor: str, generation: int) -> Headers:
+    """Who sent an output record: ``refold.processor`` and ``refold.generation``."""
+    return [
+        (ORIGIN_PROCESSOR, processor.encode()),
+        (ORIGIN_GENERATION, str(generation).encode()),
+    ]
+
+
+def origin_headers(
+    topic: str, partition: int, offset: int, processor: str, generation: int
+) -> Headers:
+    """Where an output record comes from (consumers deduplicate on these) and who sent it.
+
+    Args:
+        topic: The source record's topic.
+        partition: Its partition.
+        offset: Its offset.
+        processor: The processor that sends the output.
+        generation: Its generation.
+
+    Returns:
+        ``refold.origin.topic``, ``.partition``, ``.offset``, then :func:`sender_headers`
+        (``refold.origin.id`` is not among them: the caller knows the output's index).
+    """
+    return [
+        (ORIGIN_TOPIC, topic.encode()),
+        (ORIGIN_PARTITION, str(partition).encode()),
+        (ORIGIN_OFFSET, str(offset).encode()),
+        *sender_headers(processor, generation),
+    ]
+
+
+def failure_headers(reason: str, detail: str) -> Headers:
+    """Why a record is a dead letter: ``refold.reason`` and ``refold.error`` (cut to 2000 bytes).
+
+    Args:
+        reason: Short machine-friendly reason (``bad-magic``, ``bad-body``, ...).
+        detail: The error, for people.
+    """
+    return [
+        (DEAD_LETTER_REASON, reason.encode()),
+        (DEAD_LETTER_ERROR, detail.encode()[:_ERROR_HEADER_MAX]),
+    ]
+
+
+def dead_letter_headers(
+    reason: str,
+    detail: str,
+    origin: tuple[str, int, int],
+    processor: str,
+    generation: int,
+) -> Headers:
+    """The headers of a processor's dead letter: why (:func:`failure_headers`) and its origin.
+
+    Args:
+        reason: Short machine-friendly reason (``bad-magic``, ``bad-body``, ...).
+        detail: The error, for people (cut to 2000 bytes).
+        origin: ``(topic, partition, offset)`` of the record.
+        processor: The processor that refused it.
+        generation: Its generation.
+    """
+    return [*failure_headers(reason, detail), *origin_headers(*origin, processor, generation)]

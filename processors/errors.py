@@ -8,7 +8,6 @@ from contracts.errors import RefoldError
 
 __all__ = [
     "REDIS_UNAVAILABLE",
-    "DeadLetterError",
     "ProcessorConfigError",
     "ProcessorError",
     "SinkConflictError",
@@ -31,13 +30,6 @@ class SinkConflictError(ProcessorError):
     """Another writer kept changing the same generation's positions (a zombie task?)."""
 
     code = "SINK_CONFLICT"
-    retriable = True
-
-
-class DeadLetterError(ProcessorError):
-    """A dead-letter record was not acknowledged; the batch is not applied (nothing is lost)."""
-
-    code = "DEAD_LETTER_FAILED"
     retriable = True
 
 

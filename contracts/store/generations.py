@@ -26,6 +26,7 @@ from contracts.layout import (
     StateLayout,
     parse_position_field,
 )
+from contracts.store.lease import claim_lease, lease_holder, release_lease
 
 __all__ = [
     "CHECKPOINT_EPOCH_FIELD",
@@ -309,55 +310,16 @@ class GenerationRegistry:
                 except redis.WatchError:
                     continue
 
-    # -- processing lease: at most one processor per generation ---------------------------
+    # -- processing lease: at most one processor per generation (contracts.store.lease) ------
 
     def lease_owner(self, generation: int) -> str | None:
         """Who holds ``generation``'s processing lease (``host:pid:nonce``), if anyone."""
-        value = self.client.get(self.keys(generation).lease)
-        return None if value is None else _decode(cast("bytes", value))
+        return lease_holder(self.client, self.keys(generation).lease)
 
     def claim_lease(self, generation: int, owner: str, ttl_ms: int) -> bool:
         """Take the lease if it is free (SET NX PX)."""
-        return bool(self.client.set(self.keys(generation).lease, owner, nx=True, px=ttl_ms))
-
-    def take_over_lease(self, generation: int, stale_owner: str, owner: str, ttl_ms: int) -> bool:
-        """Replace ``stale_owner``'s lease (a crashed process) by ours, only if still theirs."""
-        return bool(
-            self.client.eval(_TAKE_OVER, 1, self.keys(generation).lease, stale_owner, owner, ttl_ms)
-        )
-
-    def renew_lease(self, generation: int, owner: str, ttl_ms: int) -> bool:
-        """Extend our lease (taking it again if it expired and is free); False when taken."""
-        return bool(self.client.eval(_RENEW, 1, self.keys(generation).lease, owner, ttl_ms))
+        return claim_lease(self.client, self.keys(generation).lease, owner, ttl_ms)
 
     def release_lease(self, generation: int, owner: str) -> None:
         """Drop our lease (no-op when it is not ours)."""
-        self.client.eval(_RELEASE, 1, self.keys(generation).lease, owner)
-
-
-# Compare-and-set scripts for the lease: plain GET/SET would race with another claimant.
-_TAKE_OVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
-end
-return 0
-"""
-# Renewing also re-takes a lease that expired while nobody else took it: Redis was unreachable
-# for longer than the TTL (its clock ran on), or restarted from a backup without the key.
-_RENEW = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-if not holder then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+        release_lease(self.client, self.keys(generation).lease, owner)

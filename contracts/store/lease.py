@@ -1,35 +1,86 @@
-"""The processing lease: at most one processor runs a generation at a time.
+"""Leases in Redis: at most one process holds a key; the processing lease of a generation.
 
-Two queries on one generation would share its Spark checkpoint and race on every batch. The
-exactly-once sink would keep the state right, but the checkpoint would not survive it. A
-processor therefore holds a lease in Redis (``<gen>:lease``, ``host:pid:nonce``, renewed every
-two seconds by a background thread, expiring after :data:`LEASE_TTL_MS`) from before its Spark
-session starts until its query has stopped.
+A lease is a Redis key holding its owner (``host:pid:nonce``) with a TTL of
+:data:`LEASE_TTL_MS`, renewed every two seconds by a background thread from when it is taken
+until it is released. A lease left by a crashed process on the same host (its pid is gone) is
+taken over at once, so a restart after ``kill -9`` does not wait for the expiry. One mechanism,
+:class:`RedisLease`; its users name the key and the error a refusal raises:
 
-A lease left by a crashed process on the same host (its pid is gone) is taken over at once, so
-a restart after ``kill -9`` does not wait for the expiry. ``replay`` reads the lease to refuse
-an in-place reset of a generation that is being processed.
+- :class:`GenerationLease`: at most one processor runs a generation at a time. Two queries on
+  one generation would share its Spark checkpoint and race on every batch. The exactly-once
+  sink would keep the state right, but the checkpoint would not survive it. A processor
+  therefore holds ``<gen>:lease`` from before its Spark session starts until its query has
+  stopped. ``replay`` reads the lease to refuse an in-place reset of a generation that is being
+  processed.
+- ``services.webhooks.store.DispatcherLease``: at most one webhook dispatcher per name and role.
+
+Lifecycle: one lease object per holder and key, used from the thread that acquires and releases
+it; the renewer thread shares the redis-py client (its connection pool is thread-safe).
 """
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
+
+import redis
 
 from contracts.errors import RefoldError
-from contracts.store.generations import GenerationRegistry
 
-__all__ = ["LEASE_TTL_MS", "GenerationLease", "LeaseHeldError", "lease_holder_alive"]
+if TYPE_CHECKING:
+    from contracts.store.generations import GenerationRegistry
+
+__all__ = [
+    "LEASE_TTL_MS",
+    "GenerationLease",
+    "LeaseHeldError",
+    "RedisLease",
+    "claim_lease",
+    "lease_holder",
+    "lease_holder_alive",
+    "release_lease",
+]
 
 logger = logging.getLogger(__name__)
 
 LEASE_TTL_MS = 15_000
-_RENEW_S = 2.0  # well inside the TTL, also while Spark starts or a batch runs long
-_POLL_S = 0.25
+# Well inside the TTL, also while Spark starts, a batch runs long or a webhook batch waits out
+# a receiver's outage.
+_RENEW_S = 2.0
+_POLL_S = 0.25  # how often a waiting acquire asks again
+
+# Compare-and-set scripts for the lease: plain GET/SET would race with another claimant.
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
+end
+return 0
+"""
+# Renewing also re-takes a lease that expired while nobody else took it: Redis was unreachable
+# for longer than the TTL (its clock ran on), or restarted from a backup without the key.
+_RENEW = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 
 class LeaseHeldError(RefoldError):
@@ -39,6 +90,7 @@ class LeaseHeldError(RefoldError):
 
 
 def _owner_id() -> str:
+    # The format lease_holder_alive() reads: host:pid:nonce.
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
@@ -57,7 +109,107 @@ def lease_holder_alive(owner: str) -> bool:
     return True
 
 
-class GenerationLease:
+def lease_holder(client: redis.Redis, key: str) -> str | None:
+    """Who holds the lease ``key`` (``host:pid:nonce``), if anyone."""
+    value = client.get(key)
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def claim_lease(client: redis.Redis, key: str, owner: str, ttl_ms: int) -> bool:
+    """Take the lease ``key`` for ``owner`` if it is free (SET NX PX)."""
+    return bool(client.set(key, owner, nx=True, px=ttl_ms))
+
+
+def release_lease(client: redis.Redis, key: str, owner: str) -> None:
+    """Drop ``owner``'s lease ``key`` (no-op when it is not theirs)."""
+    client.eval(_RELEASE, 1, key, owner)
+
+
+class RedisLease(abc.ABC):
+    """This process's lease on one Redis key (see the module docstring).
+
+    :meth:`acquire` takes it and starts the renewer thread; :attr:`lost` is set when another
+    owner holds the key at a renewal; :meth:`release` stops the renewer and lets go. Subclasses
+    say what a refusal raises (:meth:`_refused`).
+
+    Args:
+        client: A redis-py client (shared with the renewer thread).
+        key: The lease key.
+        label: What is leased, for logs and the renewer thread's name (``g3``).
+    """
+
+    def __init__(self, client: redis.Redis, key: str, label: str) -> None:
+        self.client = client
+        self.key = key
+        self.label = label
+        self.owner = _owner_id()
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    @abc.abstractmethod
+    def _refused(self, holder: str) -> RefoldError:
+        """The error :meth:`acquire` raises when the live ``holder`` kept the lease too long."""
+
+    def acquire(self, wait_s: float) -> None:
+        """Take the lease, waiting up to ``wait_s`` for a live holder to let go.
+
+        Raises:
+            RefoldError: The subclass's refusal: another live process still holds it after
+                ``wait_s``.
+        """
+        deadline = time.monotonic() + wait_s
+        announced = False
+        while True:
+            if claim_lease(self.client, self.key, self.owner, LEASE_TTL_MS):
+                break
+            holder = lease_holder(self.client, self.key)
+            if holder is None:
+                continue  # released or expired between the two calls
+            if not lease_holder_alive(holder) and self.client.eval(
+                _TAKE_OVER, 1, self.key, holder, self.owner, LEASE_TTL_MS
+            ):
+                logger.warning("took over the lease of %s from %s (gone)", self.label, holder)
+                break
+            if time.monotonic() > deadline:
+                raise self._refused(holder)
+            if not announced:
+                logger.info("waiting for the lease of %s, held by %s", self.label, holder)
+                announced = True
+            time.sleep(_POLL_S)
+        self._renewer = threading.Thread(
+            target=self._renew_loop, name=f"lease {self.label}", daemon=True
+        )
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(_RENEW_S):
+            try:
+                renewed = self.client.eval(_RENEW, 1, self.key, self.owner, LEASE_TTL_MS)
+            except Exception:  # Redis unreachable for a moment: the TTL leaves time to retry
+                logger.warning("cannot renew the lease of %s", self.label, exc_info=True)
+                continue
+            if not renewed:
+                logger.error("lost the lease of %s: another process took it over", self.label)
+                self.lost.set()
+                return
+
+    def release(self) -> None:
+        """Stop renewing and let go (no-op when it is not ours any more).
+
+        Raises:
+            redis.RedisError: Redis did not answer (the lease then expires by itself).
+        """
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        release_lease(self.client, self.key, self.owner)
+
+
+class GenerationLease(RedisLease):
     """This process's lease on one generation.
 
     Args:
@@ -66,68 +218,20 @@ class GenerationLease:
     """
 
     def __init__(self, registry: GenerationRegistry, generation: int) -> None:
+        super().__init__(registry.client, registry.keys(generation).lease, f"g{generation}")
         self.registry = registry
         self.generation = generation
-        self.owner = _owner_id()
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
 
-    def acquire(self, wait_s: float) -> None:
-        """Take the lease, waiting up to ``wait_s`` for its holder to let go.
+    def _refused(self, holder: str) -> LeaseHeldError:
+        """Another processor runs the generation.
 
-        Raises:
-            LeaseHeldError: Another live process still holds it after ``wait_s``.
+        Returns:
+            The :class:`LeaseHeldError` :meth:`acquire` raises.
         """
-        deadline = time.monotonic() + wait_s
-        announced = False
-        while True:
-            if self.registry.claim_lease(self.generation, self.owner, LEASE_TTL_MS):
-                self._start_renewing()
-                return
-            holder = self.registry.lease_owner(self.generation)
-            if holder is None:
-                continue  # released or expired between the two calls
-            if not lease_holder_alive(holder) and self.registry.take_over_lease(
-                self.generation, holder, self.owner, LEASE_TTL_MS
-            ):
-                logger.warning("took over the lease of g%d from %s (gone)", self.generation, holder)
-                self._start_renewing()
-                return
-            if time.monotonic() > deadline:
-                processor = self.registry.layout.processor
-                msg = (
-                    f"{processor} g{self.generation} is being processed by {holder}; two "
-                    "processors on one generation are refused. Stop the other one, or wait "
-                    f"{LEASE_TTL_MS // 1000}s if it died on another host."
-                )
-                raise LeaseHeldError(msg)
-            if not announced:
-                logger.info("waiting for g%d's lease, held by %s", self.generation, holder)
-                announced = True
-            time.sleep(_POLL_S)
-
-    def _start_renewing(self) -> None:
-        self._renewer = threading.Thread(
-            target=self._renew_loop, name=f"lease-g{self.generation}", daemon=True
+        processor = self.registry.layout.processor
+        msg = (
+            f"{processor} g{self.generation} is being processed by {holder}; two "
+            "processors on one generation are refused. Stop the other one, or wait "
+            f"{LEASE_TTL_MS // 1000}s if it died on another host."
         )
-        self._renewer.start()
-
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(_RENEW_S):
-            try:
-                renewed = self.registry.renew_lease(self.generation, self.owner, LEASE_TTL_MS)
-            except Exception:  # Redis unreachable for a moment: the TTL leaves time to retry
-                logger.warning("cannot renew the lease of g%d", self.generation, exc_info=True)
-                continue
-            if not renewed:
-                logger.error("lost the lease of g%d", self.generation)
-                self.lost.set()
-                return
-
-    def release(self) -> None:
-        """Stop renewing and let go (no-op if it is not ours any more)."""
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join()
-        self.registry.release_lease(self.generation, self.owner)
+        return LeaseHeldError(msg)

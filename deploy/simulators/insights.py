@@ -16,8 +16,8 @@ from typing import Any
 
 from contracts.codec import EventCodec
 from contracts.insights import INSIGHT
-from contracts.origin import ORIGIN_ID, ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC, origin_id
-from processors.runtime.acks import Deliveries, output_producer
+from contracts.kafka.outputs import Deliveries, output_producer
+from contracts.origin import ORIGIN_ID, Headers, origin_headers, origin_id
 
 __all__ = ["SimulatedInsight", "insights", "produce_insights"]
 
@@ -35,7 +35,7 @@ class SimulatedInsight:
 
     key: str
     fields: dict[str, Any]
-    headers: list[tuple[str, str | bytes | None]]
+    headers: Headers
 
     @property
     def origin_id(self) -> str:
@@ -85,13 +85,9 @@ def insights(
             "events": [f"evt-{seed}-{n}-{i}" for i in range(events)],
             "details": {"source_offset": str(offset)},
         }
-        headers: list[tuple[str, str | bytes | None]] = [
+        headers: Headers = [
             (ORIGIN_ID, origin_id(processor, source_topic, partition, offset, 0).encode()),
-            (ORIGIN_TOPIC, source_topic.encode()),
-            (ORIGIN_PARTITION, str(partition).encode()),
-            (ORIGIN_OFFSET, str(offset).encode()),
-            ("refold.processor", processor.encode()),
-            ("refold.generation", str(generation).encode()),
+            *origin_headers(source_topic, partition, offset, processor, generation),
         ]
         yield SimulatedInsight(key, fields, headers)
 

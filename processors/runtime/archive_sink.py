@@ -41,7 +41,9 @@ from confluent_kafka import Producer
 
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError
+from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import BATCH_ID_FIELD, position_field
+from contracts.origin import dead_letter_headers
 from processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
@@ -56,7 +58,6 @@ from processors.fold.archive import (
     date_dir,
 )
 from processors.fold.records import SourceRecord
-from processors.runtime.acks import Deliveries, dead_letter_headers, output_producer
 from processors.runtime.archive_store import ArchiveStore, Intent
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror

@@ -38,7 +38,9 @@ from confluent_kafka import Producer
 
 from contracts.codec import MAGIC, EventCodec
 from contracts.errors import DeserializationError
+from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import BATCH_ID_FIELD, position_field
+from contracts.origin import dead_letter_headers
 from processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
@@ -56,7 +58,6 @@ from processors.fold.dataframe import (
     output_mode_of,
 )
 from processors.fold.records import SourceRecord
-from processors.runtime.acks import Deliveries, output_producer
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.sink import ranges_of, records_of_ranges, records_of_rows
@@ -152,15 +153,9 @@ def _dead_letter(
     plan: DecodePlan, record: SourceRecord, exc: DeserializationError, sent: Deliveries
 ) -> None:
     target = plan.target
-    headers: list[tuple[str, str | bytes | None]] = [
-        ("refold.reason", exc.reason.encode()),
-        ("refold.error", str(exc).encode()[:2000]),
-        ("refold.origin.topic", record.topic.encode()),
-        ("refold.origin.partition", str(record.partition).encode()),
-        ("refold.origin.offset", str(record.offset).encode()),
-        ("refold.processor", target.processor.encode()),
-        ("refold.generation", str(target.generation).encode()),
-    ]
+    headers = dead_letter_headers(
+        exc.reason, str(exc), record[:3], target.processor, target.generation
+    )
     sent.produce(target.dlq_topic, record.value, record.key, headers)
     logger.warning(
         "dead-lettered: %s",

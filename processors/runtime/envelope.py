@@ -38,6 +38,7 @@ from redis.typing import EncodableT, FieldT
 
 from contracts.codec import MAGIC, DecodedEvent, EventCodec
 from contracts.errors import DeserializationError
+from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import (
     BATCH_ID_FIELD,
     GenerationKeys,
@@ -45,7 +46,13 @@ from contracts.layout import (
     parse_position_field,
     position_field,
 )
-from contracts.origin import ORIGIN_ID, origin_id, parse_origin_id
+from contracts.origin import (
+    ORIGIN_ID,
+    dead_letter_headers,
+    origin_headers,
+    origin_id,
+    parse_origin_id,
+)
 from contracts.processors import EventTime
 from processors.errors import (
     REDIS_UNAVAILABLE,
@@ -79,7 +86,6 @@ from processors.fold.timers import (
     timer_event,
 )
 from processors.fold.windows import WindowDelta, WindowFold
-from processors.runtime.acks import Deliveries, output_producer
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
 from processors.runtime.window_store import write_timers, write_windows
 
@@ -1256,16 +1262,6 @@ class FoldWriter:
         ]
         return send, len(effects) - len(send)
 
-    def _origin_headers(self, record: SourceRecord) -> list[tuple[str, str | bytes | None]]:
-        """Where a dead letter or side effect comes from (consumers deduplicate on these)."""
-        return [
-            ("refold.origin.topic", record.topic.encode()),
-            ("refold.origin.partition", str(record.partition).encode()),
-            ("refold.origin.offset", str(record.offset).encode()),
-            ("refold.processor", self.target.processor.encode()),
-            ("refold.generation", str(self.target.generation).encode()),
-        ]
-
     def _send_effects(self, effects: Sequence[tuple[SourceRecord, SideEffect]]) -> None:
         """Produce side effects and wait for the acknowledgements (before the commit).
 
@@ -1289,7 +1285,10 @@ class FoldWriter:
                 effect.topic,
                 effect.payload if effect.payload is not None else orjson.dumps(effect.value),
                 effect.key.encode(),
-                [*self._origin_headers(record), (ORIGIN_ID, oid.encode())],
+                [
+                    *origin_headers(*record[:3], self.target.processor, self.target.generation),
+                    (ORIGIN_ID, oid.encode()),
+                ],
             )
         sent.wait()
 
@@ -1302,11 +1301,13 @@ class FoldWriter:
         sent = Deliveries(self._dead_letter_producer(), f"{len(letters)} records to {topic}")
         for letter in letters:
             record = letter.record
-            headers: list[tuple[str, str | bytes | None]] = [
-                ("refold.reason", letter.reason.encode()),
-                ("refold.error", letter.detail.encode()[:2000]),
-                *self._origin_headers(record),
-            ]
+            headers = dead_letter_headers(
+                letter.reason,
+                letter.detail,
+                record[:3],
+                self.target.processor,
+                self.target.generation,
+            )
             value = record.value
             if letter.timer:  # the record was applied: the letter describes the timer
                 headers.append(("refold.timer", b"1"))

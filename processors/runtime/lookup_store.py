@@ -20,12 +20,13 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
+from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import StateLayout
+from contracts.origin import dead_letter_headers
 from contracts.processors import EventTime
 from contracts.store.generations import GenerationRegistry
 from processors.fold.eventtime import event_time_ms
 from processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, decode_pending
-from processors.runtime.acks import Deliveries, output_producer
 from processors.runtime.background import DriverTask
 from processors.runtime.window_store import generation_watermark
 
@@ -179,14 +180,12 @@ class LookupJoiner(DriverTask):
                 self.dlq_topic,
                 orjson.dumps(pending.event),
                 None,
-                [
-                    ("refold.reason", b"enrich-error"),
-                    ("refold.error", detail.encode()[:2000]),
-                    ("refold.origin.topic", pending.topic.encode()),
-                    ("refold.origin.partition", str(pending.partition).encode()),
-                    ("refold.origin.offset", str(pending.offset).encode()),
-                    ("refold.processor", self.keys.processor.encode()),
-                    ("refold.generation", str(self.keys.generation).encode()),
-                ],
+                dead_letter_headers(
+                    "enrich-error",
+                    detail,
+                    (pending.topic, pending.partition, pending.offset),
+                    self.keys.processor,
+                    self.keys.generation,
+                ),
             )
         sent.wait()

@@ -26,8 +26,9 @@ import redis
 from confluent_kafka import Producer
 from redis.client import Pipeline
 
+from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import GenerationKeys, StateLayout, parse_position_field
-from contracts.origin import ORIGIN_ID
+from contracts.origin import ORIGIN_ID, sender_headers
 from contracts.windows import WINDOW_RESULT, result_record, watermark_of
 from processors.fold.projection import output_codec
 from processors.fold.timers import TimerQueue
@@ -42,7 +43,6 @@ from processors.fold.windows import (
     result_of,
     windows_topic,
 )
-from processors.runtime.acks import Deliveries, output_producer
 from processors.runtime.background import DriverTask
 
 __all__ = [
@@ -372,8 +372,7 @@ class WindowCloser(DriverTask):
                 payload,
                 str(result["group"]).encode(),
                 [
-                    ("refold.processor", self.keys.processor.encode()),
-                    ("refold.generation", str(self.keys.generation).encode()),
+                    *sender_headers(self.keys.processor, self.keys.generation),
                     ("refold.window", str(result["window"]).encode()),
                     ("refold.window.end", str(result["end"]).encode()),
                     (ORIGIN_ID, result_id.encode()),

@@ -47,10 +47,9 @@ from contracts.codec import EventCodec
 from contracts.errors import RefoldError
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets, OffsetsError
+from contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
 from contracts.layout import WebhookKeys
 from contracts.topics import TopicSpec
-from processors.errors import DeadLetterError
-from processors.runtime.acks import Deliveries, output_producer
 from services.webhooks.config import WebhookSettings
 from services.webhooks.delivery import AttemptResult, RetryPolicy, WebhookSender
 from services.webhooks.errors import (

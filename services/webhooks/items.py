@@ -19,7 +19,17 @@ from tenacity import RetryCallState
 
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError
-from contracts.origin import ORIGIN_ID, ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC
+from contracts.origin import (
+    DEAD_LETTER_ERROR,
+    DEAD_LETTER_REASON,
+    ORIGIN_GENERATION,
+    ORIGIN_ID,
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    ORIGIN_PROCESSOR,
+    ORIGIN_TOPIC,
+    failure_headers,
+)
 from services.webhooks.delivery import AttemptResult, payload_json
 
 __all__ = [
@@ -32,8 +42,9 @@ __all__ = [
     "item_from_message",
 ]
 
-# Headers the dispatcher adds to a dead letter (stripped again when it is redriven).
-REASON, ERROR, ATTEMPTS = "refold.reason", "refold.error", "refold.attempts"
+# Headers the dispatcher adds to a dead letter (stripped again when it is redriven): why
+# (contracts.origin's, as every dead letter), how often it was tried, and the insight's identity.
+ATTEMPTS = "refold.attempts"
 W_NAME, W_ID = "refold.webhook.name", "refold.webhook.id"
 W_TOPIC, W_PARTITION, W_OFFSET = (
     "refold.webhook.topic",
@@ -46,10 +57,9 @@ W_TIMESTAMP, W_STATUS, W_REDRIVES = (
     "refold.webhook.redrives",
 )
 DLQ_HEADERS = frozenset(
-    {REASON, ERROR, ATTEMPTS, W_NAME, W_ID, W_TOPIC, W_PARTITION, W_OFFSET, W_TIMESTAMP}
-    | {W_STATUS, W_REDRIVES}
+    {DEAD_LETTER_REASON, DEAD_LETTER_ERROR, ATTEMPTS, W_NAME, W_ID, W_TOPIC, W_PARTITION}
+    | {W_OFFSET, W_TIMESTAMP, W_STATUS, W_REDRIVES}
 )
-_PROCESSOR, _GENERATION = "refold.processor", "refold.generation"
 _SAFE = "!#$%&'()*+,-./:;<=>?@[]^_`{|}~"  # printable ASCII kept as is in header values
 
 Headers = list[tuple[str, bytes]]
@@ -95,8 +105,8 @@ def build_payload(
             ("topic", headers.get(ORIGIN_TOPIC)),
             ("partition", _int(headers.get(ORIGIN_PARTITION))),
             ("offset", _int(headers.get(ORIGIN_OFFSET))),
-            ("processor", headers.get(_PROCESSOR)),
-            ("generation", _int(headers.get(_GENERATION))),
+            ("processor", headers.get(ORIGIN_PROCESSOR)),
+            ("generation", _int(headers.get(ORIGIN_GENERATION))),
         )
         if value is not None
     }
@@ -285,8 +295,7 @@ def dead_letter_headers(
     last = item.last
     status = "" if last is None or last.status is None else str(last.status)
     headers: list[tuple[str, str | bytes | None]] = [
-        (REASON, item.reason.encode()),
-        (ERROR, item.error_text().encode()[:2000]),
+        *failure_headers(item.reason, item.error_text()),
         (ATTEMPTS, str(item.attempts).encode()),
         (W_NAME, dispatcher.encode()),
         (W_ID, item.key.encode()),

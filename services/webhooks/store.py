@@ -13,11 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
-import threading
-import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, cast
@@ -26,11 +21,10 @@ import redis
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from contracts.layout import WebhookKeys, parse_position_field, position_field
-from contracts.store.lease import lease_holder_alive
+from contracts.store.lease import LEASE_TTL_MS, RedisLease
 from services.webhooks.errors import WebhookLeaseError, WebhookStoreError
 
 __all__ = [
-    "LEASE_TTL_MS",
     "DispatcherLease",
     "LogEntry",
     "WebhookStore",
@@ -39,9 +33,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LEASE_TTL_MS = 15_000
-_RENEW_S = 2.0  # well inside the TTL, also while a batch waits out a receiver's outage
-_LEASE_POLL_S = 0.25
 # How long a commit keeps trying while Redis is unreachable (a restart, a failover) before the
 # dispatcher stops; the batch stays uncommitted, so a restart delivers it again.
 _COMMIT_PATIENCE_S = 120.0
@@ -69,25 +60,6 @@ for field, offset in pairs(cjson.decode(ARGV[2])) do
   redis.call('HSETNX', KEYS[2], field, offset)
 end
 return 1
-"""
-_TAKE_OVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
-end
-return 0
-"""
-_RENEW = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-if not holder then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
 """
 
 
@@ -300,17 +272,13 @@ def list_dispatchers(client: redis.Redis, prefix: str) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def _owner_id() -> str:
-    # The format lease_holder_alive() reads: host:pid:nonce.
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-class DispatcherLease:
+class DispatcherLease(RedisLease):
     """At most one process per dispatcher name and role (``dispatch``, ``redrive``).
 
     Two dispatchers of one name would both deliver (duplicates, same keys) and race on the
-    positions. The lease is a key with a TTL (``host:pid:nonce``), renewed every two seconds by
-    a background thread; a lease left by a crashed process of this host is taken over at once.
+    positions. The lease is :class:`~contracts.store.lease.RedisLease`'s (``host:pid:nonce``
+    with a TTL, renewed by a background thread, a crashed holder of this host taken over at
+    once) on the key :meth:`WebhookKeys.lease`; a refusal raises :class:`WebhookLeaseError`.
 
     Args:
         client: A redis-py client.
@@ -319,69 +287,24 @@ class DispatcherLease:
     """
 
     def __init__(self, client: redis.Redis, keys: WebhookKeys, role: str) -> None:
-        self.client = client
-        self.key = keys.lease(role)
-        self.label = f"{keys.name} ({role})"
-        self.owner = _owner_id()
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        super().__init__(client, keys.lease(role), f"{keys.name} ({role})")
 
-    def acquire(self, wait_s: float) -> None:
-        """Take the lease, waiting up to ``wait_s`` for a live holder to let go.
+    def _refused(self, holder: str) -> WebhookLeaseError:
+        """Another dispatcher of this name and role runs.
 
-        Raises:
-            WebhookLeaseError: Another live process still holds it after ``wait_s``.
+        Returns:
+            The :class:`WebhookLeaseError` :meth:`acquire` raises.
         """
-        deadline = time.monotonic() + wait_s
-        announced = False
-        while True:
-            if self.client.set(self.key, self.owner, nx=True, px=LEASE_TTL_MS):
-                break
-            raw = cast("bytes | None", self.client.get(self.key))
-            if raw is None:
-                continue  # released or expired between the two calls
-            holder = raw.decode()
-            if not lease_holder_alive(holder) and self.client.eval(
-                _TAKE_OVER, 1, self.key, holder, self.owner, LEASE_TTL_MS
-            ):
-                logger.warning("took over the lease of %s from %s (gone)", self.label, holder)
-                break
-            if time.monotonic() > deadline:
-                msg = (
-                    f"webhook dispatcher {self.label} is running as {holder}; two are refused. "
-                    f"Operator action: stop the other one, or wait {LEASE_TTL_MS // 1000}s if it "
-                    "died on another host."
-                )
-                raise WebhookLeaseError(msg)
-            if not announced:
-                logger.info("waiting for the lease of %s, held by %s", self.label, holder)
-                announced = True
-            time.sleep(_LEASE_POLL_S)
-        self._renewer = threading.Thread(
-            target=self._renew_loop, name=f"lease {self.label}", daemon=True
+        msg = (
+            f"webhook dispatcher {self.label} is running as {holder}; two are refused. "
+            f"Operator action: stop the other one, or wait {LEASE_TTL_MS // 1000}s if it "
+            "died on another host."
         )
-        self._renewer.start()
-
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(_RENEW_S):
-            try:
-                renewed = self.client.eval(_RENEW, 1, self.key, self.owner, LEASE_TTL_MS)
-            except redis.RedisError:  # unreachable for a moment: the TTL leaves time to retry
-                logger.warning("cannot renew the lease of %s", self.label, exc_info=True)
-                continue
-            if not renewed:
-                logger.error("lost the lease of %s: another dispatcher took over", self.label)
-                self.lost.set()
-                return
+        return WebhookLeaseError(msg)
 
     def release(self) -> None:
-        """Stop renewing and let go (no-op when it is not ours any more)."""
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join()
-            self._renewer = None
+        """Stop renewing and let go (best effort: a lease Redis does not drop expires)."""
         try:
-            self.client.eval(_RELEASE, 1, self.key, self.owner)
+            super().release()
         except redis.RedisError:  # it expires by itself
             logger.warning("could not release the lease of %s", self.label, exc_info=True)

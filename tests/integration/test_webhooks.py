@@ -24,10 +24,10 @@ from confluent_kafka import Consumer, TopicPartition
 from contracts.codec import EventCodec
 from contracts.kafka.admin import delete_topics
 from contracts.kafka.offsets import LogOffsets
+from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import WebhookKeys
 from deploy.simulators.insights import SimulatedInsight, insights, produce_insights
 from deploy.simulators.webhook_receiver import WebhookReceiver
-from processors.runtime.acks import Deliveries, output_producer
 from services.webhooks import WebhookDispatcher, WebhookSettings, WebhookStore
 from tests.support.waiting import assert_eventually
 

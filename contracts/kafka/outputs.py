@@ -1,9 +1,13 @@
 """Records produced to an output topic, and the wait until the broker acknowledged each one.
 
 Every output of a processor (dead letters, the late side output, side effects, closed windows,
-failed lookups) is produced before the state that caused it is committed, and only counts as
-sent once acknowledged (``acks=all``, idempotent producer): at least once, never lost. One
-owner for the producer's settings and for the wait.
+failed lookups) and of the webhook dispatcher (its dead letters) is produced before the state
+that caused it is committed, and only counts as sent once acknowledged (``acks=all``,
+idempotent producer): at least once, never lost. One owner for the producer's settings and for
+the wait. The records' headers are :mod:`contracts.origin`'s.
+
+Live client code (a producer, its delivery callbacks); not picklable: build it where it is used
+(on the driver, or in each executor process).
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from processors.errors import DeadLetterError
+from contracts.errors import RefoldError
+from contracts.origin import Headers
 
-__all__ = ["Deliveries", "Headers", "dead_letter_headers", "origin_headers", "output_producer"]
+__all__ = ["DeadLetterError", "Deliveries", "output_producer"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,49 +28,19 @@ logger = logging.getLogger(__name__)
 # message timeout (300 s by default), then fails (nothing after it is committed).
 _ACK_WAIT_S, _ACK_WAIT_MAX_S = 10.0, 310.0
 
-Headers = list[tuple[str, str | bytes | None]]
-# Longest error text kept in a dead letter's ``refold.error`` header.
-_ERROR_HEADER_MAX = 2000
 
+class DeadLetterError(RefoldError):
+    """An output record (a dead letter, a side effect, a window result...) was not acknowledged.
 
-def origin_headers(
-    topic: str, partition: int, offset: int, processor: str, generation: int
-) -> Headers:
-    """Where an output record comes from (consumers deduplicate on these) and who sent it."""
-    return [
-        ("refold.origin.topic", topic.encode()),
-        ("refold.origin.partition", str(partition).encode()),
-        ("refold.origin.offset", str(offset).encode()),
-        ("refold.processor", processor.encode()),
-        ("refold.generation", str(generation).encode()),
-    ]
-
-
-def dead_letter_headers(
-    reason: str,
-    detail: str,
-    origin: tuple[str, int, int],
-    processor: str,
-    generation: int,
-) -> Headers:
-    """The headers of a dead letter: why (``refold.reason``, ``refold.error``) and its origin.
-
-    Args:
-        reason: Short machine-friendly reason (``bad-magic``, ``bad-body``, ...).
-        detail: The error, for people (cut to 2000 bytes).
-        origin: ``(topic, partition, offset)`` of the record.
-        processor: The processor that refused it.
-        generation: Its generation.
+    Nothing after it is committed: the batch is not applied, so nothing is lost.
     """
-    return [
-        ("refold.reason", reason.encode()),
-        ("refold.error", detail.encode()[:_ERROR_HEADER_MAX]),
-        *origin_headers(*origin, processor, generation),
-    ]
+
+    code = "DEAD_LETTER_FAILED"
+    retriable = True
 
 
 def output_producer(kafka: Mapping[str, str]) -> Producer:
-    """The producer of a processor's outputs: acknowledged by all replicas, idempotent."""
+    """The producer of outputs: acknowledged by all replicas, idempotent, keys by murmur2."""
     return Producer(
         {
             "acks": "all",
