@@ -75,13 +75,17 @@ def _cmd_processors(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for spec in sorted(registry.processors.values(), key=lambda s: s.name):
         keys = {registry.topics[t].key_field if t in registry.topics else "?" for t in spec.topics}
-        rekeyed = keys != {spec.key}
-        state = ", ".join(
-            [
-                *(f"table {t}" for t in spec.tables),
-                *(f"hash {a}" for a in spec.aggregates),
-                *([f"windows {', '.join(spec.windows)}"] if spec.windows else []),
-            ]
+        keyless = spec.key.startswith("(")  # "(none)": no entity (the archive)
+        rekeyed = keys != {spec.key} and not keyless
+        state = (
+            ", ".join(
+                [
+                    *(f"table {t}" for t in spec.tables),
+                    *(f"hash {a}" for a in spec.aggregates),
+                    *([f"windows {', '.join(spec.windows)}"] if spec.windows else []),
+                ]
+            )
+            or "(none in Redis but its positions)"
         )
         event_time = spec.event_time
         rows.append(
