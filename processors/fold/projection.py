@@ -8,7 +8,7 @@ executors; the tests' oracle and the benchmark baseline call the same object in 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol, cast
 
@@ -150,11 +150,12 @@ def encode_effects(effects: Iterable[SideEffect]) -> list[SideEffect]:
             if effect.contract is None:
                 payload = orjson.dumps(effect.value)
             else:
-                payload = output_codec().encode(effect.contract, dict(effect.value))
+                payload = output_codec().encode_checked(effect.contract, dict(effect.value))
         except (ContractError, TypeError, ValueError) as exc:  # JSONEncodeError is a TypeError
             msg = f"output to {effect.topic} is invalid: {exc}"
             raise InvalidOutputError(msg) from exc
-        out.append(replace(effect, payload=payload))
+        # (the constructor: dataclasses.replace costs 3x as much, per output)
+        out.append(SideEffect(effect.topic, effect.key, effect.value, effect.contract, payload))
     return out
 
 

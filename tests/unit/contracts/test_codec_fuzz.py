@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from contracts.catalog import default_catalog
 from contracts.codec import MAGIC, DecodedEvent, EventCodec
-from contracts.errors import DeserializationError
+from contracts.errors import DeserializationError, EventValidationError
 from deploy.simulators.orders import OrderSimulator
 
 CODEC = EventCodec()
@@ -243,3 +243,30 @@ def test_hostile_lengths_and_indexes_fail_fast_without_allocating(payload):
         tracemalloc.stop()
     assert caught.value.reason == "bad-body"
     assert peak < 1 << 20, f"decoding {len(payload)} bytes allocated {peak} bytes"
+
+
+@given(VALID_EVENTS)
+def test_the_writer_checked_encoding_equals_the_validated_one(typed_event) -> None:
+    event_type, event = typed_event
+    assert CODEC.encode_checked(event_type, event) == CODEC.encode(event_type, event)
+
+
+@given(VALID_EVENTS, st.sampled_from(["drop", "extra", "retype"]))
+def test_the_writer_checked_encoding_refuses_what_validation_refuses(typed_event, how) -> None:
+    event_type, event = typed_event
+    broken = dict(event)
+    if how == "extra":
+        broken["not_a_field"] = 1
+    else:
+        name = sorted(broken)[0]
+        if how == "drop":
+            del broken[name]
+        else:
+            broken[name] = object()
+    try:
+        CODEC.validate(event_type, broken)
+    except EventValidationError:
+        with pytest.raises(EventValidationError):
+            CODEC.encode_checked(event_type, broken)
+    else:
+        assert CODEC.encode_checked(event_type, broken) == CODEC.encode(event_type, broken)
