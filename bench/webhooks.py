@@ -201,6 +201,10 @@ def _table(rows: Sequence[Measured], total: int) -> str:
     return "\n".join(lines)
 
 
+def _progress(row: Measured) -> None:
+    print(f"  {row.label}: {row.steady_per_s:,.0f} deliveries/s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench webhooks``."""
     parser = argparse.ArgumentParser(
@@ -228,13 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(requests):,} insights on {TOPIC.name}", flush=True)
         for concurrency in levels:
             rows.append(_baseline(requests, concurrency))
-            print(rows[-1], flush=True)
+            _progress(rows[-1])
         for run, concurrency in enumerate(levels):
             rows.append(_dispatcher(stack, concurrency, run))
-            print(rows[-1], flush=True)
+            _progress(rows[-1])
         if args.fail_every:
             rows.append(_dispatcher(stack, max(levels), len(levels), args.fail_every))
-            print(rows[-1], flush=True)
+            _progress(rows[-1])
     table = _table(rows, len(requests))
     print("\n" + table)
     RESULTS.parent.mkdir(exist_ok=True)
