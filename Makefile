@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv, install refold with Spark and dev tools, install redis-server
 
-run: $(STAMP) ## the demo: local stack, nine processors in one Spark app, ~140k events, summary, replay + cutover
+run: $(STAMP) ## the demo: local stack, thirteen processors in one Spark app, ~130k events, summary, replay + cutover, insights to a webhook, the archive read by DuckDB
 	$(BIN)/refold demo
 
 test: $(STAMP) ## unit + integration + spark tests (what CI runs)
