@@ -176,7 +176,7 @@ class RedisLease(abc.ABC):
             if time.monotonic() > deadline:
                 raise self._refused(holder)
             if not announced:
-                logger.info("waiting for the lease of %s, held by %s", self.label, holder)
+                logger.info("waiting for %s's lease, held by %s", self.label, holder)
                 announced = True
             time.sleep(_POLL_S)
         self._renewer = threading.Thread(
