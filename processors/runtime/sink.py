@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 OUTCOME_SCHEMA = (
     "records long, applied long, skipped long, rejected long, undecodable long, "
-    "effects long, suppressed long, late long, positions string"
+    "effects long, suppressed long, late long, duplicates long, positions string"
 )
 _OUTCOME_ARROW = pa.schema(
     [
@@ -54,6 +54,7 @@ _OUTCOME_ARROW = pa.schema(
         ("effects", pa.int64()),
         ("suppressed", pa.int64()),
         ("late", pa.int64()),
+        ("duplicates", pa.int64()),
         ("positions", pa.string()),
     ]
 )
@@ -215,6 +216,7 @@ def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
                 "effects": outcome.effects,
                 "suppressed": outcome.suppressed,
                 "late": outcome.late,
+                "duplicates": outcome.duplicates,
                 "positions": json.dumps(outcome.positions),
             }
         ],
@@ -298,6 +300,7 @@ class RedisFoldSink:
                     row.effects,
                     row.suppressed,
                     row.late,
+                    row.duplicates,
                 )
             )
         if self.target.slots:
@@ -311,7 +314,8 @@ class RedisFoldSink:
         if outcome.records:
             logger.info(
                 "batch %d: %d records, %d applied, %d skipped, %d rejected, %d undecodable, "
-                "%d side effects (%d suppressed while replaying), %d late, %d windows closed "
+                "%d side effects (%d suppressed while replaying), %d late, %d re-sent by their "
+                "upstream (skipped), %d windows closed "
                 "in %.2fs (%.0f/s)",
                 batch_id,
                 outcome.records,
@@ -322,6 +326,7 @@ class RedisFoldSink:
                 outcome.effects,
                 outcome.suppressed,
                 outcome.late,
+                outcome.duplicates,
                 closed,
                 elapsed,
                 outcome.records / max(elapsed, 1e-9),
