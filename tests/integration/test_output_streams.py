@@ -124,3 +124,40 @@ def test_an_output_that_breaks_its_contract_dead_letters_its_record() -> None:
         encode_effects([bad])
     assert isinstance(caught.value.__cause__, EventValidationError)
     assert "OrderStatusChanged" in str(caught.value)
+
+
+class _BrokenChanges(OrderStateProjection):
+    """order_state whose change record of a cancellation breaks its contract (a bug)."""
+
+    def effects(self, event_type, event, before, after):
+        out = list(super().effects(event_type, event, before, after))
+        return [
+            SideEffect(e.topic, e.key, {**e.value, "total_minor": "n/a"}, e.contract)
+            if e.contract and e.value["status"] == "cancelled"
+            else e
+            for e in out
+        ]
+
+
+def test_a_record_whose_output_breaks_its_contract_is_a_dead_letter(
+    target: FoldTarget, kafka_bootstrap: str, redis_url: str, make_topic
+) -> None:
+    events, records = _orders(200, seed=5)
+    changes = make_topic(partitions=3, prefix="changes")
+    notices = make_topic(partitions=1, prefix="notices")
+    projection = _BrokenChanges(notifications_topic=notices, changes_topic=changes)
+    outcome = FoldWriter(target, projection).apply(records, batch_id=0)
+
+    oracle = fold_all(projection, events)  # the same rule: the record is not applied
+    cancels = [r for r in oracle.rejected if "OUTPUT_INVALID" in r[1]]
+    assert cancels, "some orders were cancelled"
+    reader = StateReader(redis.Redis.from_url(redis_url), "order_state", target.key_prefix)
+    assert dict(reader.scan("orders", 1)) == oracle.states
+    assert outcome.rejected >= len(cancels)
+    kafka = dict(target.kafka)
+    letters = [m for chunk in read_log(kafka, target.dlq_topic) for m in chunk]
+    reasons = [dict(m.headers())["refold.reason"] for m in letters]
+    assert reasons.count(b"invalid-output") == len(cancels)
+    changed = [CODEC.decode(m.value()).data for c in read_log(kafka, changes) for m in c]
+    assert changed
+    assert all(c["status"] != "cancelled" for c in changed)
