@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from contracts.codec import MAGIC, EventCodec
 from contracts.commerce import ORDERS
-from contracts.layout import StateLayout, parse_position_field
+from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
@@ -30,16 +30,10 @@ from processors.order_alerts.projection import build
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
-from tests.support.windows import log_events
+from tests.support.windows import timed_input
 
 NAME = "order_alerts"
 CODEC = EventCodec()
-
-
-def _records(bootstrap: str, topic: str):
-    for field, offset, event_type, event in log_events(bootstrap, topic):
-        name, partition = parse_position_field(field)
-        yield name, partition, offset, event_type, event
 
 
 def _insights(bootstrap: str, topic: str) -> dict[str, dict]:
@@ -127,7 +121,7 @@ def test_order_alerts_equal_their_oracle_through_kills(
         process = start(3)
 
         oracle = fold_timed(
-            build(options), ORDER_ALERTS.event_time, (orders,), _records(kafka_bootstrap, orders)
+            build(options), ORDER_ALERTS.event_time, (orders,), timed_input(kafka_bootstrap, orders)
         )
         assert_eventually(
             lambda: dict(reader.scan("patterns")) == oracle.states,

@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 
 from contracts.commerce import ORDER_CHANGES, ORDERS
-from contracts.layout import StateLayout, parse_position_field
+from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher, ProcessorOptions
 from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -41,13 +41,7 @@ from services.webhooks.config import WebhookSettings
 from services.webhooks.dispatcher import WebhookDispatcher
 from tests.support.chain import status_changes
 from tests.support.waiting import assert_eventually
-from tests.support.windows import log_events
-
-
-def _records(bootstrap: str, topic: str):
-    for field, offset, event_type, event in log_events(bootstrap, topic):
-        name, partition = parse_position_field(field)
-        yield name, partition, offset, event_type, event
+from tests.support.windows import timed_input
 
 
 def _applied(registry: GenerationRegistry) -> int:
@@ -122,7 +116,7 @@ def test_a_chained_processor_counts_each_change_once_through_a_kill(
         )
         # == a plain fold of the changes log with each origin id once
         first: dict[str, tuple[str, dict]] = {}
-        for _t, _p, _o, event_type, event in _records(kafka_bootstrap, changes):
+        for _t, _p, _o, event_type, event in timed_input(kafka_bootstrap, changes):
             first.setdefault(f"{event['order_id']}:{event['status']}", (event_type, event))
         assert (
             dict(reader.scan("customers"))
@@ -177,7 +171,7 @@ def test_webhooks_deliver_every_insight_and_send_nothing_while_replay_builds(
             build_alerts(options),
             ORDER_ALERTS.event_time,
             (orders,),
-            _records(kafka_bootstrap, orders),
+            timed_input(kafka_bootstrap, orders),
         )
         return {e.value["insight_id"] for e in oracle.effects}
 

@@ -14,7 +14,7 @@ import orjson
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.layout import StateLayout, parse_position_field
+from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher, ProcessorOptions
 from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -32,15 +32,7 @@ from replay.rebuild import plan_replay, run_rebuild
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
-from tests.support.windows import log_events
-
-
-def _records(bootstrap: str, *topics: str):
-    """The topics' records as the oracle takes them (each partition's log order, topic by topic)."""
-    for topic in topics:
-        for field, offset, event_type, event in log_events(bootstrap, topic):
-            name, partition = parse_position_field(field)
-            yield name, partition, offset, event_type, event
+from tests.support.windows import timed_input
 
 
 def _closed(bootstrap: str, topic: str) -> set[tuple]:
@@ -125,13 +117,13 @@ def test_sessions_and_the_search_join_equal_their_oracles_through_a_kill_and_a_r
             WebSessionsProjection(closed_topic=closed),
             WEB_SESSIONS.event_time,
             (pageviews, searches),
-            _records(kafka_bootstrap, pageviews, searches),
+            timed_input(kafka_bootstrap, pageviews, searches),
         )
         join = fold_timed(
             SearchCtrProjection(),
             SEARCH_CTR.event_time,
             (searches,),
-            _records(kafka_bootstrap, searches),
+            timed_input(kafka_bootstrap, searches),
         )
         readers = {n: StateReader(client, n, redis_settings.key_prefix) for n in names}
         expected = {

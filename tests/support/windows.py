@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import redis
 
 from contracts.codec import EventCodec
-from contracts.layout import GenerationKeys, position_field
+from contracts.layout import GenerationKeys, parse_position_field, position_field
 from processors.runtime.kafka_ranges import read_log
 
 __all__ = ["bucket_dump", "log_events", "sketch_counts"]
@@ -22,6 +22,15 @@ def log_events(bootstrap: str, topic: str) -> Iterator[tuple[str, int, str, dict
             decoded = codec.decode(message.value())
             field = position_field(message.topic() or "", message.partition() or 0)
             yield field, message.offset() or 0, decoded.event_type, decoded.data
+
+
+def timed_input(bootstrap: str, *topics: str) -> Iterator[tuple[str, int, int, str, dict]]:
+    """The topics' records as ``fold_timed`` takes them (each partition in log order, topic by
+    topic): ``(topic, partition, offset, event type, event)``."""
+    for topic in topics:
+        for field, offset, event_type, event in log_events(bootstrap, topic):
+            name, partition = parse_position_field(field)
+            yield name, partition, offset, event_type, event
 
 
 def bucket_dump(client: redis.Redis, keys: GenerationKeys) -> dict[tuple[str, int, str], dict]:
