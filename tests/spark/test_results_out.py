@@ -103,6 +103,8 @@ def test_a_chained_processor_counts_each_change_once_through_a_kill(
         wanted = status_changes(events)
 
         def counted() -> Counter[tuple[str, str]]:
+            if reader.registry.live() is None:  # killed before customer_orders' first commit
+                return Counter()
             return Counter(
                 {
                     (customer, status): n
