@@ -30,10 +30,26 @@ key                                         type    content
                                                     seen on it (ms), with the positions
 ``<p>:{<proc>.g<N>}:om:marks``              hash    ``[s<slot>|]<topic>/<p>|<stream>`` -> highest
                                                     origin ``<offset>.<index>`` applied
+``<p>:{<proc>.g<N>}:stats``                 hash    what its micro-batches did (not state):
+                                                    ``batches``, ``events``, ``duplicates``,
+                                                    ``effects``, ``dead:<reason>``,
+                                                    ``dur_le:<ms>``, ``dur_sum_ms``,
+                                                    ``last_batch_id``, ``last_batch_at``,
+                                                    ``checkpoint_id``, ``watermark_ms``
+                                                    (:mod:`contracts.store.stats`)
 =========================================  ======  =============================================
 
 Window buckets are named by window, start (epoch ms) and group, the group last: it is user data
 and may hold any character.
+
+Keys that are no processor's state (replay, snapshots and gc never touch them):
+
+=========================================  ======  =============================================
+``<p>:{webhooks.<name>}:...``               (any)   a webhook dispatcher's (``WebhookKeys``)
+``<p>:{auth}:api_keys``                     hash    API key id -> JSON record: name, scopes,
+                                                    SHA-256 of the key, created, expires and
+                                                    revoked at (``ApiKeyKeys``)
+=========================================  ======  =============================================
 """
 
 from __future__ import annotations
@@ -47,6 +63,7 @@ __all__ = [
     "RESULT_NAMESPACES",
     "STATE_LAYOUT_VERSION",
     "STATE_NAMESPACES",
+    "ApiKeyKeys",
     "GenerationKeys",
     "GenerationStatus",
     "StateLayout",
@@ -113,6 +130,16 @@ class GenerationKeys:
     def lease(self) -> str:
         """The processing lease: at most one processor runs a generation at a time."""
         return f"{self.base}:lease"
+
+    @property
+    def stats(self) -> str:
+        """Hash of processing stats, written by the driver after each micro-batch.
+
+        Not state (see :meth:`is_state_key`): snapshots and ``replay diff`` leave it out; gc
+        removes it with the generation (:meth:`pattern`) and an in-place reset deletes it, as
+        the generation's Spark batch ids start again (:mod:`contracts.store.stats`).
+        """
+        return f"{self.base}:stats"
 
     def guard(self, position_field: str) -> str:
         """Per-partition guard key, WATCHed by the partition's writer.
@@ -218,7 +245,7 @@ class GenerationKeys:
     def is_state_key(self, name: str) -> bool:
         """True for the keys that make up the state: tables, aggregates, positions, guards.
 
-        (Not the meta hash, the lease, nor snapshots.)
+        (Not the meta hash, the lease, the stats, nor snapshots.)
         """
         if not name.startswith(self.base + ":"):
             return False
@@ -330,3 +357,20 @@ class WebhookKeys:
             return None
         name = key[len(head) : -len(tail)]
         return name or None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyKeys:
+    """The keys of the HTTP services' API keys (``services.auth``).
+
+    One hash for every key, so that every replica of the services sees an added or revoked key
+    on its next request, and one WATCH covers the name check of ``refold keys add``. Its hash
+    tag ``{auth}`` keeps it apart from any processor's keys.
+    """
+
+    prefix: str = DEFAULT_KEY_PREFIX
+
+    @property
+    def registry(self) -> str:
+        """Hash of every API key: key id -> JSON record (never the key itself, its SHA-256)."""
+        return f"{self.prefix}:{{auth}}:api_keys"

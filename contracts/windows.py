@@ -50,6 +50,8 @@ __all__ = [
     "result_of",
     "result_record",
     "watermark_of",
+    "window_meta",
+    "windows_from_meta",
     "windows_topic",
 ]
 
@@ -167,6 +169,51 @@ class Sliding:
 
 
 Window = Tumbling | Hopping | Sliding
+
+_KINDS: dict[str, type[Tumbling] | type[Hopping] | type[Sliding]] = {
+    "tumbling": Tumbling,
+    "hopping": Hopping,
+    "sliding": Sliding,
+}
+
+
+def window_meta(windows: Iterable[Window], distinct: Iterable[str] = ()) -> dict[str, str]:
+    """A generation's meta fields that describe its windows, for readers without its code.
+
+    The processor records them on start; the query API rebuilds the windows from them
+    (:func:`windows_from_meta`), so a service never imports a user's processor package.
+    """
+    described = []
+    for window in windows:
+        kind = next(k for k, cls in _KINDS.items() if isinstance(window, cls))
+        fields = {"kind": kind, "name": window.name, "size_ms": window.size_ms}
+        if isinstance(window, Hopping):
+            fields["hop_ms"] = window.hop_ms
+        elif isinstance(window, Sliding):
+            fields["step_ms"] = window.step_ms
+        described.append(fields)
+    return {
+        "windows": orjson.dumps(described).decode(),
+        "distinct": orjson.dumps(list(distinct)).decode(),
+    }
+
+
+def windows_from_meta(meta: Mapping[str, str]) -> tuple[list[Window], list[str]]:
+    """The windows and distinct measures :func:`window_meta` recorded (empty when none).
+
+    Raises:
+        ContractError: The fields are not what :func:`window_meta` writes.
+    """
+    try:
+        described = orjson.loads(meta.get("windows", "[]"))
+        distinct = [str(d) for d in orjson.loads(meta.get("distinct", "[]"))]
+        windows: list[Window] = [
+            _KINDS[d.pop("kind")](**{k: v for k, v in d.items() if k != "emit"}) for d in described
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        msg = f"a generation's window meta is not readable: {exc}"
+        raise ContractError(msg) from exc
+    return windows, distinct
 
 
 def encode_timer(window: str, at: int, group: str) -> bytes:

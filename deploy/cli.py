@@ -265,6 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
             "deploy.webhooks_cli:main",
         ),
         (
+            "keys",
+            "add | list | revoke the API keys of the HTTP services (see `refold keys -h`)",
+            "deploy.keys_cli:main",
+        ),
+        (
+            "serve",
+            "the HTTP services: ingest, query, control, /metrics, dashboard "
+            "(see `refold serve -h`)",
+            "deploy.serve_cli:main",
+        ),
+        (
             "archive",
             "backfill | compact | status of the Parquet archive (see `refold archive -h`)",
             "processors.runtime.archive_cli:main",

@@ -25,6 +25,7 @@ from contracts.registry import default_registry, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
 from contracts.topics import dead_letter_spec, effects_spec
+from deploy.demo_serving import DemoService, read_your_write, start_service
 from deploy.local_stack import LocalStack, free_port
 from deploy.processes import ProcessorProcess
 from deploy.simulators.clickstream import ClickstreamSimulator
@@ -345,6 +346,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
     processor: ProcessorProcess | None = None
     receiver: WebhookReceiver | None = None
     dispatch: DispatcherThread | None = None
+    service: DemoService | None = None
     try:
         kafka = KafkaSettings(bootstrap_servers=stack.bootstrap_servers)
         redis_settings = RedisSettings(url=stack.redis_url)
@@ -381,6 +383,11 @@ def run_demo(orders: int, state_dir: Path) -> int:
             demo_dir / "logs" / "processors-live.log",
         ).start()
         print(f"pid {processor.pid}, log {processor.log_path}")
+        service = start_service(
+            client, redis_settings.key_prefix, launcher.env(), demo_dir / "logs" / "serve.log"
+        )
+        print(f"refold serve: {service.url}/docs (API), {service.url}/metrics")
+        print(f"dashboard (live while the demo runs): {service.dashboard}")
 
         simulator = OrderSimulator(orders, seed=2026)
         order_events = list(simulator)
@@ -492,9 +499,17 @@ def run_demo(orders: int, state_dir: Path) -> int:
                 demo_dir / "archive",
                 Counter(event_type for event_type, _event in events),
             )
+            _say("serving: write over HTTP, read your own write with its consistency token")
+            fresh = next(iter(OrderSimulator(1, seed=99)))
+            read_your_write(service, fresh[0], {**fresh[1], "order_id": "o-demo-http"})
         finally:
             offsets.close()
-        _say("stopping the live processor, the webhook dispatcher and receiver, and the stack")
+        _say(
+            "stopping the live processor, the service, the webhook dispatcher and receiver, "
+            "and the stack"
+        )
+        service.stop()
+        service = None
         processor.stop()
         processor = None
         print("done: every process the demo started has stopped.")
@@ -502,6 +517,8 @@ def run_demo(orders: int, state_dir: Path) -> int:
     finally:
         if processor is not None:
             processor.stop()
+        if service is not None:
+            service.stop()
         if dispatch is not None:
             dispatch.stop()
         if receiver is not None:

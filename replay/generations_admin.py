@@ -17,14 +17,16 @@ from typing import Any, cast
 import redis
 
 from contracts.kafka.offsets import LogOffsets
-from contracts.layout import (
-    GenerationKeys,
-    StateLayout,
-    processor_of_registry_key,
-    registries_pattern,
-)
+from contracts.layout import GenerationKeys, StateLayout
 from contracts.processors import ProcessorSpec
-from contracts.store.generations import GenerationInfo, GenerationRegistry, Positions
+from contracts.store.generations import (
+    GenerationInfo,
+    GenerationRegistry,
+    Positions,
+    applied_records,
+    processors_in_redis,
+    starting_positions,
+)
 from replay.errors import ReplayError
 
 __all__ = [
@@ -78,17 +80,6 @@ def _age(info: GenerationInfo) -> float:
     return max(0.0, time.time() - int(created) / 1000) if created else 0.0
 
 
-def processors_in_redis(client: redis.Redis, key_prefix: str) -> list[str]:
-    """Every processor that has a generations registry in Redis, registered or not."""
-    names = set()
-    for key in client.scan_iter(match=registries_pattern(key_prefix), count=_SCAN_COUNT):
-        text = key.decode() if isinstance(key, bytes) else str(key)
-        name = processor_of_registry_key(text, key_prefix)
-        if name is not None:
-            names.add(name)
-    return sorted(names)
-
-
 def unregistered_spec(name: str) -> ProcessorSpec:
     """A stand-in spec for a processor found in Redis that no installed package registers."""
     return ProcessorSpec(
@@ -127,8 +118,7 @@ def generation_status(
                 tps = [(t, p) for t in topics for p in offsets.partitions(t)]
                 ends = offsets.end_offsets(tps)
             lag = sum(max(0, end - positions.get(tp, 0)) for tp, end in ends.items())
-        starting = _starting(info)
-        applied = sum(o - starting.get(tp, 0) for tp, o in positions.items())
+        applied = applied_records(positions, starting_positions(info.meta))
         rows.append(
             GenerationStatus(
                 spec.name,
@@ -143,16 +133,6 @@ def generation_status(
             )
         )
     return rows
-
-
-def _starting(info: GenerationInfo) -> Positions:
-    try:
-        nested = json.loads(info.meta.get("starting_offsets", "{}"))
-    except ValueError:
-        return {}
-    if not isinstance(nested, dict):
-        return {}
-    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
 
 
 def rollback(spec: ProcessorSpec, client: redis.Redis, key_prefix: str) -> tuple[int, int]:

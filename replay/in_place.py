@@ -4,7 +4,8 @@ What ``kafka-consumer-groups --reset-offsets --execute`` does, for a stateful pr
 generation's consumer group is moved to the plan's targets (refused by the broker while the
 group has members, as Kafka does), its state is emptied (or restored from the plan's snapshot),
 its applied positions are set to where folding starts again, and its Spark checkpoint epoch is
-bumped so no processor resumes from a checkpoint of before the reset.
+bumped so no processor resumes from a checkpoint of before the reset. Its processing stats
+(``contracts.store.stats``) start again too.
 
 Refused while a processor holds the generation's lease (refold's own processors do not join
 the consumer group, so the lease is how they show up as members). Readers keep reading the
@@ -30,6 +31,7 @@ from contracts.store.generations import (
     GenerationRegistry,
 )
 from contracts.store.lease import GenerationLease, LeaseHeldError
+from contracts.store.stats import ProcessorStats
 from replay.errors import PlanError
 from replay.plan import ReplayPlan
 from replay.snapshots import Snapshot, SnapshotStore
@@ -90,6 +92,9 @@ def _reset_state(
             batch = []
     if batch:
         removed += int(client.unlink(*batch))
+    # Not state, but counted by checkpoint and batch id: the new checkpoint epoch starts both
+    # again, and the stats describe the generation's folding from its new start.
+    ProcessorStats(client, registry.layout).reset(generation)
     if snapshot is not None:
         SnapshotStore(registry).seed(snapshot, generation)
     # Folding restarts at each partition's begin: record it where the processor resumes from.

@@ -70,15 +70,23 @@ class PublishError(ServiceError):
 
     Attributes:
         unacknowledged: The events that were not acknowledged, in input order.
+        delivered: Per event of the call, in input order, ``(topic, partition, offset)`` where
+            it was written, or None if it was not acknowledged (or not reached).
     """
 
     code = "PUBLISH_FAILED"
     # The broker may answer again (retriable), subject to the duplicate caveat above.
     retriable = True
 
-    def __init__(self, message: str, unacknowledged: Sequence[UnacknowledgedEvent] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        unacknowledged: Sequence[UnacknowledgedEvent] = (),
+        delivered: Sequence[tuple[str, int, int] | None] = (),
+    ) -> None:
         super().__init__(message)
         self.unacknowledged: list[UnacknowledgedEvent] = list(unacknowledged)
+        self.delivered: list[tuple[str, int, int] | None] = list(delivered)
 
 
 class NoLiveGenerationError(ServiceError):

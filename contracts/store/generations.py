@@ -25,6 +25,8 @@ from contracts.layout import (
     GenerationStatus,
     StateLayout,
     parse_position_field,
+    processor_of_registry_key,
+    registries_pattern,
 )
 from contracts.store.lease import claim_lease, lease_holder, release_lease
 
@@ -35,9 +37,12 @@ __all__ = [
     "GenerationInfo",
     "GenerationRegistry",
     "Positions",
+    "applied_records",
     "checkpoint_dir",
     "checkpoint_root",
+    "processors_in_redis",
     "remove_stale_checkpoint",
+    "starting_positions",
 ]
 
 logger = logging.getLogger(__name__)
@@ -90,6 +95,49 @@ class GenerationInfo:
 
 def _decode(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+_SCAN_COUNT = 1000  # keys per SCAN round trip
+
+
+def processors_in_redis(client: redis.Redis, key_prefix: str) -> list[str]:
+    """Every processor that has a generations registry in Redis, registered or not.
+
+    One SCAN over the whole keyspace: callers that ask often cache the answer.
+    """
+    names = set()
+    for key in client.scan_iter(match=registries_pattern(key_prefix), count=_SCAN_COUNT):
+        name = processor_of_registry_key(_decode(cast("bytes | str", key)), key_prefix)
+        if name is not None:
+            names.add(name)
+    return sorted(names)
+
+
+def starting_positions(meta: Mapping[str, str]) -> Positions:
+    """Where a generation started, from its meta ``starting_offsets`` (Spark's JSON form).
+
+    Empty when the generation started from ``earliest``/``latest`` or the field is unreadable.
+    """
+    try:
+        nested = json.loads(meta.get("starting_offsets", "{}"))
+    except ValueError:
+        return {}
+    if not isinstance(nested, dict):
+        return {}
+    try:
+        return {
+            (str(t), int(p)): int(o)
+            for t, parts in nested.items()
+            if isinstance(parts, dict)
+            for p, o in parts.items()
+        }
+    except (TypeError, ValueError):
+        return {}
+
+
+def applied_records(positions: Positions, starting: Positions) -> int:
+    """Offsets a generation has applied since it started (its positions past its start)."""
+    return sum(o - starting.get(tp, 0) for tp, o in positions.items())
 
 
 class GenerationRegistry:

@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ from processors.fold.archive import (
 )
 from processors.fold.records import SourceRecord
 from processors.runtime.archive_store import ArchiveStore, Intent
+from processors.runtime.batch_stats import BatchStatsRecorder
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
@@ -81,7 +83,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ARCHIVE_OUTCOME_SCHEMA = (
-    "records long, archived long, skipped long, undecodable long, files long, positions string"
+    "records long, archived long, skipped long, undecodable long, files long, positions string, "
+    "dead_letters string"
 )
 _OUTCOME_ARROW = pa.schema(
     [
@@ -91,6 +94,7 @@ _OUTCOME_ARROW = pa.schema(
         ("undecodable", pa.int64()),
         ("files", pa.int64()),
         ("positions", pa.string()),
+        ("dead_letters", pa.string()),
     ]
 )
 # Rows of one (event type, date) group kept as Python dicts before they become an Arrow batch:
@@ -135,6 +139,7 @@ class ArchiveOutcome:
     undecodable: int = 0
     files: int = 0
     positions: dict[str, int] = field(default_factory=dict)
+    dead_letters: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: ArchiveOutcome) -> None:
         """Add another task's outcome."""
@@ -144,6 +149,8 @@ class ArchiveOutcome:
         self.undecodable += other.undecodable
         self.files += other.files
         self.positions.update(other.positions)
+        for reason, count in other.dead_letters.items():
+            self.dead_letters[reason] = self.dead_letters.get(reason, 0) + count
 
     def describe(self) -> str:
         """One line for the log."""
@@ -395,6 +402,7 @@ def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) 
             outcome.files += 1
     if dead:
         outcome.undecodable = len(dead)
+        outcome.dead_letters = dict(Counter(exc.reason for _record, exc in dead))
         _send_dead_letters(writer, dead, batch_id)
     moves = {position_field(t, p): (applied.get(position_field(t, p)), e) for t, p, _b, e in todo}
     _redis_call(plan.target, lambda: writer.commit(moves, batch_id))
@@ -417,6 +425,7 @@ def _archive_task(
                     "undecodable": outcome.undecodable,
                     "files": outcome.files,
                     "positions": json.dumps(outcome.positions),
+                    "dead_letters": json.dumps(outcome.dead_letters),
                 }
             ],
             schema=_OUTCOME_ARROW,
@@ -463,13 +472,20 @@ class ArchiveSink:
     Args:
         plan: From :func:`prepare_archive`.
         mirror: Commits each batch's new positions to the generation's consumer group.
+        checkpoint: The query's checkpoint (scopes the batch ids of the generation's stats).
     """
 
-    def __init__(self, plan: ArchivePlan, mirror: ConsumerGroupMirror | None = None) -> None:
+    def __init__(
+        self,
+        plan: ArchivePlan,
+        mirror: ConsumerGroupMirror | None = None,
+        checkpoint: Path | None = None,
+    ) -> None:
         self.plan = plan
         self.target = plan.target
         self.mirror = mirror
         self.total = ArchiveOutcome()
+        self.stats = BatchStatsRecorder(plan.target, checkpoint)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Archive one micro-batch; idempotent (a re-executed batch writes nothing new)."""
@@ -485,6 +501,7 @@ class ArchiveSink:
                     row.undecodable,
                     row.files,
                     json.loads(row.positions),
+                    json.loads(row.dead_letters),
                 )
             )
         self.total.merge(outcome)
@@ -503,6 +520,9 @@ class ArchiveSink:
                     "generation": self.target.generation,
                     "processor": self.target.processor,
                 },
+            )
+            self.stats.record(
+                batch_id, started, events=outcome.archived, dead_letters=outcome.dead_letters
             )
 
 

@@ -58,6 +58,7 @@ from processors.fold.dataframe import (
     output_mode_of,
 )
 from processors.fold.records import SourceRecord
+from processors.runtime.batch_stats import BatchStatsRecorder
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.sink import ranges_of, records_of_ranges, records_of_rows
@@ -288,7 +289,7 @@ class TableUpsert:
 
     def write(
         self, rows: Sequence[tuple[str, str]], positions: Mapping[str, int], batch_id: int
-    ) -> bool:
+    ) -> int | None:
         """Apply batch ``batch_id`` once: its rows, positions and batch id, or nothing.
 
         Args:
@@ -297,7 +298,9 @@ class TableUpsert:
             batch_id: Spark's batch id (increasing within a checkpoint).
 
         Returns:
-            False when the generation had applied this batch (or a later one) already.
+            How many offsets the batch moved the positions past (the records it read, on
+            partitions that had a position), or None when the generation had applied this
+            batch (or a later one) already.
 
         Raises:
             SinkConflictError: Another writer kept changing the positions.
@@ -332,20 +335,27 @@ class TableUpsert:
 
     def _write_once(
         self, rows: Sequence[tuple[str, str]], positions: Mapping[str, int], batch_id: int
-    ) -> bool:
+    ) -> int | None:
         keys = self.target.keys
+        fields = sorted(positions)
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.watch(keys.positions)  # type: ignore[no-untyped-call]
-            stored = pipe.hget(keys.positions, BATCH_ID_FIELD)
-            if stored is not None and int(cast("bytes", stored)) >= batch_id:
+            stored, *before = cast(
+                "list[bytes | None]", pipe.hmget(keys.positions, [BATCH_ID_FIELD, *fields])
+            )
+            if stored is not None and int(stored) >= batch_id:
                 pipe.unwatch()
-                return False
+                return None
             pipe.multi()
             for key, value in rows:
                 pipe.set(keys.table(self.table, key), value)
             pipe.hset(keys.positions, mapping={**dict(positions.items()), BATCH_ID_FIELD: batch_id})
             pipe.execute()
-        return True
+        return sum(
+            max(0, positions[f] - int(old))
+            for f, old in zip(fields, before, strict=True)
+            if old is not None
+        )
 
 
 @dataclass(slots=True)
@@ -387,6 +397,7 @@ class DataFrameSink:
         self.mirror = mirror
         self.upsert = TableUpsert(target, table)
         self.total = SinkTotals()
+        self.stats = BatchStatsRecorder(target, checkpoint)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch; idempotent per batch id."""
@@ -397,7 +408,7 @@ class DataFrameSink:
         positions = batch_end_offsets(self.checkpoint, batch_id)
         applied = self.upsert.write(rows, positions, batch_id)
         self.total.batches += 1
-        if not applied:
+        if applied is None:
             self.total.skipped_batches += 1
             logger.info("batch %d: applied before; nothing written", batch_id)
             return
@@ -420,6 +431,9 @@ class DataFrameSink:
                     "processor": self.target.processor,
                 },
             )
+        if applied or rows:  # not Spark's no-data batches (a watermark's state eviction)
+            # Its dead letters are counted by the decode tasks, which report nothing back.
+            self.stats.record(batch_id, started, events=applied)
 
 
 # -- the query and the runner's checks (driver) --------------------------------------------

@@ -194,6 +194,7 @@ class BatchOutcome:
     suppressed: int = 0
     late: int = 0
     duplicates: int = 0
+    dead_letters: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: BatchOutcome) -> None:
         """Add another outcome (from another task) into this one."""
@@ -207,6 +208,8 @@ class BatchOutcome:
         self.suppressed += other.suppressed
         self.late += other.late
         self.duplicates += other.duplicates
+        for reason, count in other.dead_letters.items():
+            self.dead_letters[reason] = self.dead_letters.get(reason, 0) + count
 
 
 def _parse_seq(raw: bytes) -> tuple[int, int]:
@@ -902,6 +905,7 @@ class FoldWriter:
         """Count and produce the dead letters and the late side output (before the commit)."""
         outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
         outcome.rejected = sum(not d.timer for d in dead) - outcome.undecodable
+        outcome.dead_letters = dict(Counter(d.reason for d in dead))
         if dead:
             self._send_dead_letters(dead, batch_id)
         if late_out:

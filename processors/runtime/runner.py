@@ -48,6 +48,7 @@ from contracts.store.generations import (
 )
 from contracts.store.lease import GenerationLease
 from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
+from contracts.windows import window_meta
 from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
 from processors.fold.archive import ArchiveProcessor, is_archive_processor
 from processors.fold.dataframe import DataFrameProcessor, is_dataframe_processor
@@ -247,6 +248,9 @@ def resolve_run(
             )
             raise ProcessorConfigError(msg)
         _check_fingerprints(registry, projection, generation, options.accept_code_change)
+    windows = getattr(projection, "windows", None)
+    if windows:  # readers (the query API) build the windows from it, without the code
+        registry.update_meta(generation, window_meta(windows, getattr(projection, "distinct", ())))
     epoch = int(registry.meta(generation).get(CHECKPOINT_EPOCH_FIELD, "0"))
     checkpoint = checkpoint_dir(options.checkpoint_root, projection.name, generation, epoch)
     if created:
@@ -685,7 +689,7 @@ def _run_generation(
     if is_archive_processor(projection):
         archive = cast("ArchiveProcessor", projection)
         plan = prepare_archive(run.target, archive, EventCodec(), options.source_format)
-        sink = ArchiveSink(plan, mirror)
+        sink = ArchiveSink(plan, mirror, run.checkpoint)
         query = start_archive_query(
             _source(spark, topics, kafka, run, options),
             sink,
@@ -704,7 +708,9 @@ def _run_generation(
             options.trigger_interval,
         )
     else:
-        sink = RedisFoldSink(run.target, projection, mirror, closer=closer)
+        sink = RedisFoldSink(
+            run.target, projection, mirror, closer=closer, checkpoint=run.checkpoint
+        )
         query = build_query(spark, topics, kafka, run, sink, options)
     # Only the ranges source moves a fold's positions to each planned range's end (the record
     # source leaves them at the last record, below the end after a transaction marker); a

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ from contracts.layout import position_field
 from processors.fold.projection import Projection
 from processors.fold.records import SourceRecord
 from processors.runtime.background import DriverTask
+from processors.runtime.batch_stats import BatchStatsRecorder
 from processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
@@ -42,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 OUTCOME_SCHEMA = (
     "records long, applied long, skipped long, rejected long, undecodable long, "
-    "effects long, suppressed long, late long, duplicates long, positions string"
+    "effects long, suppressed long, late long, duplicates long, positions string, "
+    "dead_letters string"
 )
 _OUTCOME_ARROW = pa.schema(
     [
@@ -56,6 +59,7 @@ _OUTCOME_ARROW = pa.schema(
         ("late", pa.int64()),
         ("duplicates", pa.int64()),
         ("positions", pa.string()),
+        ("dead_letters", pa.string()),
     ]
 )
 
@@ -218,6 +222,7 @@ def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
                 "late": outcome.late,
                 "duplicates": outcome.duplicates,
                 "positions": json.dumps(outcome.positions),
+                "dead_letters": json.dumps(outcome.dead_letters),
             }
         ],
         schema=_OUTCOME_ARROW,
@@ -234,6 +239,7 @@ class RedisFoldSink:
         closer: The driver task asked for a round after each batch (a window processor's
             closer, a lookup processor's joiner).
         codec: The contracts (default: the installed contract sets, loaded on the driver).
+        checkpoint: The query's checkpoint (scopes the batch ids of the generation's stats).
     """
 
     def __init__(
@@ -243,6 +249,7 @@ class RedisFoldSink:
         mirror: ConsumerGroupMirror | None = None,
         codec: EventCodec | None = None,
         closer: DriverTask | None = None,
+        checkpoint: Path | None = None,
     ) -> None:
         self.target = target
         self.projection = projection
@@ -255,6 +262,7 @@ class RedisFoldSink:
         self._redis: redis.Redis | None = None
         self.last_outcome = BatchOutcome()
         self.total = BatchOutcome()
+        self.stats = BatchStatsRecorder(target, checkpoint)
 
     def _generation_positions(self, reported: dict[str, int]) -> dict[str, int]:
         """Re-keyed: the generation's positions (the slots' minimum), for the consumer group."""
@@ -301,6 +309,7 @@ class RedisFoldSink:
                     row.suppressed,
                     row.late,
                     row.duplicates,
+                    json.loads(row.dead_letters),
                 )
             )
         if self.target.slots:
@@ -335,4 +344,12 @@ class RedisFoldSink:
                     "generation": self.target.generation,
                     "processor": self.target.processor,
                 },
+            )
+            self.stats.record(
+                batch_id,
+                started,
+                events=outcome.applied,
+                duplicates=outcome.duplicates,
+                effects=outcome.effects,
+                dead_letters=outcome.dead_letters,
             )

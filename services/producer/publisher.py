@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.codec import EventCodec
-from contracts.errors import UnknownEventTypeError
+from contracts.errors import ContractError, UnknownEventTypeError
 from contracts.lock import PublishGate, default_publish_gate
 from contracts.registry import default_registry
 from contracts.settings import KafkaSettings
@@ -151,15 +151,41 @@ class EventPublisher:
         self._client_error = (time.monotonic(), err.str())
         logger.warning("Kafka client error: %s", err.str())
 
-    def _prepare(self, event_type: str, event: dict[str, Any]) -> tuple[str, bytes, bytes]:
+    def _prepare(
+        self, event_type: str, event: dict[str, Any], *, validated: bool = False
+    ) -> tuple[str, bytes, bytes]:
+        spec = self._check_type(event_type)
+        if not validated:
+            self._codec.validate(event_type, event)
+        value = self._codec.encode(event_type, event, validated=True)
+        return spec.name, str(event[spec.key_field]).encode(), value
+
+    def _check_type(self, event_type: str) -> TopicSpec:
         spec = _topic_for(event_type, self._topics)
         if event_type not in self._cleared:  # once per type: its newest version is publishable
             latest = self._codec.catalog.latest(event_type)
             self._gate.check(latest, allow_unlocked=self._allow_unlocked)
             self._cleared.add(event_type)
-        self._codec.validate(event_type, event)
-        value = self._codec.encode(event_type, event, validated=True)
-        return spec.name, str(event[spec.key_field]).encode(), value
+        return spec
+
+    def check(
+        self, events: Iterable[tuple[str, dict[str, Any]]]
+    ) -> list[tuple[int, ContractError]]:
+        """Check every event as :meth:`emit_many` would, without sending anything.
+
+        Returns:
+            ``(index, error)`` for each event that would be refused (unknown type, schema
+            version not published, or a contract violation naming every wrong field); empty
+            when all would be accepted.
+        """
+        refused: list[tuple[int, ContractError]] = []
+        for index, (event_type, event) in enumerate(events):
+            try:
+                self._check_type(event_type)
+                self._codec.validate(event_type, event)
+            except ContractError as exc:
+                refused.append((index, exc))
+        return refused
 
     def emit(self, event_type: str, event: dict[str, Any], timeout: float = 30.0) -> DeliveryToken:
         """Validate, publish one event and wait for the broker's acknowledgement.
@@ -180,6 +206,8 @@ class EventPublisher:
         events: Iterable[tuple[str, dict[str, Any]]],
         timeout: float = 60.0,
         on_progress: Callable[[int], None] | None = None,
+        *,
+        validated: bool = False,
     ) -> list[DeliveryToken]:
         """Validate and publish many events, then wait until every one is acknowledged.
 
@@ -196,6 +224,8 @@ class EventPublisher:
             timeout: Seconds to wait for the acknowledgements once the last event is queued;
                 also the longest wait for room while the local queue is full.
             on_progress: Called with the number of events queued since the previous call.
+            validated: The caller has just had every event accepted by :meth:`check`
+                (skips validating each one again).
 
         Returns:
             One token per event, in input order.
@@ -231,7 +261,7 @@ class EventPublisher:
         queued = 0
         not_queued: UnacknowledgedEvent | None = None
         for index, (event_type, event) in enumerate(events):
-            topic, key, value = self._prepare(event_type, event)
+            topic, key, value = self._prepare(event_type, event, validated=validated)
             tokens.append(None)
             sent = _Outgoing(event_type, topic, key.decode(), event)
             if not self._produce(producer, topic, key, value, _callback(index), timeout):
@@ -275,7 +305,8 @@ class EventPublisher:
             "duplicate it. Operator action: check the errors above and that the brokers in "
             "bootstrap.servers are up and reachable."
         )
-        raise PublishError(msg, failed)
+        delivered = [None if t is None else (t.topic, t.partition, t.offset) for t in tokens]
+        raise PublishError(msg, failed, delivered)
 
     def _failure_message(
         self,

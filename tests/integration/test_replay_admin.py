@@ -8,6 +8,7 @@ import redis
 from contracts.codec import EventCodec
 from contracts.layout import StateLayout
 from contracts.store.generations import GenerationRegistry
+from contracts.store.stats import ProcessorStats
 from deploy.simulators.orders import OrderSimulator
 from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
@@ -101,12 +102,15 @@ def test_rollback_flips_back_and_gc_removes_the_retired_generation(two_generatio
     assert replay(["rollback", "--processor", "order_state"]) == 1  # g1 replaced nothing
     assert "nothing to roll back" in capsys.readouterr().err
     (tmp / "checkpoints" / "order_state" / f"g{g2}").mkdir(parents=True)
+    stats = ProcessorStats(client, registry.layout)
+    stats.record_batch(g2, 0, 50, 0, 0, {}, 10.0, None, now_ms=1)
+    assert client.exists(registry.keys(g2).stats)
     assert replay(["gc", "--processor", "order_state"]) == 0
     assert "would be removed" in capsys.readouterr().out
     assert registry.status(g2) == "retired"
     assert replay(["gc", "--processor", "order_state", "--execute"]) == 0
     assert registry.status(g2) is None
-    assert not list(client.scan_iter(match=registry.keys(g2).pattern()))
+    assert not list(client.scan_iter(match=registry.keys(g2).pattern()))  # the stats too
     assert not (tmp / "checkpoints" / "order_state" / f"g{g2}").exists()
     assert reader.get("orders", "ord-0000001").value is not None
 

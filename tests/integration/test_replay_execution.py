@@ -30,6 +30,7 @@ from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.store.generations import SLOTS_FIELD, GenerationRegistry
 from contracts.store.lease import GenerationLease, lease_holder_alive
+from contracts.store.stats import ProcessorStats
 from deploy.simulators.orders import OrderSimulator
 from processors.errors import ProcessorConfigError
 from processors.fold.oracle import fold_all
@@ -315,9 +316,12 @@ def test_in_place_reset_is_refused_while_the_consumer_group_has_live_members(wor
 def test_in_place_reset_rewinds_state_group_and_checkpoint(world):
     writer = world.writer(world.live)
     writer.apply(world.records)
+    stats = ProcessorStats(world.client, world.registry.layout)
+    stats.record_batch(world.live, 9, 40, 0, 0, {}, 10.0, None, now_ms=1)
     spec = processor_spec("order_state")
     plan = plan_replay(spec, ToEarliest(), world.kafka, world.client, world.prefix)
     done = reset_in_place(plan, world.kafka, world.client, world.prefix)
+    assert stats.read(world.live).batches == 0  # batch ids start again with the new epoch
     assert done.generation == world.live
     assert done.keys_removed > len(world.oracle({}).states)
     assert world.state(world.live) == {}

@@ -7,7 +7,9 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from contracts.layout import StateLayout
 from contracts.registry import processor_spec
+from contracts.store.stats import ProcessorStats
 from deploy.demo import wait_until_caught_up
 from deploy.simulators.orders import OrderSimulator
 from processors.runtime.runner import consumer_group
@@ -51,11 +53,19 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_stream_goes_on(
     raw.flush(10)
     publisher.emit_many(good[1000:])
 
-    world.run_available_now(spark)
+    generation = world.run_available_now(spark)
 
     states, totals = world.state()
     assert states == oracle(good).states
     assert totals == dict(oracle(good).aggregate)
+    # The driver counted every batch in the generation's stats, dead letters by reason.
+    stats = ProcessorStats(world.client, StateLayout("order_state", world.redis.key_prefix))
+    counted = stats.read(generation)
+    assert counted.events == len(good)
+    assert counted.dead_letters == {"bad-magic": 1, "unknown-fingerprint": 1}
+    assert counted.batches >= 1
+    assert counted.last_batch_id is not None
+    assert counted.checkpoint_id  # read from the query's checkpoint
     consumer = Consumer(
         {
             "bootstrap.servers": world.kafka.bootstrap_servers,

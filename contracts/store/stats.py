@@ -1,0 +1,260 @@
+"""Processing stats of a generation: what its micro-batches did, for ``/metrics`` and dashboards.
+
+Written by the Spark driver after each micro-batch (:meth:`ProcessorStats.record_batch`), read
+by the services (:meth:`ProcessorStats.read`). One hash per generation,
+:attr:`contracts.layout.GenerationKeys.stats`:
+
+=====================  ===========================================================================
+field                  content
+=====================  ===========================================================================
+``batches``            micro-batches counted
+``events``             records applied (folded, archived; a DataFrame processor: records read)
+``duplicates``         records skipped as re-sent by their upstream
+``effects``            outputs produced (side effects, emitted records)
+``dead:<reason>``      dead letters by reason (``rejected``, ``bad-body``, ``late``...)
+``dur_le:<ms>``        cumulative histogram of batch durations: batches that took at most ``ms``
+                       (bounds :data:`DURATION_BOUNDS_MS`, and ``+Inf``)
+``dur_sum_ms``         total batch duration
+``last_batch_id``      Spark batch id of the last batch counted
+``last_batch_at``      when it was counted (epoch ms)
+``checkpoint_id``      the Spark checkpoint's query id the batch ids belong to
+``watermark_ms``       the generation's event-time watermark after the last batch (processors
+                       with an event time, once every partition has a clock)
+=====================  ===========================================================================
+
+Once per batch: one Lua call adds a batch's counts only if its batch id is above
+``last_batch_id`` of the same checkpoint, so a batch Spark runs again after a restart is not
+counted twice. A new checkpoint (a lost one, an in-place reset's new epoch) starts its batch ids
+at 0 again; its batches count from its first one.
+
+The stats are not state: snapshots and ``replay diff`` leave them out, ``replay gc`` removes them
+with their generation, an in-place reset deletes them.
+
+Lifecycle: a :class:`ProcessorStats` is cheap; the redis-py client it is given may be shared
+between threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+import redis
+
+from contracts.layout import StateLayout
+
+__all__ = [
+    "DURATION_BOUNDS_MS",
+    "BatchStats",
+    "ProcessorStats",
+    "batch_increments",
+    "parse_stats",
+]
+
+# Upper bounds (ms) of the batch-duration histogram: from a small trigger's batch (tens of ms)
+# to a large catch-up batch (tens of seconds), roughly x2.5 apart like Prometheus' defaults.
+DURATION_BOUNDS_MS: tuple[int, ...] = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+_INF = "+Inf"
+_DEAD, _DUR_LE = "dead:", "dur_le:"
+
+# KEYS[1]: the stats hash. ARGV: checkpoint id, batch id, now (ms), n, then n (field, amount)
+# pairs to add, then (field, value) pairs to set. 0 when the batch was counted already.
+_RECORD = """
+local last = redis.call('HGET', KEYS[1], 'last_batch_id')
+local scope = redis.call('HGET', KEYS[1], 'checkpoint_id') or ''
+if last and scope == ARGV[1] and tonumber(ARGV[2]) <= tonumber(last) then
+  return 0
+end
+local n = tonumber(ARGV[4])
+for i = 0, n - 1 do
+  redis.call('HINCRBY', KEYS[1], ARGV[5 + 2 * i], ARGV[6 + 2 * i])
+end
+for i = 5 + 2 * n, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('HSET', KEYS[1], 'last_batch_id', ARGV[2], 'last_batch_at', ARGV[3],
+  'checkpoint_id', ARGV[1])
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """A generation's stats hash, parsed (all zero when it has none).
+
+    Attributes:
+        batches: Micro-batches counted.
+        events: Records applied.
+        duplicates: Records skipped as re-sent by their upstream.
+        effects: Outputs produced.
+        dead_letters: Dead letters by reason.
+        duration_buckets: ``(upper bound ms, batches at most that long)``, cumulative,
+            ascending, the last bound ``math.inf``.
+        duration_sum_ms: Total batch duration.
+        last_batch_id: Spark batch id of the last batch counted.
+        last_batch_at: When it was counted (epoch ms).
+        watermark_ms: Event-time watermark after the last batch, if the processor has one.
+        checkpoint_id: The Spark checkpoint the batch ids belong to.
+    """
+
+    batches: int = 0
+    events: int = 0
+    duplicates: int = 0
+    effects: int = 0
+    dead_letters: Mapping[str, int] = field(default_factory=dict)
+    duration_buckets: tuple[tuple[float, int], ...] = ()
+    duration_sum_ms: int = 0
+    last_batch_id: int | None = None
+    last_batch_at: int | None = None
+    watermark_ms: int | None = None
+    checkpoint_id: str = ""
+
+    @property
+    def dead_letters_total(self) -> int:
+        """Dead letters of every reason."""
+        return sum(self.dead_letters.values())
+
+    @property
+    def mean_duration_ms(self) -> float | None:
+        """Mean batch duration (None before the first batch)."""
+        return self.duration_sum_ms / self.batches if self.batches else None
+
+
+def batch_increments(
+    events: int,
+    duplicates: int,
+    effects: int,
+    dead_letters: Mapping[str, int],
+    duration_ms: float,
+) -> list[tuple[str, int]]:
+    """The counters one batch adds to the stats hash (pure).
+
+    Args:
+        events: Records applied.
+        duplicates: Records skipped as re-sent.
+        effects: Outputs produced.
+        dead_letters: Dead letters by reason (zeros are left out).
+        duration_ms: The batch's wall time.
+
+    Returns:
+        ``(field, amount)`` pairs, for ``HINCRBY``.
+    """
+    spent = max(0, round(duration_ms))
+    pairs = [("batches", 1), ("events", events), ("duplicates", duplicates), ("effects", effects)]
+    pairs += [(_DEAD + reason, n) for reason, n in sorted(dead_letters.items()) if n]
+    pairs += [(f"{_DUR_LE}{bound}", 1) for bound in DURATION_BOUNDS_MS if spent <= bound]
+    pairs += [(_DUR_LE + _INF, 1), ("dur_sum_ms", spent)]
+    return pairs
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _int(value: str | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def parse_stats(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> BatchStats:
+    """Parse a stats hash as ``HGETALL`` returns it (pure; unknown fields are ignored).
+
+    Every standard bound of the histogram is present, 0 where no batch was that fast.
+    """
+    fields = {_text(k): _text(v) for k, v in raw.items()}
+    dead = {k[len(_DEAD) :]: int(v) for k, v in fields.items() if k.startswith(_DEAD)}
+    buckets: dict[float, int] = {float(b): 0 for b in DURATION_BOUNDS_MS}
+    batches = int(fields.get("batches", "0"))
+    buckets[math.inf] = batches
+    for name, value in fields.items():
+        if name.startswith(_DUR_LE):
+            bound = name[len(_DUR_LE) :]
+            buckets[math.inf if bound == _INF else float(bound)] = int(value)
+    return BatchStats(
+        batches=batches,
+        events=int(fields.get("events", "0")),
+        duplicates=int(fields.get("duplicates", "0")),
+        effects=int(fields.get("effects", "0")),
+        dead_letters=dict(sorted(dead.items())),
+        duration_buckets=tuple(sorted(buckets.items())),
+        duration_sum_ms=int(fields.get("dur_sum_ms", "0")),
+        last_batch_id=_int(fields.get("last_batch_id")),
+        last_batch_at=_int(fields.get("last_batch_at")),
+        watermark_ms=_int(fields.get("watermark_ms")),
+        checkpoint_id=fields.get("checkpoint_id", ""),
+    )
+
+
+class ProcessorStats:
+    """The stats hashes of one processor's generations.
+
+    Args:
+        client: A redis-py client.
+        layout: The processor's key layout.
+    """
+
+    def __init__(self, client: redis.Redis, layout: StateLayout) -> None:
+        self.client = client
+        self.layout = layout
+        self._script = client.register_script(_RECORD)
+
+    def record_batch(
+        self,
+        generation: int,
+        batch_id: int,
+        events: int,
+        duplicates: int,
+        effects: int,
+        dead_letters_by_reason: Mapping[str, int],
+        duration_ms: float,
+        watermark_ms: int | None,
+        *,
+        checkpoint_id: str = "",
+        now_ms: int,
+    ) -> bool:
+        """Count one micro-batch, once (one Lua call; see the module docstring).
+
+        Args:
+            generation: The generation.
+            batch_id: Spark's batch id.
+            events: Records applied.
+            duplicates: Records skipped as re-sent by their upstream.
+            effects: Outputs produced.
+            dead_letters_by_reason: Dead letters by reason.
+            duration_ms: The batch's wall time on the driver.
+            watermark_ms: The generation's watermark after the batch (None: none).
+            checkpoint_id: The Spark checkpoint's query id ("" when unknown).
+            now_ms: Epoch ms of the batch's end.
+
+        Returns:
+            False when this batch (or a later one of the checkpoint) was counted already.
+        """
+        pairs = batch_increments(events, duplicates, effects, dead_letters_by_reason, duration_ms)
+        args: list[str | int] = [checkpoint_id, batch_id, now_ms, len(pairs)]
+        for name, amount in pairs:
+            args += [name, amount]
+        if watermark_ms is not None:
+            args += ["watermark_ms", watermark_ms]
+        keys = [self.layout.generation(generation).stats]
+        return int(cast("int", self._script(keys=keys, args=args))) == 1
+
+    def read(self, generation: int) -> BatchStats:
+        """One generation's stats (all zero when it has none)."""
+        raw = cast(
+            "dict[bytes, bytes]", self.client.hgetall(self.layout.generation(generation).stats)
+        )
+        return parse_stats(raw)
+
+    def read_many(self, generations: Iterable[int]) -> dict[int, BatchStats]:
+        """Several generations' stats in one round trip."""
+        wanted = list(generations)
+        with self.client.pipeline(transaction=False) as pipe:
+            for generation in wanted:
+                pipe.hgetall(self.layout.generation(generation).stats)
+            raws = cast("list[dict[bytes, bytes]]", pipe.execute())
+        return {g: parse_stats(raw) for g, raw in zip(wanted, raws, strict=True)}
+
+    def reset(self, generation: int) -> None:
+        """Forget a generation's stats (its batch ids start again, e.g. an in-place reset)."""
+        self.client.unlink(self.layout.generation(generation).stats)

@@ -1,0 +1,68 @@
+"""``create_app``: the one ASGI app of refold's HTTP services.
+
+Its routers each live with their concern (``services.ingest``, ``services.query``,
+``services.monitor``, ``services.dashboard``); the destructive control routes come from the
+replay package and are passed in by the composition root (``deploy/serve_cli.py``), since
+services do not import replay. Everything the app knows comes from Kafka and Redis, so any
+number of copies serve the same answers behind a load balancer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+
+from services.api.config import ServeSettings
+from services.api.context import ServiceContext
+from services.api.errors import install_error_handlers
+
+__all__ = ["create_app"]
+
+_DESCRIPTION = """
+Ingest domain events, read materialized state with its freshness (read your own writes with a
+consistency token), watch processors, lag and replays, and run replays.
+
+Authentication: `Authorization: Bearer <API key>` (or `X-API-Key`), keys made with
+`refold keys add --scope ingest|query|admin`.
+"""
+
+
+def create_app(
+    settings: ServeSettings,
+    *,
+    context: ServiceContext | None = None,
+    routers: Sequence[APIRouter] = (),
+) -> FastAPI:
+    """The ASGI app.
+
+    Args:
+        settings: Its settings.
+        context: Shared clients (default: made from ``settings``; closed at shutdown).
+        routers: More routers to mount (the replay control routes).
+    """
+    from services.dashboard.routes import dashboard_router
+    from services.ingest.routes import ingest_router
+    from services.monitor.routes import monitor_router
+    from services.query.routes import query_router
+
+    shared = context or ServiceContext.from_settings(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if context is None:
+            shared.close()
+
+    app = FastAPI(
+        title="refold",
+        description=_DESCRIPTION,
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.context = shared
+    install_error_handlers(app)
+    for router in (ingest_router(), query_router(), monitor_router(), dashboard_router(), *routers):
+        app.include_router(router)
+    return app

@@ -1,0 +1,88 @@
+"""What every route shares: settings and the clients, created once per process, lazily.
+
+Routes get it through FastAPI's dependency injection (``Depends(get_context)``), never from a
+module-level singleton, so that tests build as many apps as they like.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import redis
+from fastapi import Request
+
+from contracts.kafka.offsets import LogOffsets
+from contracts.topics import TopicSpec
+from services.api.config import ServeSettings
+from services.producer.publisher import EventPublisher
+
+__all__ = ["ServiceContext", "get_context"]
+
+_OFFSETS_TIMEOUT_S = 5.0  # a broker that does not answer a lag probe within this is "unknown"
+
+
+@dataclass
+class ServiceContext:
+    """The settings and clients of one app. Thread-safe: routes run on a thread pool.
+
+    Attributes:
+        settings: The service's settings.
+        redis: redis-py client (a connection pool; safe to share between threads).
+        topics: Where ingest publishes each event type (default: the topics of the installed
+            contract sets).
+    """
+
+    settings: ServeSettings
+    redis: redis.Redis
+    topics: Sequence[TopicSpec] | None = None
+    _publisher: EventPublisher | None = field(default=None, init=False)
+    _offsets: LogOffsets | None = field(default=None, init=False)
+    # One publish call at a time: EventPublisher purges its whole queue when a call times
+    # out, which would take other calls' events with it (see EventPublisher).
+    publish_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _offsets_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    @classmethod
+    def from_settings(cls, settings: ServeSettings) -> ServiceContext:
+        """Clients from the settings (Redis AUTH/ACL and TLS pass through ``RedisSettings``)."""
+        return cls(settings, redis.Redis.from_url(settings.redis.client_url()))
+
+    @property
+    def key_prefix(self) -> str:
+        """Prefix of refold's Redis keys."""
+        return self.settings.redis.key_prefix
+
+    def publisher(self) -> EventPublisher:
+        """The process's producer SDK (Kafka SASL/TLS pass through ``KafkaSettings``)."""
+        if self._publisher is None:
+            with self.publish_lock:
+                if self._publisher is None:
+                    self._publisher = EventPublisher(self.settings.kafka, topics=self.topics)
+        return self._publisher
+
+    @contextmanager
+    def offsets(self) -> Iterator[LogOffsets]:
+        """The log-end reader, one caller at a time (its consumer is not thread-safe)."""
+        with self._offsets_lock:
+            if self._offsets is None:
+                self._offsets = LogOffsets(
+                    self.settings.kafka.as_librdkafka(), timeout=_OFFSETS_TIMEOUT_S
+                )
+            yield self._offsets
+
+    def close(self) -> None:
+        """Flush the producer, close the Kafka clients and the Redis pool."""
+        if self._publisher is not None:
+            self._publisher.close()
+        if self._offsets is not None:
+            self._offsets.close()
+        self.redis.close()
+
+
+async def get_context(request: Request) -> ServiceContext:
+    """FastAPI dependency: the app's context (async: no I/O, so no hop to the thread pool)."""
+    context: ServiceContext = request.app.state.context
+    return context

@@ -1,0 +1,13 @@
+"""API keys with scopes (ingest, query, admin), stored hashed in Redis.
+
+- :func:`require` is the FastAPI dependency every protected route declares:
+  ``dependencies=[Depends(require("query"))]``.
+- :class:`ApiKeyStore` adds, lists, revokes and verifies keys (``refold keys`` drives it).
+"""
+
+from __future__ import annotations
+
+from services.auth.dependencies import require
+from services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope
+
+__all__ = ["SCOPES", "ApiKey", "ApiKeyStore", "Scope", "require"]

@@ -1,0 +1,173 @@
+"""``require(scope)``: the FastAPI dependency that guards a route with an API key.
+
+The key comes in ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``. Answers:
+
+- no key, or one that is unknown, revoked or expired: 401 ``UNAUTHENTICATED`` with
+  ``WWW-Authenticate: Bearer`` (RFC 6750), saying which of these it is;
+- a valid key without the scope: 403 ``FORBIDDEN``, naming the key's scopes and the one needed;
+- Redis unreachable: 503 ``AUTH_UNAVAILABLE`` with ``Retry-After``.
+
+``admin`` implies every scope. With ``REFOLD_SERVE__AUTH=off`` every request passes.
+
+Keys are checked against Redis, with a cache of :data:`VERIFY_CACHE_S` per app: a key revoked
+with ``refold keys revoke`` is refused by every replica within that time, without a restart.
+A cached key is answered on the event loop; only a miss goes to Redis, on a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from services.api.context import ServiceContext, get_context
+from services.api.errors import ApiError
+from services.auth.errors import ApiKeySpecError, ApiKeyStoreError
+from services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope
+
+__all__ = ["VERIFY_CACHE_S", "api_key_store", "require"]
+
+logger = logging.getLogger(__name__)
+
+# How long a process trusts a key it has checked: bounds how late a revocation takes effect,
+# and saves a Redis round trip on nearly every request of a busy client.
+VERIFY_CACHE_S = 1.0
+_HOW = "send `Authorization: Bearer <key>` or `X-API-Key: <key>` (keys: `refold keys add`)"
+
+# Declared security schemes: /docs shows an "Authorize" button for each. auto_error=False so
+# that the answer to a missing key is refold's 401 body, not FastAPI's.
+_bearer = HTTPBearer(
+    scheme_name="bearer",
+    bearerFormat="rfk_<id>_<secret>",
+    description="An API key made with `refold keys add --scope ingest|query|admin`.",
+    auto_error=False,
+)
+_api_key_header = APIKeyHeader(
+    name="X-API-Key",
+    scheme_name="apiKey",
+    description="The same API key, in a header of its own.",
+    auto_error=False,
+)
+
+
+def api_key_store(app: FastAPI, context: ServiceContext) -> ApiKeyStore:
+    """The app's key store (made on first use; a new context gets a new store)."""
+    current: tuple[ServiceContext, ApiKeyStore] | None = getattr(app.state, "api_keys", None)
+    if current is None or current[0] is not context:
+        store = ApiKeyStore(context.redis, context.key_prefix, cache_s=VERIFY_CACHE_S)
+        current = (context, store)
+        app.state.api_keys = current
+    return current[1]
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+
+
+def _unauthenticated(message: str, *, invalid: bool) -> ApiError:
+    challenge = 'Bearer realm="refold"' + (', error="invalid_token"' if invalid else "")
+    return ApiError(401, "UNAUTHENTICATED", message, headers={"WWW-Authenticate": challenge})
+
+
+def _presented(
+    request: Request, bearer: HTTPAuthorizationCredentials | None, header: str | None
+) -> str:
+    if bearer is not None:
+        return bearer.credentials
+    if header:
+        return header
+    authorization = request.headers.get("Authorization")
+    if authorization:
+        scheme = authorization.split(" ", 1)[0]
+        msg = f"the Authorization header uses the {scheme!r} scheme, not Bearer: {_HOW}"
+        raise _unauthenticated(msg, invalid=True)
+    msg = f"no API key: {_HOW}"
+    raise _unauthenticated(msg, invalid=False)
+
+
+def _rejected(key: ApiKey | None, now_ms: int) -> ApiError | None:
+    if key is None:
+        msg = "unknown API key: it was mistyped, or not made by this deployment's `refold keys`"
+        return _unauthenticated(msg, invalid=True)
+    status = key.status(now_ms)
+    if status == "revoked":
+        assert key.revoked_at is not None  # noqa: S101 - implied by the status
+        msg = (
+            f"this API key (id {key.id}, name {key.name!r}) was revoked at "
+            f"{_when(key.revoked_at)}: ask for a new one"
+        )
+        return _unauthenticated(msg, invalid=True)
+    if status == "expired":
+        assert key.expires_at is not None  # noqa: S101 - implied by the status
+        msg = (
+            f"this API key (id {key.id}, name {key.name!r}) expired at "
+            f"{_when(key.expires_at)}: ask for a new one"
+        )
+        return _unauthenticated(msg, invalid=True)
+    return None
+
+
+def require(scope: Scope) -> Callable[..., Awaitable[ApiKey | None]]:
+    """FastAPI dependency: the request carries a valid API key with ``scope`` (or ``admin``).
+
+    Use it as ``dependencies=[Depends(require("query"))]``, or as a parameter to get the
+    caller's key: ``key: Annotated[ApiKey | None, Depends(require("ingest"))]`` (None when
+    authentication is off).
+
+    Args:
+        scope: ``ingest``, ``query`` or ``admin``.
+
+    Returns:
+        The dependency.
+
+    Raises:
+        ApiKeySpecError: ``scope`` is none of these (at import time of the route).
+    """
+    if scope not in SCOPES:
+        msg = f"unknown scope {scope!r}: choose from {', '.join(SCOPES)}"
+        raise ApiKeySpecError(msg)
+
+    async def _require(
+        request: Request,
+        context: Annotated[ServiceContext, Depends(get_context)],
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+        header: Annotated[str | None, Depends(_api_key_header)],
+    ) -> ApiKey | None:
+        if context.settings.serve.auth == "off":
+            return None
+        presented = _presented(request, bearer, header)
+        store = api_key_store(request.app, context)
+        key = store.cached(presented)
+        if key is None:
+            try:
+                key = await run_in_threadpool(store.lookup, presented)
+            except ApiKeyStoreError as exc:
+                logger.error("API keys unavailable: %s", exc)
+                msg = "API keys cannot be checked now (their store is unreachable): retry later"
+                raise ApiError(503, "AUTH_UNAVAILABLE", msg, headers={"Retry-After": "1"}) from exc
+        rejected = _rejected(key, store.now_ms())
+        if rejected is not None:
+            raise rejected
+        assert key is not None  # noqa: S101 - _rejected refuses None
+        if not key.allows(scope):
+            msg = (
+                f"this key (name {key.name!r}, id {key.id}) has scopes "
+                f"[{', '.join(key.scopes)}]; this route needs {scope}"
+            )
+            challenge = f'Bearer realm="refold", error="insufficient_scope", scope="{scope}"'
+            raise ApiError(
+                403,
+                "FORBIDDEN",
+                msg,
+                headers={"WWW-Authenticate": challenge},
+                required_scope=scope,
+                scopes=list(key.scopes),
+            )
+        return key
+
+    return _require

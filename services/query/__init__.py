@@ -1,0 +1,1 @@
+"""HTTP query: any processor's tables, aggregates and windows, with freshness and consistency."""

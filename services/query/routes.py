@@ -1,0 +1,289 @@
+"""Query routes: tables (one entity, a batch, a scan), aggregates and windows of any processor.
+
+Every answer carries its freshness (processor, generation, applied positions) and a weak ETag
+(``If-None-Match`` gives 304), and is read from one generation. ``consistency_token`` (from
+ingest), ``min_positions`` and ``wait_ms`` make a read wait until the live generation has
+applied the given positions (see :mod:`services.query.reads`).
+
+The routes are ``async`` and call Redis synchronously: a read is one or two loopback round
+trips (~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
+from pydantic import BaseModel, Field
+
+from contracts.layout import StateLayout
+from contracts.processors import ProcessorSpec
+from contracts.windows import windows_from_meta
+from services.api.context import ServiceContext, get_context
+from services.api.errors import ApiError
+from services.auth import require
+from services.query.pagination import ScanCursor, scan_page
+from services.query.reads import (
+    Consistency,
+    etag_of,
+    freshness,
+    not_modified,
+    processor,
+    read_consistent,
+)
+from services.reader.state_reader import StateReader, StateView
+from services.reader.window_reader import WindowReader
+
+__all__ = ["query_router"]
+
+_NAME = r"^[A-Za-z0-9_.:-]+$"
+
+
+class BatchGet(BaseModel):
+    """Keys to read together, from one generation."""
+
+    keys: list[str] = Field(min_length=1)
+
+
+ConsistencyToken = Annotated[
+    str | None, Query(description="from an ingest answer: read only after those writes")
+]
+MinPositions = Annotated[
+    str | None,
+    Query(description="read only after these positions: topic/partition:offset,..."),
+]
+WaitMs = Annotated[
+    int | None,
+    Query(ge=0, description="how long to wait for them (default 5000; 0: answer 409 at once)"),
+]
+
+
+def _consistency(
+    context: Annotated[ServiceContext, Depends(get_context)],
+    consistency_token: ConsistencyToken = None,
+    min_positions: MinPositions = None,
+    wait_ms: WaitMs = None,
+) -> Consistency:
+    serve = context.settings.serve
+    return Consistency.of(
+        consistency_token,
+        min_positions,
+        wait_ms,
+        default_wait_ms=serve.default_wait_ms,
+        max_wait_s=serve.consistency_timeout_s,
+    )
+
+
+def _answer(
+    spec: ProcessorSpec, view: StateView, body: dict[str, Any], if_none_match: str | None
+) -> Response:
+    etag = etag_of(view.generation, body)
+    headers = {"ETag": etag, "X-Refold-Generation": str(view.generation)}
+    if not_modified(if_none_match, etag):
+        return Response(status_code=304, headers=headers)
+    content = orjson.dumps({**freshness(spec, view), **body})
+    return Response(content, media_type="application/json", headers=headers)
+
+
+def _table(spec: ProcessorSpec, table: str) -> None:
+    if table not in spec.tables:
+        known = ", ".join(spec.tables) or "none"
+        msg = f"{spec.name} has no table {table!r} (its tables: {known})"
+        raise ApiError(404, "TABLE_UNKNOWN", msg)
+
+
+def _aggregate(spec: ProcessorSpec, name: str) -> None:
+    if name not in spec.aggregates:
+        known = ", ".join(spec.aggregates) or "none"
+        msg = f"{spec.name} has no aggregate {name!r} (its aggregates: {known})"
+        raise ApiError(404, "AGGREGATE_UNKNOWN", msg)
+
+
+def _windows(context: ServiceContext, spec: ProcessorSpec) -> WindowReader:
+    reader = StateReader(context.redis, spec.name, context.key_prefix)
+    windows, distinct = windows_from_meta(reader.registry.meta(reader.live_generation()))
+    lateness = spec.event_time.lateness_ms if spec.event_time is not None else 0
+    return WindowReader(
+        context.redis, spec.name, windows, distinct, context.key_prefix, lateness_ms=lateness
+    )
+
+
+Context = Annotated[ServiceContext, Depends(get_context)]
+Wanted = Annotated[Consistency, Depends(_consistency)]
+IfNoneMatch = Annotated[str | None, Header()]
+Processor = Annotated[str, Path(pattern=_NAME)]
+
+
+def query_router() -> APIRouter:
+    """The query routes."""
+    router = APIRouter(tags=["query"], dependencies=[Depends(require("query"))])
+
+    @router.get("/v1/processors/{name}/tables/{table}/entities/{key:path}")
+    async def get_entity(
+        name: Processor,
+        table: str,
+        key: str,
+        context: Context,
+        wanted: Wanted,
+        if_none_match: IfNoneMatch = None,
+    ) -> Response:
+        """One entity's state (404 with the freshness when it does not exist)."""
+        spec = processor(name)
+        _table(spec, table)
+        reader = StateReader(context.redis, name, context.key_prefix)
+        view = await read_consistent(
+            context.redis, spec, context.key_prefix, wanted, lambda: reader.get(table, key)
+        )
+        if view.value is None:
+            msg = f"{name} has no {table} entity {key!r} in generation {view.generation}"
+            raise ApiError(404, "ENTITY_NOT_FOUND", msg, **freshness(spec, view))
+        return _answer(spec, view, {"key": key, "value": view.value}, if_none_match)
+
+    @router.post("/v1/processors/{name}/tables/{table}/entities:batch-get")
+    async def get_entities(
+        name: Processor,
+        table: str,
+        body: BatchGet,
+        context: Context,
+        wanted: Wanted,
+    ) -> Response:
+        """Several entities, from one generation (``null`` for those that do not exist)."""
+        spec = processor(name)
+        _table(spec, table)
+        limit = context.settings.serve.max_batch_keys
+        if len(body.keys) > limit:
+            msg = f"{len(body.keys)} keys in one batch get; at most {limit}"
+            raise ApiError(413, "TOO_MANY_KEYS", msg)
+        reader = StateReader(context.redis, name, context.key_prefix)
+        view = await read_consistent(
+            context.redis,
+            spec,
+            context.key_prefix,
+            wanted,
+            lambda: reader.get_many(table, body.keys),
+        )
+        return _answer(spec, view, {"values": view.value}, None)
+
+    @router.get("/v1/processors/{name}/tables/{table}/entities")
+    async def scan_entities(
+        name: Processor,
+        table: str,
+        context: Context,
+        wanted: Wanted,
+        limit: Annotated[int | None, Query(ge=1, description="page size (about)")] = None,
+        cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    ) -> Response:
+        """A page of a table's entities; follow ``next_cursor`` until it is null."""
+        spec = processor(name)
+        _table(spec, table)
+        serve = context.settings.serve
+        size = min(limit or serve.page_size, serve.max_page_size)
+        layout = StateLayout(name, context.key_prefix)
+        if cursor is None:
+            reader = StateReader(context.redis, name, context.key_prefix)
+            start = await read_consistent(
+                context.redis,
+                spec,
+                context.key_prefix,
+                wanted,
+                lambda: StateView(reader.live_generation(), None, reader.freshness()),
+            )
+            at = ScanCursor(name, table, start.generation, 0)
+        else:
+            at = ScanCursor.decode(cursor, name, table)
+        page = scan_page(context.redis, layout, table, at, size)
+        reader = StateReader(context.redis, name, context.key_prefix)
+        view = StateView(page.generation, None, reader.freshness(page.generation))
+        body = {
+            "items": [{"key": k, "value": v} for k, v in page.items],
+            "next_cursor": page.next_cursor,
+        }
+        return _answer(spec, view, body, None)
+
+    @router.get("/v1/processors/{name}/aggregates/{aggregate}")
+    async def get_aggregate(
+        name: Processor,
+        aggregate: str,
+        context: Context,
+        wanted: Wanted,
+        if_none_match: IfNoneMatch = None,
+    ) -> Response:
+        """An aggregate's counters (counters at zero are left out)."""
+        spec = processor(name)
+        _aggregate(spec, aggregate)
+        reader = StateReader(context.redis, name, context.key_prefix)
+        view = await read_consistent(
+            context.redis, spec, context.key_prefix, wanted, lambda: reader.aggregate(aggregate)
+        )
+        return _answer(spec, view, {"counters": view.value}, if_none_match)
+
+    @router.get("/v1/processors/{name}/windows/{window}/groups")
+    async def window_groups(name: Processor, window: str, context: Context) -> Response:
+        """The groups that have data in ``window``."""
+        spec = processor(name)
+        view = _windows(context, spec).groups(window)
+        return _answer(spec, view, {"window": window, "groups": view.value}, None)
+
+    @router.get("/v1/processors/{name}/windows/{window}/groups/{group}")
+    async def window_range(
+        name: Processor,
+        window: str,
+        group: str,
+        context: Context,
+        wanted: Wanted,
+        start: Annotated[int, Query(description="epoch ms: windows ending after it")],
+        end: Annotated[int, Query(description="epoch ms: windows ending at or before it")],
+        if_none_match: IfNoneMatch = None,
+    ) -> Response:
+        """Every window of ``group`` ending in ``(start, end]`` that has data, oldest first."""
+        spec = processor(name)
+        reader = _windows(context, spec)
+        view = await read_consistent(
+            context.redis,
+            spec,
+            context.key_prefix,
+            wanted,
+            lambda: reader.range(window, group, start, end),
+        )
+        body = {"window": window, "group": group, "results": view.value}
+        return _answer(spec, view, body, if_none_match)
+
+    @router.get("/v1/processors/{name}/windows/{window}/distinct/{measure}")
+    async def window_distinct(
+        name: Processor,
+        window: str,
+        measure: str,
+        context: Context,
+        wanted: Wanted,
+        group: Annotated[str, Query(description="the group")],
+        start: Annotated[int, Query(description="epoch ms: buckets starting at or after it")],
+        end: Annotated[int, Query(description="epoch ms: buckets starting before it")],
+    ) -> Response:
+        """The estimated number of distinct ``measure`` values over ``[start, end)``."""
+        spec = processor(name)
+        reader = _windows(context, spec)
+        view = await read_consistent(
+            context.redis,
+            spec,
+            context.key_prefix,
+            wanted,
+            lambda: reader.distinct(window, measure, group, start, end),
+        )
+        body = {"window": window, "measure": measure, "group": group, "distinct": view.value}
+        return _answer(spec, view, body, None)
+
+    @router.get("/v1/processors/{name}/watermark")
+    async def watermark(name: Processor, context: Context) -> Response:
+        """The processor's event-time watermark and its partitions' clocks."""
+        spec = processor(name)
+        view = _windows(context, spec).watermark()
+        mark = view.value
+        body = {
+            "watermark": mark.watermark,
+            "lateness_ms": mark.lateness_ms,
+            "clocks": mark.clocks,
+        }
+        return _answer(spec, view, body, None)
+
+    return router

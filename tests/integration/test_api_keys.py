@@ -1,0 +1,233 @@
+"""API keys on a real redis-server: scopes enforced, 401/403 bodies, revocation without restart,
+and ``refold keys add | list | revoke``."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from fastapi import Depends, FastAPI
+from fastapi.testclient import TestClient
+
+from contracts.layout import ApiKeyKeys
+from contracts.settings import RedisSettings
+from deploy.keys_cli import main as keys_main
+from services.api.config import HttpSettings, ServeSettings
+from services.api.context import ServiceContext
+from services.api.errors import install_error_handlers
+from services.auth import ApiKeyStore, require
+from services.auth.dependencies import VERIFY_CACHE_S
+from services.auth.errors import ApiKeyNameTakenError, UnknownApiKeyError
+from tests.support.waiting import assert_eventually
+
+
+@pytest.fixture
+def prefix(unique) -> str:
+    return f"test-{unique}"
+
+
+@pytest.fixture
+def client(redis_url, prefix):
+    connection = redis.Redis.from_url(redis_url)
+    yield connection
+    connection.delete(ApiKeyKeys(prefix).registry)
+    connection.close()
+
+
+@pytest.fixture
+def store(client, prefix) -> ApiKeyStore:
+    return ApiKeyStore(client, prefix)
+
+
+def _app(redis_url: str, prefix: str, auth: str = "keys") -> TestClient:
+    settings = ServeSettings(
+        redis=RedisSettings(url=redis_url, key_prefix=prefix), serve=HttpSettings(auth=auth)
+    )
+    app = FastAPI()
+    install_error_handlers(app)
+    app.state.context = ServiceContext(settings, redis.Redis.from_url(redis_url))
+    for scope in ("ingest", "query", "admin"):
+        app.add_api_route(f"/{scope}", _answer(scope), dependencies=[Depends(require(scope))])
+    return TestClient(app)
+
+
+def _answer(scope: str):
+    def route() -> dict[str, str]:
+        return {"ok": scope}
+
+    return route
+
+
+@pytest.fixture
+def api(redis_url, prefix) -> TestClient:
+    return _app(redis_url, prefix)
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_store_round_trip(store, client, prefix):
+    key = store.add("checkout", ["query", "ingest"], expires_in_s=3600)
+    assert key.startswith("rfk_")
+    found = store.verify(key)
+    assert found is not None
+    assert (found.name, found.scopes) == ("checkout", ("ingest", "query"))
+    assert found.expires_at == found.created_at + 3_600_000
+    # Redis holds no key, only its SHA-256.
+    raw = client.hgetall(ApiKeyKeys(prefix).registry)
+    assert list(raw) == [found.id.encode()]
+    assert key.encode() not in raw[found.id.encode()]
+    assert key.split("_", 2)[2].encode() not in raw[found.id.encode()]
+    # A right id with a wrong secret is no key.
+    assert store.verify(key[:-2] + ("AA" if not key.endswith("AA") else "BB")) is None
+    assert [k.id for k in store.list()] == [found.id]
+    assert store.get("checkout") == found
+
+
+def test_names_are_unique_among_unrevoked_keys(store):
+    first = store.add("ci", ["ingest"])
+    with pytest.raises(ApiKeyNameTakenError, match="revoke it first"):
+        store.add("ci", ["query"])
+    revoked = store.revoke("ci")
+    assert revoked.revoked_at is not None
+    second = store.add("ci", ["query"])  # the name is free again
+    assert store.get("ci").id == second.split("_")[1]
+    assert store.verify(first) is None
+    assert store.lookup(first).status(store.now_ms()) == "revoked"
+    assert [k.name for k in store.list()] == ["ci"]
+    assert len(store.list(include_revoked=True)) == 2
+    # Revoking again changes nothing; by id or by the whole key.
+    assert store.revoke(first) == revoked
+    with pytest.raises(UnknownApiKeyError, match="keys not revoked: ci"):
+        store.revoke("nobody")
+
+
+def test_expiry_is_exact(client, prefix):
+    now = [1_000.0]
+    store = ApiKeyStore(client, prefix, cache_s=60, clock=lambda: now[0])
+    key = store.add("short", ["query"], expires_in_s=10)
+    assert store.verify(key) is not None
+    now[0] += 10
+    assert store.verify(key) is None  # even from the cache
+    assert store.lookup(key).status(store.now_ms()) == "expired"
+
+
+def test_scopes_are_enforced(api, store):
+    query = store.add("dash", ["query"])
+    ingest = store.add("producer", ["ingest"])
+    admin = store.add("ops", ["admin"])
+    assert api.get("/query", headers=_bearer(query)).json() == {"ok": "query"}
+    assert api.get("/ingest", headers={"X-API-Key": ingest}).status_code == 200
+    for route in ("/ingest", "/query", "/admin"):
+        assert api.get(route, headers=_bearer(admin)).json() == {"ok": route[1:]}
+    response = api.get("/ingest", headers=_bearer(query))
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "FORBIDDEN"
+    assert error["message"] == (
+        f"this key (name 'dash', id {query.split('_')[1]}) has scopes [query]; "
+        "this route needs ingest"
+    )
+    assert (error["required_scope"], error["scopes"]) == ("ingest", ["query"])
+    assert 'error="insufficient_scope"' in response.headers["WWW-Authenticate"]
+    assert api.get("/admin", headers=_bearer(ingest)).status_code == 403
+
+
+def test_401_bodies(api, store):
+    response = api.get("/query")
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == 'Bearer realm="refold"'
+    assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+    assert "no API key" in response.json()["error"]["message"]
+
+    key = store.add("dash", ["query"])
+    wrong = key[:-4] + ("abcd" if not key.endswith("abcd") else "wxyz")
+    response = api.get("/query", headers=_bearer(wrong))
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert response.json()["error"]["message"].startswith("unknown API key")
+
+
+def test_revocation_is_seen_without_a_restart(api, store, redis_url, prefix):
+    key = store.add("dash", ["query"])
+    assert api.get("/query", headers=_bearer(key)).status_code == 200
+    # Revoked by another process (another store, as `refold keys revoke` is).
+    ApiKeyStore(redis.Redis.from_url(redis_url), prefix).revoke("dash")
+    started = time.monotonic()
+    response = assert_eventually(
+        lambda: (r := api.get("/query", headers=_bearer(key))).status_code == 401 and r,
+        timeout=VERIFY_CACHE_S + 5,
+        interval=0.05,
+        message="the revoked key was still accepted",
+    )
+    assert time.monotonic() - started < VERIFY_CACHE_S + 1
+    error = response.json()["error"]
+    assert error["code"] == "UNAUTHENTICATED"
+    assert "was revoked at" in error["message"]
+    assert "'dash'" in error["message"]
+    # A key added meanwhile works at once (nothing negative is cached).
+    assert api.get("/query", headers=_bearer(store.add("dash", ["query"]))).status_code == 200
+
+
+def test_auth_off_lets_everything_through(redis_url, prefix):
+    api = _app(redis_url, prefix, auth="off")
+    for route in ("/ingest", "/query", "/admin"):
+        assert api.get(route).status_code == 200
+
+
+def test_redis_down_is_a_503(prefix):
+    api = _app("redis://127.0.0.1:1/0", prefix)
+    response = api.get("/query", headers=_bearer("rfk_0123456789abcdef_secret"))
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "1"
+    assert response.json()["error"]["code"] == "AUTH_UNAVAILABLE"
+
+
+def test_cli_add_list_revoke(monkeypatch, capsys, redis_url, prefix, client, api):
+    monkeypatch.setenv("REFOLD_REDIS__URL", redis_url)
+    monkeypatch.setenv("REFOLD_REDIS__KEY_PREFIX", prefix)
+    assert keys_main(["add", "--name", "svc", "--scope", "ingest", "--scope", "query"]) == 0
+    out = capsys.readouterr().out
+    key = next(line.strip() for line in out.splitlines() if line.strip().startswith("rfk_"))
+    assert "shown only now" in out
+    assert api.get("/ingest", headers=_bearer(key)).status_code == 200
+
+    assert keys_main(["add", "--name", "ops", "--scope", "admin", "--expires-in-days", "1"]) == 0
+    capsys.readouterr()
+    assert keys_main(["add", "--name", "json", "--scope", "query", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["key"].startswith(f"rfk_{added['id']}_")
+    assert (added["scopes"], added["status"]) == (["query"], "active")
+
+    assert keys_main(["list"]) == 0
+    listing = capsys.readouterr().out
+    assert key not in listing
+    for word in ("svc", "ops", "json", "ingest,query", "admin", "active"):
+        assert word in listing
+    assert keys_main(["list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == ["svc", "ops", "json"]
+    assert all("key" not in r and "sha256" not in r for r in rows)
+    assert rows[1]["expires_at"] == rows[1]["created_at"] + 86_400_000
+
+    assert keys_main(["revoke", "svc"]) == 0
+    assert "revoked key" in capsys.readouterr().out
+    assert keys_main(["revoke", added["id"], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "revoked"
+    assert keys_main(["list", "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["ops"]
+    assert keys_main(["list", "--all"]) == 0
+    assert capsys.readouterr().out.count("revoked") == 2
+
+    assert keys_main(["revoke", "nobody"]) == 1
+    assert "API_KEY_UNKNOWN" in capsys.readouterr().err
+    assert keys_main(["add", "--name", "ops", "--scope", "query"]) == 1
+    assert "API_KEY_NAME_TAKEN" in capsys.readouterr().err
+    assert_eventually(
+        lambda: api.get("/ingest", headers=_bearer(key)).status_code == 401,
+        timeout=VERIFY_CACHE_S + 5,
+        interval=0.05,
+    )
