@@ -42,6 +42,9 @@ class HttpSettings(BaseModel):
         ssl_certfile: TLS certificate (PEM) to serve HTTPS directly; usually TLS ends at a
             load balancer or reverse proxy instead (docs/serving.md).
         ssl_keyfile: Its private key.
+        topics: Topics to publish to instead of the contract sets' own, by name (JSON), e.g.
+            ``REFOLD_SERVE__TOPICS='{"commerce.orders": "staging.orders"}'`` (as a
+            processor's ``REFOLD_<P>__TOPICS`` renames what it reads).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,6 +63,7 @@ class HttpSettings(BaseModel):
     stall_after_s: float = Field(default=60.0, gt=0)
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    topics: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> HttpSettings:

@@ -6,6 +6,7 @@ module-level singleton, so that tests build as many apps as they like.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ import redis
 from fastapi import Request
 
 from contracts.kafka.offsets import LogOffsets
+from contracts.registry import default_registry
 from contracts.topics import TopicSpec
 from services.api.config import ServeSettings
 from services.producer.publisher import EventPublisher
@@ -48,7 +50,14 @@ class ServiceContext:
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> ServiceContext:
         """Clients from the settings (Redis AUTH/ACL and TLS pass through ``RedisSettings``)."""
-        return cls(settings, redis.Redis.from_url(settings.redis.client_url()))
+        topics = None
+        if settings.serve.topics:
+            renames = settings.serve.topics
+            topics = [
+                dataclasses.replace(spec, name=renames.get(spec.name, spec.name))
+                for spec in default_registry().topics.values()
+            ]
+        return cls(settings, redis.Redis.from_url(settings.redis.client_url()), topics)
 
     @property
     def key_prefix(self) -> str:

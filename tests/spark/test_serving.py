@@ -1,0 +1,88 @@
+"""The HTTP services in front of the real Spark processor: write over HTTP, read your write.
+
+``refold serve`` runs as its own process (API keys on), order_state as its own Spark process;
+an event ingested over HTTP is read back with the answer's consistency token, once the
+processor has applied it; /metrics reports what the processor's driver recorded, and /health,
+the lag and the generations agree with Redis.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.demo_serving import start_service
+from deploy.simulators.orders import OrderSimulator
+from services.client import NotFoundError, RefoldClient
+from tests.support.waiting import assert_eventually
+
+from .conftest import oracle
+
+
+def test_an_event_written_over_http_is_read_back_with_its_token(world) -> None:
+    events = list(OrderSimulator(200, seed=31))
+    before, written_later = events[:-40], events[-40:]
+    world.publisher().emit_many(before)
+    processor = world.processor().start()
+    env = {**world.env, "REFOLD_SERVE__TOPICS": json.dumps({"commerce.orders": world.topic.name})}
+    service = start_service(
+        world.client, world.redis.key_prefix, env, world.state_dir / "logs" / "serve.log"
+    )
+    try:
+        with RefoldClient(service.url, service.ingest_key, timeout=60) as refold:
+
+            def started() -> bool:
+                try:
+                    return bool(refold.page("order_state", "orders").items)
+                except NotFoundError:  # no live generation before the first batch
+                    return False
+
+            assert_eventually(
+                started,
+                timeout=180,
+                alive=processor.alive,
+                message=processor.log_tail,
+            )
+            written = refold.ingest(written_later)
+            assert {d.topic for d in written.deliveries} == {world.topic.name}
+            last = written_later[-1][1]["order_id"]
+            seen = refold.entity(
+                "order_state",
+                "orders",
+                last,
+                consistency_token=written.consistency_token,
+                wait_ms=60_000,
+            )
+            wanted = oracle(events)
+            assert seen.value == wanted.states[last]
+            for (topic, partition), offset in _needed(written).items():
+                assert seen.positions[f"{topic}/{partition}"] >= offset
+            assert dict(refold.scan("order_state", "orders")) == wanted.states
+
+        headers = {"Authorization": f"Bearer {service.query_key}"}
+        with httpx.Client(base_url=service.url, headers=headers, timeout=30) as http:
+            lag = http.get("/v1/processors/order_state/lag").json()
+            assert lag["lag_records"] == 0
+            assert http.get("/health").status_code == 200
+            metrics = {
+                (sample.name, sample.labels.get("processor")): sample.value
+                for family in text_string_to_metric_families(http.get("/metrics").text)
+                for sample in family.samples
+            }
+            applied = metrics[("refold_events_applied_total", "order_state")]
+            assert applied == len(events)
+            listed = http.get("/v1/processors").json()["processors"]
+            order_state = next(p for p in listed if p["name"] == "order_state")
+            assert order_state["live_generation"] == 1
+    finally:
+        service.stop()
+        processor.stop()
+
+
+def _needed(written) -> dict[tuple[str, int], int]:
+    needed: dict[tuple[str, int], int] = {}
+    for d in written.deliveries:
+        needed[(d.topic, d.partition)] = max(needed.get((d.topic, d.partition), 0), d.offset + 1)
+    return needed
