@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv, install refold with Spark and dev tools, install redis-server
 
-run: $(STAMP) ## the demo: local stack, thirteen processors in one Spark app, ~130k events, summary, replay + cutover, insights to a webhook, the archive read by DuckDB
+run: $(STAMP) ## the demo: local stack, thirteen processors in one Spark app, ~130k events, summary, replay + cutover, insights to a webhook, the archive read by DuckDB, refold serve with its dashboard
 	$(BIN)/refold demo
 
 test: $(STAMP) ## unit + integration + spark tests (what CI runs)

@@ -40,7 +40,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import httpx
 import orjson
@@ -198,8 +198,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)  # noqa: S101 - a TCP connection
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._send()
 
     def _send(self) -> None:
@@ -272,7 +271,8 @@ async def _drive(
             "127.0.0.1",
             port,
         )
-    await asyncio.gather(*done)
+    # Bounded even if a connection hangs (a wedged server): the deadline plus a margin.
+    await asyncio.wait_for(asyncio.gather(*done), seconds + 30)
     return tally, (tally.last_at or time.perf_counter()) - started
 
 

@@ -82,7 +82,9 @@ class EventCodec:
         try:
             validate(data, schema.parsed, raise_errors=True)
         except ValidationError as exc:
-            problems.extend(str(p) for p in exc.errors)
+            # fastavro stops at a record's first wrong field: check each field on its own so
+            # that the message names every one (only for a refused event: no cost otherwise).
+            problems.extend(_field_problems(schema, data) or [str(p) for p in exc.errors])
         if problems:
             raise EventValidationError(event_type, problems)
         return schema
@@ -173,3 +175,28 @@ class EventCodec:
             detail = f"{writer.name} v{writer.version} body has {extra} bytes after the record"
             raise DeserializationError(reason, detail, payload)
         return DecodedEvent(writer.name, writer, cast("dict[str, Any]", data))
+
+
+def _field_problems(schema: SchemaVersion, data: dict[str, Any]) -> list[str]:
+    """One line per field of ``data`` that breaks ``schema`` (missing or of a wrong type)."""
+    parsed = schema.parsed
+    name = str(parsed["name"])
+    named = dict(parsed.get("__named_schemas", {}))
+    problems = []
+    for field in parsed["fields"]:
+        if field["name"] not in data and "default" in field:
+            continue
+        if field["name"] not in data:
+            problems.append(f"{name}.{field['name']} is missing (it has no default)")
+            continue
+        alone = fastavro.parse_schema(
+            {"type": "record", "name": f"{name}__{field['name']}", "fields": [field]},
+            named_schemas=dict(named),
+        )
+        try:
+            validate({field["name"]: data[field["name"]]}, alone, raise_errors=True)
+        except ValidationError as exc:
+            problems.extend(
+                str(p).replace(f"{name}__{field['name']}.", f"{name}.") for p in exc.errors
+            )
+    return problems

@@ -86,8 +86,10 @@ class ServiceContext:
         """Flush the producer, close the Kafka clients and the Redis pool."""
         if self._publisher is not None:
             self._publisher.close()
-        if self._offsets is not None:
-            self._offsets.close()
+        with self._offsets_lock:  # not while a lag probe uses it (waits at most its timeout)
+            if self._offsets is not None:
+                self._offsets.close()
+                self._offsets = None
         self.redis.close()
 
 

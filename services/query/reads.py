@@ -24,6 +24,7 @@ from contracts.registry import default_registry
 from contracts.store.generations import GenerationRegistry
 from services.api.errors import ApiError
 from services.consistency import Positions, decode_token, parse_min_positions, unmet
+from services.errors import NoLiveGenerationError
 from services.reader.state_reader import StateView
 
 __all__ = [
@@ -117,7 +118,15 @@ async def read_consistent(
     deadline = time.monotonic() + consistency.wait_s
     topics: list[str] | None = None
     while True:
-        view = read()
+        try:
+            view = read()
+        except NoLiveGenerationError:
+            # A token names writes the processor will apply: its first generation may be
+            # about to appear (a processor just started). Wait for it like for positions.
+            if not consistency.needed or time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(_POLL_S)
+            continue
         if not consistency.needed:
             return view
         if topics is None:
