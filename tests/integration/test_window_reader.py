@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
 
 from contracts.layout import GenerationKeys, StateLayout
 from contracts.processors import EventTime
+from contracts.settings import RedisSettings
 from contracts.store.generations import GenerationRegistry
+from contracts.windows import window_meta
 from processors.fold.eventtime import event_time_ms
 from processors.fold.oracle import WindowOracle, fold_windows
 from processors.fold.windows import Window, WindowDelta, WindowFold
@@ -27,6 +30,9 @@ from processors.sales_windows.config import SALES_WINDOWS
 from processors.sales_windows.projection import SalesWindows
 from processors.unique_visitors.projection import ALL, HOUR_MS, UniqueVisitors
 from replay.generations_admin import diff_generations
+from services.api.app import create_app
+from services.api.config import HttpSettings, ServeSettings
+from services.api.context import ServiceContext
 from services.errors import NoLiveGenerationError, UnknownWindowError, WindowQueryError
 from services.reader.window_reader import WindowReader
 
@@ -364,3 +370,48 @@ def test_diff_compares_window_buckets_and_sketches(world):
     assert f"sketch wd:per_minute:payment_methods:{T0}:EUR" in text
     assert "2 differing" in text
     assert "NOT identical" in text
+
+
+def test_the_query_api_reads_windows_from_the_generations_meta_as_the_reader_does(world):
+    """HTTP window routes == WindowReader, the windows rebuilt from the generation's meta."""
+    sales_fold, visits_fold = SalesWindows(), UniqueVisitors()
+    for fold, event_time, records in (
+        (sales_fold, SALES_TIME, sales()),
+        (visits_fold, VISITS_TIME, page_views()),
+    ):
+        registry = GenerationRegistry(world.client, StateLayout(fold.name, world.prefix))
+        gen = registry.create(window_meta(fold.windows, fold.distinct), live=True)
+        world.write(gen, fold, event_time, records)
+    settings = ServeSettings(
+        redis=RedisSettings(key_prefix=world.prefix),
+        serve=HttpSettings(auth="off"),
+    )
+    context = ServiceContext(settings, world.client)
+    sales_reader = WindowReader.from_fold(world.client, sales_fold, world.prefix)
+    visits_reader = WindowReader.from_fold(world.client, visits_fold, world.prefix)
+    with TestClient(create_app(settings, context=context)) as http:
+        base = "/v1/processors/sales_windows/windows"
+        groups = http.get(f"{base}/per_minute/groups").json()["groups"]
+        assert groups == sales_reader.groups("per_minute").value == sorted(CURRENCIES)
+        for name in ("per_minute", "five_minutes_hopping", "five_minutes_sliding"):
+            for group in CURRENCIES:
+                answer = http.get(
+                    f"{base}/{name}/groups/{group}",
+                    params={"start": T0, "end": T0 + 30 * MINUTE},
+                )
+                assert answer.status_code == 200, answer.text
+                expected = sales_reader.range(name, group, T0, T0 + 30 * MINUTE).value
+                assert answer.json()["results"] == expected
+                assert expected
+        unknown = http.get(f"{base}/nope/groups/EUR", params={"start": T0, "end": T0 + 1})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "WINDOW_UNKNOWN"
+        day = http.get(
+            "/v1/processors/unique_visitors/windows/hourly/distinct/visitors",
+            params={"group": ALL, "start": T0, "end": T0 + 24 * HOUR_MS},
+        )
+        assert day.status_code == 200, day.text
+        expected_day = visits_reader.distinct("hourly", "visitors", ALL, T0, T0 + 24 * HOUR_MS)
+        assert day.json()["distinct"] == expected_day.value > 300
+        mark = http.get("/v1/processors/sales_windows/watermark").json()
+        assert mark["clocks"] == sales_reader.watermark().value.clocks
