@@ -153,7 +153,7 @@ class _Control:
             **settings_env("REFOLD_SPARK", self.settings.spark),
             "REFOLD_STATE_DIR": str(self.settings.state_dir),
         }
-        argv = [sys.executable, "-m", "replay", "--log-level", "INFO", "plan"]
+        argv = [sys.executable, "-m", "replay", "plan"]
         argv += ["--processor", name, *request.flags(), "--execute", "--no-progress"]
         with log.open("ab") as out:
             process = subprocess.Popen(  # noqa: S603 - our own interpreter and module

@@ -9,12 +9,14 @@ the lag and the generations agree with Redis.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.demo_serving import start_service
 from deploy.simulators.orders import OrderSimulator
+from services.auth import ApiKeyStore
 from services.client import NotFoundError, RefoldClient
 from tests.support.waiting import assert_eventually
 
@@ -76,6 +78,43 @@ def test_an_event_written_over_http_is_read_back_with_its_token(world) -> None:
             listed = http.get("/v1/processors").json()["processors"]
             order_state = next(p for p in listed if p["name"] == "order_state")
             assert order_state["live_generation"] == 1
+
+            # control: a dry run with a query key; execute needs an admin key
+            plan = http.post("/v1/processors/order_state/replays:plan", json={"to": "earliest"})
+            assert plan.status_code == 200, plan.text
+            assert plan.json()["ready"] is True
+            assert plan.json()["total_events"] == len(events)
+            refused = http.post("/v1/processors/order_state/replays", json={"to": "earliest"})
+            assert refused.status_code == 403
+            ops = ApiKeyStore(world.client, world.redis.key_prefix).add("ops", ["admin"])
+            admin = {"Authorization": f"Bearer {ops}"}
+            started = http.post(
+                "/v1/processors/order_state/replays", json={"to": "earliest"}, headers=admin
+            )
+            assert started.status_code == 202, started.text
+            log = Path(started.json()["log"])
+
+            def flipped() -> bool:
+                progress = http.get("/v1/replays").json()["replays"]
+                for replay in progress:
+                    assert replay["processor"] == "order_state"
+                    assert replay["generation"] == 2
+                    assert 0 <= replay["done"] <= replay["total"]
+                return any(
+                    p["name"] == "order_state" and p["live_generation"] == 2
+                    for p in http.get("/v1/processors").json()["processors"]
+                )
+
+            assert_eventually(
+                flipped, timeout=240, interval=0.5, message=lambda: log.read_text()[-3000:]
+            )
+            assert dict(world.reader().scan("orders", 2)) == wanted.states
+            back = http.post("/v1/processors/order_state/rollback", headers=admin)
+            assert back.status_code == 200, back.text
+            assert back.json() == {"processor": "order_state", "live_generation": 1, "retired": 2}
+            dry = http.post("/v1/processors/order_state/gc", headers=admin).json()
+            assert dry["executed"] is False
+            assert [g["generation"] for g in dry["generations"]] == [2]
     finally:
         service.stop()
         processor.stop()
