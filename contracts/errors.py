@@ -10,6 +10,7 @@ from typing import ClassVar
 __all__ = [
     "ContractError",
     "DeserializationError",
+    "EventTooLargeError",
     "EventValidationError",
     "RefoldError",
     "SchemaIncompatibleError",
@@ -50,6 +51,12 @@ class EventValidationError(ContractError):
         self.event_type = event_type
         self.problems = problems
         super().__init__(f"invalid {event_type}: " + "; ".join(problems))
+
+
+class EventTooLargeError(ContractError):
+    """An event is larger, encoded, than a Kafka message may be; nothing was sent."""
+
+    code = "EVENT_TOO_LARGE"
 
 
 class UnknownEventTypeError(ContractError):

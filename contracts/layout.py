@@ -98,7 +98,7 @@ def position_field(topic: str, partition: int) -> str:
 def parse_position_field(field: str) -> tuple[str, int] | None:
     """Inverse of :func:`position_field`; ``None`` for the non-position fields."""
     topic, sep, partition = field.rpartition("/")
-    if not sep or not partition.isdigit():
+    if not sep or not (partition.isascii() and partition.isdigit()):
         return None
     return topic, int(partition)
 

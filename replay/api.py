@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -54,6 +55,7 @@ _NAME = r"^[a-z][a-z0-9_]*$"
 # The dry run reads at most this many records' writer schemas by default (the CLI's default is
 # 1M: an HTTP request should answer in seconds).
 _API_SCAN_LIMIT = 100_000
+_MAX_SCAN_LIMIT = 1_000_000  # the CLI's default: a request never reads more of the log
 
 Target = Literal["earliest", "latest", "current", "offset", "shift", "datetime", "duration"]
 
@@ -73,7 +75,7 @@ class PlanRequest(BaseModel):
     topics: list[str] | None = Field(default=None, description="TOPIC or TOPIC:P,P (scope)")
     allow_data_loss: bool = False
     accept_dead_letters: bool = False
-    scan_limit: int = Field(default=_API_SCAN_LIMIT, ge=0)
+    scan_limit: int = Field(default=_API_SCAN_LIMIT, ge=0, le=_MAX_SCAN_LIMIT)
 
     @model_validator(mode="after")
     def _argument(self) -> PlanRequest:
@@ -159,6 +161,8 @@ class _Control:
             process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+        # Reap it when it ends (its outcome is in its log and in Redis), leaving no zombie.
+        threading.Thread(target=process.wait, name=f"replay-{name}", daemon=True).start()
         return process.pid, log
 
 

@@ -107,7 +107,7 @@ def _positions(items: Iterable[tuple[object, object]], what: str) -> Positions:
     for field, offset in items:
         parsed = parse_position_field(str(field))
         number = offset if isinstance(offset, int) else None
-        if isinstance(offset, str) and offset.isdigit():
+        if isinstance(offset, str) and offset.isascii() and offset.isdigit():
             number = int(offset)
         if parsed is None or number is None or number < 0 or isinstance(offset, bool):
             msg = f"{what}: {field}:{offset} is not <topic>/<partition>:<offset>"

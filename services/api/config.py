@@ -17,6 +17,7 @@ from contracts.settings import StackSettings
 __all__ = ["AuthMode", "HttpSettings", "ServeSettings"]
 
 AuthMode = Literal["keys", "off"]
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class HttpSettings(BaseModel):
@@ -69,6 +70,13 @@ class HttpSettings(BaseModel):
     def _consistent(self) -> HttpSettings:
         if self.page_size > self.max_page_size:
             msg = f"page_size {self.page_size} is above max_page_size {self.max_page_size}"
+            raise ValueError(msg)
+        if self.auth == "off" and self.host not in _LOOPBACK:
+            msg = (
+                f"auth 'off' serves every route, replay execute included, to anyone: it is "
+                f"refused on host {self.host!r}; use it on 127.0.0.1 only, or make keys "
+                "(`refold keys add`)"
+            )
             raise ValueError(msg)
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             msg = "ssl_certfile and ssl_keyfile go together"

@@ -23,7 +23,10 @@ from services.producer.publisher import EventPublisher
 
 __all__ = ["ServiceContext", "get_context"]
 
-_OFFSETS_TIMEOUT_S = 5.0  # a broker that does not answer a lag probe within this is "unknown"
+_OFFSETS_TIMEOUT_S = 5.0
+# A Redis that does not answer within this fails the request (503), instead of holding a worker:
+# the query routes call Redis on the event loop (see services/query/routes.py).
+_REDIS_TIMEOUT_S = 2.0  # a broker that does not answer a lag probe within this is "unknown"
 
 
 @dataclass
@@ -57,7 +60,12 @@ class ServiceContext:
                 dataclasses.replace(spec, name=renames.get(spec.name, spec.name))
                 for spec in default_registry().topics.values()
             ]
-        return cls(settings, redis.Redis.from_url(settings.redis.client_url()), topics)
+        client = redis.Redis.from_url(
+            settings.redis.client_url(),
+            socket_timeout=_REDIS_TIMEOUT_S,
+            socket_connect_timeout=_REDIS_TIMEOUT_S,
+        )
+        return cls(settings, client, topics)
 
     @property
     def key_prefix(self) -> str:
@@ -83,14 +91,18 @@ class ServiceContext:
             yield self._offsets
 
     def close(self) -> None:
-        """Flush the producer, close the Kafka clients and the Redis pool."""
-        if self._publisher is not None:
-            self._publisher.close()
-        with self._offsets_lock:  # not while a lag probe uses it (waits at most its timeout)
-            if self._offsets is not None:
-                self._offsets.close()
-                self._offsets = None
-        self.redis.close()
+        """Flush the producer, close the Kafka clients and the Redis pool (each, whatever fails)."""
+        try:
+            if self._publisher is not None:
+                self._publisher.close()
+        finally:
+            try:
+                with self._offsets_lock:  # not while a lag probe uses it (waits its timeout)
+                    if self._offsets is not None:
+                        self._offsets.close()
+                        self._offsets = None
+            finally:
+                self.redis.close()
 
 
 async def get_context(request: Request) -> ServiceContext:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -20,10 +21,12 @@ __all__ = ["ApiError", "error_body", "install_error_handlers"]
 
 logger = logging.getLogger(__name__)
 
+_RETRY_S = 1  # Retry-After of a 503 for a store that did not answer
 # Status of each error code; codes not listed are 500 (a defect, or a failure to look at).
 _STATUS = {
     "EVENT_INVALID": 422,
     "EVENT_TYPE_UNKNOWN": 422,
+    "EVENT_TOO_LARGE": 422,
     "SCHEMA_UNLOCKED": 422,
     "NO_LIVE_GENERATION": 404,
     "WINDOW_QUERY_INVALID": 422,
@@ -107,8 +110,29 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
 
 
+async def _redis_error(_request: Request, exc: Exception) -> JSONResponse:
+    logger.warning("Redis did not answer: %s", exc)
+    msg = (
+        f"Redis did not answer ({type(exc).__name__}: {exc}). Operator action: check that Redis "
+        "is up and reachable (REFOLD_REDIS__URL)."
+    )
+    return JSONResponse(
+        error_body("REDIS_UNAVAILABLE", msg), 503, headers={"Retry-After": str(_RETRY_S)}
+    )
+
+
+async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    logger.error("unexpected %s", type(exc).__name__, exc_info=exc)
+    msg = (
+        f"unexpected {type(exc).__name__}: a defect of refold's service (logged); please report it"
+    )
+    return JSONResponse(error_body("INTERNAL", msg), 500)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every error of ``app`` with refold's error body."""
+    app.add_exception_handler(redis.RedisError, _redis_error)
+    app.add_exception_handler(Exception, _unexpected)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RefoldError, _refold_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -120,11 +120,18 @@ def ingest_router() -> APIRouter:
                 f"; and {len(errors) - 5} more (see errors)" if len(errors) > 5 else ""
             )
             raise ApiError(422, "EVENT_INVALID", msg, errors=errors)
-        with context.publish_lock:
+        timeout = context.settings.serve.ingest_timeout_s
+        # One publish call at a time (see ServiceContext.publish_lock); a request does not wait
+        # for the lock longer than for the broker, so an outage cannot pile requests up.
+        if not context.publish_lock.acquire(timeout=timeout):
+            msg = (
+                f"the service is still waiting for the broker on earlier requests after "
+                f"{timeout:g}s; nothing of this request was sent. Retry later."
+            )
+            raise ApiError(503, "INGEST_BUSY", msg, headers={"Retry-After": str(_RETRY_AFTER_S)})
+        try:
             try:
-                tokens = publisher.emit_many(
-                    events, timeout=context.settings.serve.ingest_timeout_s, validated=True
-                )
+                tokens = publisher.emit_many(events, timeout=timeout, validated=True)
             except PublishError as exc:
                 delivered = [d for d in exc.delivered if d is not None]
                 raise ApiError(
@@ -142,6 +149,8 @@ def ingest_router() -> APIRouter:
                     ],
                     consistency_token=encode_token(positions_after(delivered)),
                 ) from exc
+        finally:
+            context.publish_lock.release()
         return IngestResponse(
             accepted=len(tokens),
             deliveries=[

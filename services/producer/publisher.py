@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.codec import EventCodec
-from contracts.errors import ContractError, UnknownEventTypeError
+from contracts.errors import ContractError, EventTooLargeError, UnknownEventTypeError
 from contracts.lock import PublishGate, default_publish_gate
 from contracts.registry import default_registry
 from contracts.settings import KafkaSettings
@@ -48,6 +49,7 @@ _PRODUCER_DEFAULTS = {
 # After a purge, how long to serve the purged messages' delivery reports. A purge is local (no
 # broker round trip), so the reports are ready at once; this only bounds a wedged client.
 _PURGE_DRAIN_S = 5.0
+_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 # How many unacknowledged events the error message names; all are in PublishError.unacknowledged.
 _NAMED_IN_MESSAGE = 5
 
@@ -179,13 +181,32 @@ class EventPublisher:
             when all would be accepted.
         """
         refused: list[tuple[int, ContractError]] = []
+        limit = int(self._config.get("message.max.bytes", _MESSAGE_MAX_BYTES))
         for index, (event_type, event) in enumerate(events):
             try:
                 self._check_type(event_type)
                 self._codec.validate(event_type, event)
+                self._check_size(event_type, event, limit)
             except ContractError as exc:
                 refused.append((index, exc))
         return refused
+
+    def _check_size(self, event_type: str, event: dict[str, Any], limit: int) -> None:
+        """Refuse an event the producer would refuse (MSG_SIZE_TOO_LARGE) mid-call.
+
+        Its Avro encoding is at most about twice its JSON size (no field names; a double is 8
+        bytes against at least 3 characters), so only events whose JSON is over a third of the
+        limit are encoded to be measured.
+        """
+        if len(orjson.dumps(event, default=str)) * 3 < limit:
+            return
+        size = len(self._codec.encode(event_type, event, validated=True))
+        if size > limit:
+            msg = (
+                f"{event_type} event is {size} bytes encoded, over the producer's limit of "
+                f"{limit} (message.max.bytes); nothing was sent"
+            )
+            raise EventTooLargeError(msg)
 
     def emit(self, event_type: str, event: dict[str, Any], timeout: float = 30.0) -> DeliveryToken:
         """Validate, publish one event and wait for the broker's acknowledgement.

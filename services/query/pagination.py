@@ -24,6 +24,10 @@ from services.api.errors import ApiError
 __all__ = ["Page", "ScanCursor", "scan_page"]
 
 _VERSION = "c1."
+# SCAN calls per page at most: a small table in a large database gives short (even empty) pages
+# with a next_cursor rather than one long request (the route runs on the event loop).
+_MAX_ROUNDS = 20
+_MAX_CURSOR = 2**64  # Redis SCAN cursors are unsigned 64-bit
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,8 @@ class ScanCursor:
                 base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
             )
             cursor = cls(str(name), str(tab), int(generation), int(position))
+            if not (0 <= cursor.position < _MAX_CURSOR and 0 < cursor.generation < _MAX_CURSOR):
+                raise ValueError(text)
         except (binascii.Error, ValueError, TypeError) as exc:
             msg = "not a cursor of this scan: pass next_cursor on exactly as it was returned"
             raise ApiError(400, "CURSOR_INVALID", msg) from exc
@@ -83,7 +89,7 @@ def scan_page(
     cursor: ScanCursor,
     limit: int,
 ) -> Page:
-    """Up to about ``limit`` entities from ``cursor`` on (Redis SCAN's COUNT is a hint).
+    """About ``limit`` entities from ``cursor`` on (SCAN's COUNT is a hint; a page may be short).
 
     Raises:
         ApiError: 410 when the cursor's generation has been removed.
@@ -98,7 +104,7 @@ def scan_page(
     keys = registry.keys(cursor.generation)
     pattern, prefix = keys.table_pattern(table), keys.table(table, "")
     position, names = cursor.position, []
-    while True:
+    for _round in range(_MAX_ROUNDS):
         position, found = client.scan(position, match=pattern, count=max(limit, 10))
         names.extend(cast("list[bytes]", found))
         if position == 0 or len(names) >= limit:

@@ -11,6 +11,7 @@ trips (~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import orjson
@@ -38,6 +39,7 @@ from services.reader.window_reader import WindowReader
 __all__ = ["query_router"]
 
 _NAME = r"^[A-Za-z0-9_.:-]+$"
+_MAX_MS = 2**53  # event times are epoch ms; bounds keep range arithmetic small
 
 
 class BatchGet(BaseModel):
@@ -55,11 +57,17 @@ MinPositions = Annotated[
 ]
 WaitMs = Annotated[
     int | None,
-    Query(ge=0, description="how long to wait for them (default 5000; 0: answer 409 at once)"),
+    Query(
+        ge=0,
+        le=3_600_000,
+        description="how long to wait for them (default 5000; 0: answer 409 at once)",
+    ),
 ]
 
 
-def _consistency(
+# async although it does no I/O: FastAPI runs a sync dependency on the thread pool, a hop that
+# cost ~0.25 ms of CPU per read (a third of a single-key read; bench/serving.py).
+async def _consistency(
     context: Annotated[ServiceContext, Depends(get_context)],
     consistency_token: ConsistencyToken = None,
     min_positions: MinPositions = None,
@@ -100,13 +108,31 @@ def _aggregate(spec: ProcessorSpec, name: str) -> None:
         raise ApiError(404, "AGGREGATE_UNKNOWN", msg)
 
 
-def _windows(context: ServiceContext, spec: ProcessorSpec) -> WindowReader:
-    reader = StateReader(context.redis, spec.name, context.key_prefix)
-    windows, distinct = windows_from_meta(reader.registry.meta(reader.live_generation()))
-    lateness = spec.event_time.lateness_ms if spec.event_time is not None else 0
-    return WindowReader(
-        context.redis, spec.name, windows, distinct, context.key_prefix, lateness_ms=lateness
-    )
+def _windows(
+    context: ServiceContext, spec: ProcessorSpec, read: Callable[[WindowReader, int], StateView]
+) -> Callable[[], StateView]:
+    """A window read of one generation, resolved once per call.
+
+    The reader uses the window definitions that generation recorded (a replay may change them).
+    """
+
+    def run() -> StateView:
+        alias = StateReader(context.redis, spec.name, context.key_prefix)
+        generation = alias.live_generation()
+        windows, distinct = windows_from_meta(alias.registry.meta(generation))
+        lateness = spec.event_time.lateness_ms if spec.event_time is not None else 0
+        reader = WindowReader(
+            context.redis, spec.name, windows, distinct, context.key_prefix, lateness_ms=lateness
+        )
+        return read(reader, generation)
+
+    return run
+
+
+def _live_positions(reader: StateReader) -> StateView:
+    """The live generation and its positions (the generation resolved once)."""
+    generation = reader.live_generation()
+    return StateView(generation, None, reader.freshness(generation))
 
 
 Context = Annotated[ServiceContext, Depends(get_context)]
@@ -187,7 +213,7 @@ def query_router() -> APIRouter:
                 spec,
                 context.key_prefix,
                 wanted,
-                lambda: StateView(reader.live_generation(), None, reader.freshness()),
+                lambda: _live_positions(reader),
             )
             at = ScanCursor(name, table, start.generation, 0)
         else:
@@ -222,7 +248,7 @@ def query_router() -> APIRouter:
     async def window_groups(name: Processor, window: str, context: Context) -> Response:
         """The groups that have data in ``window``."""
         spec = processor(name)
-        view = _windows(context, spec).groups(window)
+        view = _windows(context, spec, lambda r, g: r.groups(window, g))()
         return _answer(spec, view, {"window": window, "groups": view.value}, None)
 
     @router.get("/v1/processors/{name}/windows/{window}/groups/{group}")
@@ -232,19 +258,22 @@ def query_router() -> APIRouter:
         group: str,
         context: Context,
         wanted: Wanted,
-        start: Annotated[int, Query(description="epoch ms: windows ending after it")],
-        end: Annotated[int, Query(description="epoch ms: windows ending at or before it")],
+        start: Annotated[
+            int, Query(ge=0, le=_MAX_MS, description="epoch ms: windows ending after it")
+        ],
+        end: Annotated[
+            int, Query(ge=0, le=_MAX_MS, description="epoch ms: windows ending at or before it")
+        ],
         if_none_match: IfNoneMatch = None,
     ) -> Response:
         """Every window of ``group`` ending in ``(start, end]`` that has data, oldest first."""
         spec = processor(name)
-        reader = _windows(context, spec)
         view = await read_consistent(
             context.redis,
             spec,
             context.key_prefix,
             wanted,
-            lambda: reader.range(window, group, start, end),
+            _windows(context, spec, lambda r, g: r.range(window, group, start, end, g)),
         )
         body = {"window": window, "group": group, "results": view.value}
         return _answer(spec, view, body, if_none_match)
@@ -257,18 +286,21 @@ def query_router() -> APIRouter:
         context: Context,
         wanted: Wanted,
         group: Annotated[str, Query(description="the group")],
-        start: Annotated[int, Query(description="epoch ms: buckets starting at or after it")],
-        end: Annotated[int, Query(description="epoch ms: buckets starting before it")],
+        start: Annotated[
+            int, Query(ge=0, le=_MAX_MS, description="epoch ms: buckets starting at or after it")
+        ],
+        end: Annotated[
+            int, Query(ge=0, le=_MAX_MS, description="epoch ms: buckets starting before it")
+        ],
     ) -> Response:
         """The estimated number of distinct ``measure`` values over ``[start, end)``."""
         spec = processor(name)
-        reader = _windows(context, spec)
         view = await read_consistent(
             context.redis,
             spec,
             context.key_prefix,
             wanted,
-            lambda: reader.distinct(window, measure, group, start, end),
+            _windows(context, spec, lambda r, g: r.distinct(window, measure, group, start, end, g)),
         )
         body = {"window": window, "measure": measure, "group": group, "distinct": view.value}
         return _answer(spec, view, body, None)
@@ -277,7 +309,7 @@ def query_router() -> APIRouter:
     async def watermark(name: Processor, context: Context) -> Response:
         """The processor's event-time watermark and its partitions' clocks."""
         spec = processor(name)
-        view = _windows(context, spec).watermark()
+        view = _windows(context, spec, lambda r, g: r.watermark(g))()
         mark = view.value
         body = {
             "watermark": mark.watermark,

@@ -90,18 +90,25 @@ class StateReader:
         """Several entities from the same generation: ``value`` maps key -> state or None."""
         gen = self.live_generation() if generation is None else generation
         names = [self.registry.keys(gen).table(table, k) for k in keys]
-        raws = cast("list[bytes | None]", self.client.mget(names)) if names else []
+        with self.client.pipeline(transaction=True) as pipe:  # values and positions at once
+            if names:
+                pipe.mget(names)
+            pipe.hgetall(self.registry.keys(gen).positions)
+            *found, raw_positions = pipe.execute()
+        raws = cast("list[bytes | None]", found[0] if names else [])
         values = {k: None if r is None else json.loads(r) for k, r in zip(keys, raws, strict=True)}
-        return StateView(gen, values, self.registry.positions(gen)[0])
+        return StateView(gen, values, self.registry.parse_positions(raw_positions)[0])
 
     def aggregate(self, name: str, generation: int | None = None) -> StateView:
         """An aggregate's counters as ``{name: int}``; counters at zero are left out."""
         gen = self.live_generation() if generation is None else generation
-        raw = cast(
-            "dict[bytes, bytes]", self.client.hgetall(self.registry.keys(gen).aggregate(name))
-        )
+        keys = self.registry.keys(gen)
+        with self.client.pipeline(transaction=True) as pipe:  # counters and positions at once
+            pipe.hgetall(keys.aggregate(name))
+            pipe.hgetall(keys.positions)
+            raw, raw_positions = pipe.execute()
         counters = {k.decode(): int(v) for k, v in raw.items() if int(v) != 0}
-        return StateView(gen, counters, self.registry.positions(gen)[0])
+        return StateView(gen, counters, self.registry.parse_positions(raw_positions)[0])
 
     def freshness(self, generation: int | None = None) -> Positions:
         """Applied positions of the (live) generation."""

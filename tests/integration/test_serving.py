@@ -129,6 +129,16 @@ def test_ingest_then_query_with_the_token_sees_the_write(stack: Stack) -> None:
     assert late.status_code == 504
     assert late.json()["error"]["code"] == "CONSISTENCY_TIMEOUT"
     assert set(late.json()["error"]["missing"]) == {f"{t}/{p}" for t, p in needed}
+    # a damaged token, or positions that are not <topic>/<partition>:<offset>: 400
+    for params in (
+        {"consistency_token": "v1.not-base64!"},
+        {"consistency_token": "nope"},
+        {"min_positions": f"{stack.topic}/0:\u00b2"},
+        {"min_positions": f"{stack.topic}/\u0663:1"},
+    ):
+        bad = stack.client.get(url, params=params)
+        assert bad.status_code == 400, (params, bad.text)
+        assert bad.json()["error"]["code"] == "CONSISTENCY_TOKEN_INVALID"
     # batch get: one generation, null for a missing key
     keys = [*sorted(wanted)[:5], "no-such-order"]
     many = stack.client.post(
@@ -159,7 +169,12 @@ def test_an_invalid_event_refuses_the_whole_request_naming_every_field(stack: St
     assert "customer_id" in error["errors"][0]["fields"]
     assert "order_id" in " ".join(error["errors"][1]["problems"])
     assert error["errors"][2]["code"] == "EVENT_TYPE_UNKNOWN"
-    # nothing of the request was sent
+    # an event larger than a Kafka message may be, after a valid one: 422, nothing sent
+    huge = {**events[0][1], "customer_id": "c" * 1_100_000}
+    too_big = stack.client.post("/v1/events", json=_batch([events[0], ("OrderPlaced", huge)]))
+    assert too_big.status_code == 422, too_big.text
+    assert too_big.json()["error"]["errors"][0]["code"] == "EVENT_TOO_LARGE"
+    # nothing of either request was sent
     assert sum(len(c) for c in read_log(stack.kafka, stack.topic)) == 0
     # a request that is not an event at all
     assert stack.client.post("/v1/events", json={"nope": 1}).status_code == 422
