@@ -2,8 +2,9 @@
 
 ``python -m bench serving [--orders 10000] [--seconds 10] [--workers 1,2] [--batches 500,1000]``.
 On a private local stack (Tansu + redis-server), with ``refold serve`` (``deploy.serve_cli``,
-uvicorn with uvloop and httptools) in a process of its own, API keys on (``REFOLD_SERVE__AUTH=
-keys``, one key with the ingest and query scopes, as users run it), in one run:
+uvicorn with uvloop and httptools) in a process of its own, as users run it: API keys on
+(``--auth keys``, one key with the ingest and query scopes), log level info (uvicorn's access
+log on; ``--log-level warning`` turns it off). In one run:
 
 1. **query**: ``GET /v1/processors/order_state/tables/orders/entities/{key}`` over keep-alive
    connections, against ``StateReader.get`` of the same keys with redis-py (one sequential loop
@@ -15,10 +16,12 @@ keys``, one key with the ingest and query scopes, as users run it), in one run:
 
 Each row is run at 1 and 2 server workers (``--workers``), and the Redis and SDK baselines with
 as many client processes. Every measurement is bounded by ``--seconds`` and a count, after a
-warm-up. The load generator is an asyncio ``Protocol`` over raw HTTP/1.1 (closed loop: each
-connection sends its next request when the answer is in), on uvloop, in this process: it shares
-the machine's cores with the server, as noted in the table. ``GET /health/live`` (no Redis, no
-key) is measured too, as the ceiling of server and generator together.
+warm-up. The load generator (:mod:`bench.http_load`) is an asyncio ``Protocol`` over raw
+keep-alive HTTP/1.1 (closed loop: each connection sends its next request when the answer is
+in), on uvloop, in this process: it shares the machine's cores with the server, as the table
+notes, and the server's CPU per item is reported beside the rates. A bare FastAPI route (no key, no
+Redis: :func:`bare_app`) under the same uvicorn is measured too: the ceiling of server and
+generator together on this machine.
 
 Prints a table, writes ``bench/results/serving.json``.
 """
@@ -26,26 +29,26 @@ Prints a table, writes ``bench/results/serving.json``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import multiprocessing
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import httpx
 import orjson
 import redis
+from fastapi import FastAPI, Response
 
+from bench.http_load import Server, get_request, post_request, run_load, serve
 from contracts.commerce import ORDERS
 from contracts.kafka.admin import ensure_topics
 from contracts.layout import StateLayout
@@ -63,7 +66,7 @@ from services.auth import ApiKeyStore
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
 
-__all__ = ["RESULTS", "Measured", "main"]
+__all__ = ["RESULTS", "Measured", "bare_app", "main"]
 
 RESULTS = Path(__file__).parent / "results" / "serving.json"
 PREFIX = "bench-serving"
@@ -72,9 +75,9 @@ DLQ = TopicSpec(f"{ORDERS.name}.dlq", 1, "(key)", ("(any)",))
 # Warm-up before each measurement: both workers' lazy clients (Redis pool, Kafka producer,
 # the key's first lookup), CPython's caches.
 _WARM_UP_S = 1.5
-# Query connections per server worker: enough to keep a worker busy while the generator runs
-# (closed loop), few enough that queueing does not dominate the latency.
-_QUERY_CONNECTIONS = 8
+# Query connections per server worker: a worker is CPU-bound from 2-4 connections here; more
+# only queue in it and add to the latency (closed loop: latency ~ connections / rate).
+_QUERY_CONNECTIONS = 4
 # Ingest connections per worker: a worker publishes one request at a time (its producer is
 # shared), so a second connection only overlaps parsing and validation with the wait.
 _INGEST_CONNECTIONS = 2
@@ -92,7 +95,7 @@ class Measured:
     """One measurement: requests answered in a time, their items and latencies.
 
     Attributes:
-        kind: ``query``, ``ingest`` or ``ceiling`` (``/health/live``).
+        kind: ``query``, ``ingest`` or ``ceiling`` (the bare FastAPI route).
         label: What ran.
         processes: Server workers, or client processes of a baseline.
         connections: HTTP connections (0 for a baseline).
@@ -101,6 +104,9 @@ class Measured:
         items: Reads or events among them answered with 200.
         errors: Requests answered otherwise (by status), or failed.
         seconds: The measurement's length.
+        cpu_s: CPU time of the serving side meanwhile: the server's processes (HTTP rows), the
+            client processes (baselines). Shows how busy the workers were, and the cost of an
+            item independently of what else ran on the machine.
         p50_ms: Median request latency.
         p99_ms: 99th percentile request latency.
     """
@@ -114,6 +120,7 @@ class Measured:
     items: int
     errors: dict[str, int]
     seconds: float
+    cpu_s: float
     p50_ms: float
     p99_ms: float
 
@@ -122,9 +129,14 @@ class Measured:
         """Items (reads or events) per second."""
         return self.items / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def cpu_us(self) -> float:
+        """CPU microseconds of the serving side per item."""
+        return self.cpu_s / self.items * 1e6 if self.items else 0.0
+
     def as_json(self) -> dict[str, Any]:
-        """JSON-ready fields, with the rate."""
-        return {**asdict(self), "rate": self.rate}
+        """JSON-ready fields, with the rate and the CPU per item."""
+        return {**asdict(self), "rate": self.rate, "cpu_us_per_item": self.cpu_us}
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -145,6 +157,7 @@ def _measured(
     items: int,
     errors: Counter[str],
     seconds: float,
+    cpu_s: float,
 ) -> Measured:
     return Measured(
         kind,
@@ -156,140 +169,17 @@ def _measured(
         items,
         dict(errors),
         seconds,
+        cpu_s,
         _percentile(latencies, 0.5),
         _percentile(latencies, 0.99),
     )
-
-
-# --- the load generator -------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Tally:
-    """What a measurement's connections saw."""
-
-    deadline: float
-    max_requests: int
-    latencies: list[float] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
-    sent: int = 0
-    last_at: float = 0.0
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection sending requests one after another (closed loop).
-
-    Parses only what it needs: the status line and ``content-length`` (refold's answers are
-    never chunked). Requests are pre-encoded bytes; ``done`` resolves when the connection stops
-    (deadline, request budget, or a failure).
-    """
-
-    def __init__(
-        self, requests: Sequence[bytes], first: int, tally: _Tally, done: asyncio.Future[None]
-    ) -> None:
-        self._requests = requests
-        self._next = first
-        self._tally = tally
-        self._done = done
-        self._buffer = bytearray()
-        self._need = -1  # bytes of the whole answer once its head is in, else -1
-        self._status = 0
-        self._sent_at = 0.0
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self._send()
-
-    def _send(self) -> None:
-        tally, transport = self._tally, self._transport
-        assert transport is not None  # noqa: S101 - only called once connected
-        if time.perf_counter() >= tally.deadline or tally.sent >= tally.max_requests:
-            transport.close()
-            return
-        tally.sent += 1
-        request = self._requests[self._next % len(self._requests)]
-        self._next += 1
-        self._sent_at = time.perf_counter()
-        transport.write(request)
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        while True:
-            if self._need < 0:
-                end = buffer.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                head = bytes(buffer[:end]).lower()
-                self._status = int(head[9:12])
-                at = head.find(b"\r\ncontent-length:")
-                if at < 0:
-                    self._fail("answer without content-length")
-                    return
-                stop = head.find(b"\r\n", at + 2)
-                length = int(head[at + 17 : stop if stop >= 0 else len(head)])
-                self._need = end + 4 + length
-            if len(buffer) < self._need:
-                return
-            now = time.perf_counter()
-            del buffer[: self._need]
-            self._need = -1
-            if self._status == 200:
-                self._tally.latencies.append(now - self._sent_at)
-            else:
-                self._tally.errors[str(self._status)] += 1
-            self._tally.last_at = now
-            self._send()
-
-    def _fail(self, why: str) -> None:
-        self._tally.errors[why] += 1
-        if self._transport is not None:
-            self._transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None:
-            self._tally.errors[type(exc).__name__] += 1
-        if not self._done.done():
-            self._done.set_result(None)
-
-
-async def _drive(
-    port: int, requests: Sequence[bytes], connections: int, seconds: float, max_requests: int
-) -> tuple[_Tally, float]:
-    """Run ``connections`` closed-loop connections for ``seconds``; the tally and its length."""
-    loop = asyncio.get_running_loop()
-    started = time.perf_counter()
-    tally = _Tally(started + seconds, max_requests)
-    done: list[asyncio.Future[None]] = []
-    spread = max(1, len(requests) // connections)
-    for index in range(connections):
-        future: asyncio.Future[None] = loop.create_future()
-        done.append(future)
-        await loop.create_connection(
-            lambda i=index, f=future: _Connection(requests, i * spread, tally, f),  # type: ignore[misc]
-            "127.0.0.1",
-            port,
-        )
-    # Bounded even if a connection hangs (a wedged server): the deadline plus a margin.
-    await asyncio.wait_for(asyncio.gather(*done), seconds + 30)
-    return tally, (tally.last_at or time.perf_counter()) - started
-
-
-def _run(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``coro`` on uvloop (as the server does) when it is installed, else asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def _load(
     kind: Kind,
     label: str,
     workers: int,
-    port: int,
+    server: Server,
     requests: Sequence[bytes],
     *,
     batch: int,
@@ -297,9 +187,12 @@ def _load(
     seconds: float,
     max_requests: int,
 ) -> Measured:
-    """Warm up, then measure ``requests`` (cycled) against the server on ``port``."""
-    _run(_drive(port, requests, connections, _WARM_UP_S, max_requests))
-    tally, elapsed = _run(_drive(port, requests, connections, seconds, max_requests))
+    """Warm up, then measure ``requests`` (cycled) against ``server``."""
+    options = {"connections": connections, "max_requests": max_requests}
+    run_load(server.port, requests, seconds=_WARM_UP_S, **options)
+    cpu = server.cpu_s()
+    tally, elapsed = run_load(server.port, requests, seconds=seconds, **options)
+    cpu = server.cpu_s() - cpu
     return _measured(
         kind,
         label,
@@ -310,30 +203,28 @@ def _load(
         len(tally.latencies) * batch,
         tally.errors,
         elapsed,
+        cpu,
     )
-
-
-def _get(path: str, api_key: str) -> bytes:
-    return (
-        f"GET {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {api_key}\r\n\r\n"
-    ).encode()
-
-
-def _post(path: str, api_key: str, body: bytes) -> bytes:
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {api_key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 # --- the server ----------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _server(stack: LocalStack, state: Path, workers: int, log_level: str) -> Iterator[int]:
-    """``refold serve`` with ``workers`` workers on a free port; yields the port."""
-    port = free_port()
+def bare_app() -> FastAPI:
+    """uvicorn's factory of the ceiling: FastAPI with one async route, no auth, no Redis."""
+    app = FastAPI()
+
+    @app.get("/bare/{key}")
+    async def bare(key: str) -> Response:
+        return Response(b'{"key": "-", "value": {}}', media_type="application/json")
+
+    return app
+
+
+def _refold_serve(
+    stack: LocalStack, state: Path, workers: int, log_level: str
+) -> contextlib.AbstractContextManager[Server]:
+    """``refold serve`` on the private stack, API keys on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_")}
     env.update(
         {
@@ -343,130 +234,129 @@ def _server(stack: LocalStack, state: Path, workers: int, log_level: str) -> Ite
             "REFOLD_STATE_DIR": str(state),
         }
     )
-    argv = [
-        sys.executable,
-        "-m",
-        "deploy.serve_cli",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--auth",
-        "keys",
-        "--log-level",
-        log_level,
-    ]
-    log = state / f"serve-{workers}-{port}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=2).is_success:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                tail = log.read_text(errors="replace")[-3000:]
-                msg = f"refold serve did not start; its log ends with:\n{tail}"
-                raise RuntimeError(msg)
-            time.sleep(0.1)
-        yield port
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    target = ["deploy.serve_cli", "--auth", "keys", "--log-level", log_level]
+    return serve(target, env, workers, state / f"serve-{workers}.log")
+
+
+def _bare_serve(state: Path, workers: int) -> contextlib.AbstractContextManager[Server]:
+    """The ceiling's server (``bare_app``) under uvicorn, as ``refold serve`` runs it."""
+    target = ["uvicorn", f"{__name__}:bare_app", "--factory", "--log-level", "warning"]
+    return serve(target, dict(os.environ), workers, state / f"bare-{workers}.log")
 
 
 # --- the baselines (each in processes of their own) -----------------------------------------
 
 
-def _direct_reads(
-    url: str, keys: Sequence[str], first: int, seconds: float
-) -> tuple[list[float], int, float]:
-    """``StateReader.get`` of ``keys`` in a loop for ``seconds``: latencies, misses, length."""
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    """What one baseline process measured (picklable: it comes back from a process)."""
+
+    latencies: list[float]
+    count: int  # misses (reads) or events sent (ingest)
+    seconds: float
+    cpu_s: float
+
+
+def _direct_reads(url: str, keys: Sequence[str], first: int, seconds: float) -> _Sample:
+    """``StateReader.get`` of ``keys`` in a loop for ``seconds`` (after a warm-up)."""
     reader = StateReader(redis.Redis.from_url(url), PROCESSOR, PREFIX)
     latencies: list[float] = []
-    missing, elapsed = 0, 0.0
+    missing, index = 0, first
     for length in (_WARM_UP_S, seconds):
         latencies.clear()
-        missing, index = 0, first
-        began = time.perf_counter()
-        deadline = began + length
-        while time.perf_counter() < deadline and len(latencies) < _MAX_QUERY_REQUESTS:
+        missing = 0
+        began, cpu = time.perf_counter(), time.process_time()
+        while time.perf_counter() < began + length and len(latencies) < _MAX_QUERY_REQUESTS:
             started = time.perf_counter()
             view = reader.get(TABLE, keys[index % len(keys)])
             latencies.append(time.perf_counter() - started)
             missing += view.value is None
             index += 1
-        elapsed = time.perf_counter() - began
-    return latencies, missing, elapsed
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    return _Sample(latencies, missing, elapsed, cpu)
 
 
 def _sdk_ingest(
     bootstrap: str, batches: Sequence[Sequence[SimulatedEvent]], first: int, seconds: float
-) -> tuple[list[float], int, float]:
-    """``EventPublisher.emit_many`` of ``batches`` in a loop: latencies, events, length."""
+) -> _Sample:
+    """``EventPublisher.emit_many`` of ``batches`` in a loop for ``seconds`` (after a warm-up)."""
     publisher = EventPublisher(KafkaSettings(bootstrap_servers=bootstrap))
     latencies: list[float] = []
-    events, elapsed = 0, 0.0
+    events, index = 0, first
     try:
         for length in (_WARM_UP_S, seconds):
             latencies.clear()
-            events, index = 0, first
-            began = time.perf_counter()
-            deadline = began + length
-            while time.perf_counter() < deadline and events < _MAX_INGEST_EVENTS:
+            events = 0
+            began, cpu = time.perf_counter(), time.process_time()
+            while time.perf_counter() < began + length and events < _MAX_INGEST_EVENTS:
                 batch = batches[index % len(batches)]
                 started = time.perf_counter()
                 publisher.emit_many(batch)
                 latencies.append(time.perf_counter() - started)
                 events += len(batch)
                 index += 1
-            elapsed = time.perf_counter() - began
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     finally:
         publisher.close()
-    return latencies, events, elapsed
+    return _Sample(latencies, events, elapsed, cpu)
 
 
 def _in_processes(
-    processes: int, work: Callable[..., tuple[list[float], int, float]], data: Any, seconds: float
-) -> tuple[list[float], int, float]:
-    """``work(url, data, first, seconds)`` in ``processes`` spawned processes at once.
+    processes: int, work: Callable[..., _Sample], data: tuple[Any, ...], seconds: float
+) -> _Sample:
+    """``work(*data, first, seconds)`` in ``processes`` spawned processes at once, summed up.
 
     Returns:
-        Every process's latencies, the sum of their counts, the longest of their lengths.
+        Every process's latencies, the sum of their counts and CPU, the longest length.
     """
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
         futures = [pool.submit(work, *data, i * 7919, seconds) for i in range(processes)]
-        results = [f.result() for f in futures]
-    latencies = [x for r in results for x in r[0]]
-    return latencies, sum(r[1] for r in results), max(r[2] for r in results)
+        samples = [f.result() for f in futures]
+    return _Sample(
+        [x for sample in samples for x in sample.latencies],
+        sum(sample.count for sample in samples),
+        max(sample.seconds for sample in samples),
+        sum(sample.cpu_s for sample in samples),
+    )
 
 
 def _direct(url: str, keys: Sequence[str], processes: int, seconds: float) -> Measured:
-    latencies, missing, elapsed = _in_processes(processes, _direct_reads, (url, keys), seconds)
-    errors = Counter({"missing": missing}) if missing else Counter[str]()
+    done = _in_processes(processes, _direct_reads, (url, keys), seconds)
+    errors = Counter({"missing": done.count}) if done.count else Counter[str]()
     label = f"Redis direct: StateReader.get, {processes} process" + "es" * (processes > 1)
-    return _measured("query", label, processes, 0, 1, latencies, len(latencies), errors, elapsed)
+    return _measured(
+        "query",
+        label,
+        processes,
+        0,
+        1,
+        done.latencies,
+        len(done.latencies),
+        errors,
+        done.seconds,
+        done.cpu_s,
+    )
 
 
 def _sdk(
     bootstrap: str, batches: Sequence[Sequence[SimulatedEvent]], processes: int, seconds: float
 ) -> Measured:
-    latencies, events, elapsed = _in_processes(
-        processes, _sdk_ingest, (bootstrap, batches), seconds
-    )
+    done = _in_processes(processes, _sdk_ingest, (bootstrap, batches), seconds)
     size = len(batches[0])
     label = f"SDK: emit_many({size}), {processes} process" + "es" * (processes > 1)
-    return _measured("ingest", label, processes, 0, size, latencies, events, Counter(), elapsed)
+    return _measured(
+        "ingest",
+        label,
+        processes,
+        0,
+        size,
+        done.latencies,
+        done.count,
+        Counter(),
+        done.seconds,
+        done.cpu_s,
+    )
 
 
 # --- preparation ---------------------------------------------------------------------------
@@ -475,7 +365,7 @@ def _sdk(
 def _prepare_state(stack: LocalStack, orders: int) -> tuple[list[str], dict[str, Any]]:
     """``orders`` orders published, folded by FoldWriter into a live generation; their keys."""
     kafka = {"bootstrap.servers": stack.bootstrap_servers}
-    events = list(OrderSimulator(orders, seed=12, order_prefix="q-"))
+    events = list(OrderSimulator(orders, seed=12, anomaly_rate=0.0, order_prefix="q-"))
     publisher = EventPublisher(KafkaSettings(bootstrap_servers=stack.bootstrap_servers))
     publisher.emit_many(events)
     publisher.close()
@@ -516,28 +406,34 @@ def _ingest_bodies(batch: int, count: int) -> list[list[SimulatedEvent]]:
 # --- the table -----------------------------------------------------------------------------
 
 
-def _table(rows: Sequence[Measured], orders: int) -> str:
+def _table(rows: Sequence[Measured], orders: int, log_level: str, load: float) -> str:
     base = {(r.kind, r.processes, r.batch): r.rate for r in rows if r.connections == 0}
     lines = [
-        f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; {orders:,} orders "
-        "in Redis; auth on (API key)",
-        f"{'run':<52} {'items/s':>9} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'errors':>7} "
-        f"{'vs base':>8}",
+        f"machine: {os.cpu_count()} cores (load average {load:.2f} before the run), Python "
+        f"{sys.version.split()[0]}; {orders:,} orders in Redis; refold serve with API keys "
+        f"on, uvicorn log level {log_level}",
+        f"{'run':<52} {'items/s':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'cores':>5} "
+        f"{'CPU us/item':>11} {'err':>4} {'vs base':>7}",
     ]
     for r in rows:
         ratio = base.get((r.kind, r.processes, r.batch)) if r.connections else None
         versus = f"{r.rate / ratio:.0%}" if ratio else ""
         errors = sum(r.errors.values())
+        cores = r.cpu_s / r.seconds if r.seconds else 0.0
         lines.append(
-            f"{r.label:<52} {r.rate:>9,.0f} {r.requests / r.seconds:>8,.0f} {r.p50_ms:>7.2f} "
-            f"{r.p99_ms:>7.2f} {errors:>7} {versus:>8}"
+            f"{r.label:<52} {r.rate:>8,.0f} {r.requests / r.seconds:>7,.0f} {r.p50_ms:>7.2f} "
+            f"{r.p99_ms:>7.2f} {cores:>5.2f} {r.cpu_us:>11,.1f} {errors:>4} {versus:>7}"
         )
     lines += [
-        "notes: the load generator (asyncio, raw HTTP/1.1, closed loop, uvloop) runs in the",
-        "bench process on the same cores as the server and Redis (and Tansu for ingest);",
-        "'vs base' compares with the direct row of the same process count (query: StateReader",
-        "over redis-py; ingest: the producer SDK). Targets: query >= 10k reads/s, p99 < 10 ms;",
-        "ingest >= 20k events/s.",
+        "items: reads (query) or events (ingest). vs base: items/s against the baseline with as",
+        "many processes (query: StateReader.get over redis-py, one sequential loop per process;",
+        "ingest: EventPublisher.emit_many of the same batches). cores, CPU us/item: CPU of the",
+        "server's processes (HTTP rows) or of the client processes (baselines) meanwhile. The",
+        "load generator (asyncio, raw keep-alive HTTP/1.1, closed loop, uvloop) runs in the",
+        "bench process on the same cores as the server, redis-server and Tansu; it opens its",
+        "connections one at a time so that uvicorn's workers share them. The bare FastAPI rows",
+        "are the ceiling of uvicorn + FastAPI + the generator here. Targets (issue 12): query",
+        ">= 10k reads/s with p99 < 10 ms; ingest >= 20k events/s.",
     ]
     return "\n".join(lines)
 
@@ -548,6 +444,111 @@ def _progress(row: Measured) -> None:
         + (f", errors {row.errors}" if row.errors else ""),
         flush=True,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What every measurement of a run shares."""
+
+    stack: LocalStack
+    state: Path
+    seconds: float
+    log_level: str
+    keys: list[str]
+    reads: list[bytes]
+    bodies: dict[int, list[bytes]]
+    events: dict[int, list[list[SimulatedEvent]]]
+
+
+def _setup(stack: LocalStack, state: Path, args: argparse.Namespace) -> _Setup:
+    """State to read, an API key, and every request pre-encoded."""
+    ensure_topics({"bootstrap.servers": stack.bootstrap_servers}, [ORDERS, DLQ])
+    keys, states = _prepare_state(stack, args.orders)
+    print(f"{len(keys):,} orders folded into {PROCESSOR} (live generation)", flush=True)
+    client = redis.Redis.from_url(stack.redis_url)
+    api_key = ApiKeyStore(client, PREFIX).add("bench", ["ingest", "query"])
+    client.close()
+    # Checked once against the oracle: the benchmark reads the processor's real values.
+    with _refold_serve(stack, state, 1, args.log_level) as server:
+        _check(server.port, api_key, keys[0], states[keys[0]])
+    sizes = [int(b) for b in args.batches.split(",") if b.strip()]
+    events = {size: _ingest_bodies(size, 8) for size in sizes}
+    return _Setup(
+        stack,
+        state,
+        args.seconds,
+        args.log_level,
+        keys,
+        [
+            get_request(f"/v1/processors/{PROCESSOR}/tables/{TABLE}/entities/{k}", api_key)
+            for k in keys
+        ],
+        {
+            size: [
+                post_request(
+                    "/v1/events",
+                    api_key,
+                    orjson.dumps({"events": [{"type": t, "event": e} for t, e in batch]}),
+                )
+                for batch in batches
+            ]
+            for size, batches in events.items()
+        },
+        events,
+    )
+
+
+def _workers(setup: _Setup, workers: int, query: bool, ingest: bool) -> Iterator[Measured]:
+    """Every measurement at ``workers`` server workers (and as many baseline processes)."""
+    seconds, named = setup.seconds, f"{workers} worker" + "s" * (workers > 1)
+    if query:
+        yield _direct(setup.stack.redis_url, setup.keys, workers, seconds)
+    if ingest:
+        for batches in setup.events.values():
+            yield _sdk(setup.stack.bootstrap_servers, batches, workers, seconds)
+    with _refold_serve(setup.stack, setup.state, workers, setup.log_level) as server:
+        if query:
+            connections = _QUERY_CONNECTIONS * workers
+            label = f"HTTP GET entity, {named}, {connections} conns"
+            yield _load(
+                "query",
+                label,
+                workers,
+                server,
+                setup.reads,
+                batch=1,
+                connections=connections,
+                seconds=seconds,
+                max_requests=_MAX_QUERY_REQUESTS,
+            )
+        if ingest:
+            for size, bodies in setup.bodies.items():
+                connections = _INGEST_CONNECTIONS * workers
+                label = f"HTTP POST /v1/events ({size}), {named}, {connections} conns"
+                yield _load(
+                    "ingest",
+                    label,
+                    workers,
+                    server,
+                    bodies,
+                    batch=size,
+                    connections=connections,
+                    seconds=seconds,
+                    max_requests=_MAX_INGEST_EVENTS // size,
+                )
+    with _bare_serve(setup.state, workers) as server:
+        connections = _QUERY_CONNECTIONS * workers
+        yield _load(
+            "ceiling",
+            f"bare FastAPI GET (no auth, no Redis), {named}",
+            workers,
+            server,
+            [get_request("/bare/x", "-")],
+            batch=1,
+            connections=connections,
+            seconds=min(seconds, 5.0),
+            max_requests=_MAX_QUERY_REQUESTS,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -563,121 +564,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="500,1000", help="ingest batch sizes")
     parser.add_argument(
         "--log-level",
-        default="warning",
-        help="the server's uvicorn log level (info logs every request: the access log)",
+        default="info",
+        help="the server's uvicorn log level (default info, as `refold serve`: with the access "
+        "log, a line per request; warning: without)",
     )
     parser.add_argument("--skip-query", action="store_true")
     parser.add_argument("--skip-ingest", action="store_true")
     args = parser.parse_args(argv)
-    levels = [int(w) for w in args.workers.split(",") if w.strip()]
-    sizes = [int(b) for b in args.batches.split(",") if b.strip()]
     rows: list[Measured] = []
+    load = os.getloadavg()[0]  # other work on the machine shows in every figure
     with (
         tempfile.TemporaryDirectory(prefix="refold-bench-serving-") as tmp,
         LocalStack(Path(tmp) / "stack", free_port(), free_port()) as stack,
     ):
-        state = Path(tmp)
-        ensure_topics({"bootstrap.servers": stack.bootstrap_servers}, [ORDERS, DLQ])
-        keys, states = _prepare_state(stack, args.orders)
-        print(f"{len(keys):,} orders folded into {PROCESSOR} (live generation)", flush=True)
-        client = redis.Redis.from_url(stack.redis_url)
-        api_key = ApiKeyStore(client, PREFIX).add("bench", ["ingest", "query"])
-        client.close()
-        reads = [
-            _get(f"/v1/processors/{PROCESSOR}/tables/{TABLE}/entities/{k}", api_key) for k in keys
-        ]
-        live = [_get("/health/live", api_key)]
-        bodies = {
-            size: [
-                _post(
-                    "/v1/events",
-                    api_key,
-                    orjson.dumps({"events": [{"type": t, "event": e} for t, e in batch]}),
-                )
-                for batch in _ingest_bodies(size, 8)
-            ]
-            for size in sizes
-        }
-        for workers in levels:
-            if not args.skip_query:
-                rows.append(_direct(stack.redis_url, keys, workers, args.seconds))
-                _progress(rows[-1])
-            if not args.skip_ingest:
-                for size in sizes:
-                    rows.append(
-                        _sdk(
-                            stack.bootstrap_servers, _ingest_bodies(size, 8), workers, args.seconds
-                        )
-                    )
-                    _progress(rows[-1])
-            with _server(stack, state, workers, args.log_level) as port:
-                _check(port, api_key, keys[0], states[keys[0]])
-                worker_s = f"{workers} worker" + "s" * (workers > 1)
-                rows.append(
-                    _load(
-                        "ceiling",
-                        f"HTTP GET /health/live, {worker_s}",
-                        workers,
-                        port,
-                        live,
-                        batch=1,
-                        connections=_QUERY_CONNECTIONS * workers,
-                        seconds=min(args.seconds, 5.0),
-                        max_requests=_MAX_QUERY_REQUESTS,
-                    )
-                )
-                _progress(rows[-1])
-                if not args.skip_query:
-                    connections = _QUERY_CONNECTIONS * workers
-                    rows.append(
-                        _load(
-                            "query",
-                            f"HTTP GET entity, {worker_s}, {connections} conns",
-                            workers,
-                            port,
-                            reads,
-                            batch=1,
-                            connections=connections,
-                            seconds=args.seconds,
-                            max_requests=_MAX_QUERY_REQUESTS,
-                        )
-                    )
-                    _progress(rows[-1])
-                if not args.skip_ingest:
-                    for size in sizes:
-                        connections = _INGEST_CONNECTIONS * workers
-                        rows.append(
-                            _load(
-                                "ingest",
-                                f"HTTP POST /v1/events ({size}), {worker_s}, {connections} conns",
-                                workers,
-                                port,
-                                bodies[size],
-                                batch=size,
-                                connections=connections,
-                                seconds=args.seconds,
-                                max_requests=_MAX_INGEST_EVENTS // size,
-                            )
-                        )
-                        _progress(rows[-1])
-    rows.sort(
-        key=lambda r: (
-            {"query": 0, "ingest": 1, "ceiling": 2}[r.kind],
-            r.batch,
-            r.processes,
-            r.connections,
-        )
-    )
-    table = _table(rows, len(keys))
+        setup = _setup(stack, Path(tmp), args)
+        for workers in [int(w) for w in args.workers.split(",") if w.strip()]:
+            for row in _workers(setup, workers, not args.skip_query, not args.skip_ingest):
+                rows.append(row)
+                _progress(row)
+    order = {"query": 0, "ingest": 1, "ceiling": 2}
+    rows.sort(key=lambda r: (order[r.kind], r.batch, r.processes, r.connections))
+    table = _table(rows, len(setup.keys), args.log_level, load)
     print("\n" + table)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(
         json.dumps(
             {
-                "orders": len(keys),
+                "orders": len(setup.keys),
                 "cores": os.cpu_count(),
                 "seconds": args.seconds,
                 "log_level": args.log_level,
+                "load_average_before": load,
                 "runs": [r.as_json() for r in rows],
             },
             indent=2,
