@@ -42,6 +42,49 @@ _NAME = r"^[A-Za-z0-9_.:-]+$"
 _MAX_MS = 2**53  # event times are epoch ms; bounds keep range arithmetic small
 
 
+class Freshness(BaseModel):
+    """What every answer says about its state: where it was read and how fresh it is."""
+
+    processor: str
+    generation: int
+    positions: dict[str, int] = Field(
+        description="per source partition (topic/partition), the next offset to apply"
+    )
+
+
+class EntityAnswer(Freshness):
+    """One entity."""
+
+    key: str
+    value: Any
+
+
+class EntitiesAnswer(Freshness):
+    """Several entities (null: no such entity)."""
+
+    values: dict[str, Any]
+
+
+class ScanItem(BaseModel):
+    """An entity of a scan."""
+
+    key: str
+    value: Any
+
+
+class PageAnswer(Freshness):
+    """A page of a scan."""
+
+    items: list[ScanItem]
+    next_cursor: str | None = Field(description="null: the scan is complete")
+
+
+class CountersAnswer(Freshness):
+    """An aggregate's counters."""
+
+    counters: dict[str, int]
+
+
 class BatchGet(BaseModel):
     """Keys to read together, from one generation."""
 
@@ -135,6 +178,14 @@ def _live_positions(reader: StateReader) -> StateView:
     return StateView(generation, None, reader.freshness(generation))
 
 
+# Documented answers besides 200 (bodies: services.api.errors).
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no such processor, table, entity, or no live generation yet"},
+    409: {"description": "wait_ms=0 and the consistency positions are not applied yet"},
+    410: {"description": "the scan's generation was removed (replay gc): start again"},
+    504: {"description": "the consistency positions were not applied within wait_ms"},
+}
+
 Context = Annotated[ServiceContext, Depends(get_context)]
 Wanted = Annotated[Consistency, Depends(_consistency)]
 IfNoneMatch = Annotated[str | None, Header()]
@@ -145,7 +196,10 @@ def query_router() -> APIRouter:
     """The query routes."""
     router = APIRouter(tags=["query"], dependencies=[Depends(require("query"))])
 
-    @router.get("/v1/processors/{name}/tables/{table}/entities/{key:path}")
+    @router.get(
+        "/v1/processors/{name}/tables/{table}/entities/{key:path}",
+        responses={200: {"model": EntityAnswer}, **_ERRORS},
+    )
     async def get_entity(
         name: Processor,
         table: str,
@@ -166,7 +220,10 @@ def query_router() -> APIRouter:
             raise ApiError(404, "ENTITY_NOT_FOUND", msg, **freshness(spec, view))
         return _answer(spec, view, {"key": key, "value": view.value}, if_none_match)
 
-    @router.post("/v1/processors/{name}/tables/{table}/entities:batch-get")
+    @router.post(
+        "/v1/processors/{name}/tables/{table}/entities:batch-get",
+        responses={200: {"model": EntitiesAnswer}, **_ERRORS},
+    )
     async def get_entities(
         name: Processor,
         table: str,
@@ -191,7 +248,10 @@ def query_router() -> APIRouter:
         )
         return _answer(spec, view, {"values": view.value}, None)
 
-    @router.get("/v1/processors/{name}/tables/{table}/entities")
+    @router.get(
+        "/v1/processors/{name}/tables/{table}/entities",
+        responses={200: {"model": PageAnswer}, **_ERRORS},
+    )
     async def scan_entities(
         name: Processor,
         table: str,
@@ -227,7 +287,10 @@ def query_router() -> APIRouter:
         }
         return _answer(spec, view, body, None)
 
-    @router.get("/v1/processors/{name}/aggregates/{aggregate}")
+    @router.get(
+        "/v1/processors/{name}/aggregates/{aggregate}",
+        responses={200: {"model": CountersAnswer}, **_ERRORS},
+    )
     async def get_aggregate(
         name: Processor,
         aggregate: str,
