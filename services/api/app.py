@@ -18,7 +18,7 @@ from services.api.config import ServeSettings
 from services.api.context import ServiceContext
 from services.api.errors import install_error_handlers
 
-__all__ = ["create_app"]
+__all__ = ["close_app", "create_app"]
 
 _DESCRIPTION = """
 Ingest domain events, read materialized state with its freshness (read your own writes with a
@@ -50,8 +50,9 @@ def create_app(
     shared = context or ServiceContext.from_settings(settings)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        close_app(app)
         if context is None:
             shared.close()
 
@@ -66,3 +67,14 @@ def create_app(
     for router in (ingest_router(), query_router(), monitor_router(), dashboard_router(), *routers):
         app.include_router(router)
     return app
+
+
+def close_app(app: FastAPI) -> None:
+    """Stop what the app's routes started (the monitor's log probe); idempotent.
+
+    The lifespan calls it at shutdown; a caller that drives the app without one (an ASGI
+    test harness) calls it itself, then closes the context it passed in.
+    """
+    made = getattr(app.state, "monitor", None)
+    if made is not None:
+        made[1].probe.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import redis
 from fastapi import Request
 
-from contracts.kafka.offsets import LogOffsets
+from contracts.kafka.offsets import LogOffsets, OffsetsError
 from contracts.registry import default_registry
 from contracts.topics import TopicSpec
 from services.api.config import ServeSettings
@@ -49,6 +49,7 @@ class ServiceContext:
     # out, which would take other calls' events with it (see EventPublisher).
     publish_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _offsets_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _closed: bool = field(default=False, init=False)
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> ServiceContext:
@@ -84,6 +85,9 @@ class ServiceContext:
     def offsets(self) -> Iterator[LogOffsets]:
         """The log-end reader, one caller at a time (its consumer is not thread-safe)."""
         with self._offsets_lock:
+            if self._closed:  # never a new client after close (it would outlive the app)
+                msg = "the service is shutting down"
+                raise OffsetsError(msg)
             if self._offsets is None:
                 self._offsets = LogOffsets(
                     self.settings.kafka.as_librdkafka(), timeout=_OFFSETS_TIMEOUT_S
@@ -98,6 +102,7 @@ class ServiceContext:
         finally:
             try:
                 with self._offsets_lock:  # not while a lag probe uses it (waits its timeout)
+                    self._closed = True
                     if self._offsets is not None:
                         self._offsets.close()
                         self._offsets = None

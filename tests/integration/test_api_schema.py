@@ -24,6 +24,7 @@ from deploy.serve_cli import build_app
 from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
 from processors.order_state.projection import OrderStateProjection
+from services.api.app import close_app
 from services.api.config import HttpSettings, ServeSettings
 from services.api.context import ServiceContext
 
@@ -58,9 +59,13 @@ def api_schema(redis_url, kafka_bootstrap, make_topic, unique, tmp_path):
     registry.set_positions(live, {f"{topic}/0": 3})
     context = ServiceContext(stack, client, [dataclasses.replace(ORDERS, name=topic)])
     app = build_app(stack, context)
-    return schemathesis.openapi.from_asgi("/openapi.json", app).exclude(
+    yield schemathesis.openapi.from_asgi("/openapi.json", app).exclude(
         method="POST", path_regex=r"^/v1/processors/\{name\}/replays$"
     )
+    # The Kafka clients must not outlive the test: its topics are deleted afterwards, and a
+    # librdkafka client left on deleted topics crashed a later test's client (segfault).
+    close_app(app)
+    context.close()
 
 
 def test_no_request_makes_the_api_fail(api_schema) -> None:

@@ -332,3 +332,4 @@ def test_scopes_are_enforced_on_the_real_routes_and_the_client_reads_its_writes(
             with pytest.raises(InvalidEventsError) as refused:
                 refold.ingest([("OrderPlaced", {"order_id": 1})])
             assert refused.value.status == 422
+    context.close()

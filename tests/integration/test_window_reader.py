@@ -415,3 +415,4 @@ def test_the_query_api_reads_windows_from_the_generations_meta_as_the_reader_doe
         assert day.json()["distinct"] == expected_day.value > 300
         mark = http.get("/v1/processors/sales_windows/watermark").json()
         assert mark["clocks"] == sales_reader.watermark().value.clocks
+    context.close()
