@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from deploy.local_stack import LocalStack, free_port
 from processors.runtime.envelope import FoldTarget
 
 
@@ -19,3 +22,17 @@ def target(redis_url, kafka_bootstrap, make_topic, unique) -> FoldTarget:
         (("bootstrap.servers", kafka_bootstrap),),
         dlq,
     )
+
+
+@pytest.fixture
+def private_stack(tmp_path) -> Iterator[LocalStack]:
+    """A stack of this test alone: the test freezes its broker."""
+    with LocalStack(tmp_path / "stack", free_port(), free_port()) as stack:
+        try:
+            yield stack
+        finally:
+            # Continue it in case the test failed while it was stopped, then end it at once:
+            # its memory storage holds nothing worth a graceful stop, which would wait for the
+            # connections that the test's clients (kept alive by the caught error) still hold.
+            stack.pause("kafka", paused=False)
+            stack.kill("kafka")

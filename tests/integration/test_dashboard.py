@@ -136,7 +136,8 @@ def served(kafka_bootstrap: str, redis_url: str, unique: str) -> Iterator[Served
 @pytest.fixture
 def browser() -> Iterator[Any]:
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip(
+        # Not a skip: `make setup` installs them, so a missing browser is a broken setup.
+        pytest.fail(
             f"{CHROMIUM} and {CHROMEDRIVER} are needed (`make setup` installs them: "
             "apt-get install chromium chromium-driver)"
         )

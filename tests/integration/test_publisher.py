@@ -1,5 +1,4 @@
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -10,7 +9,7 @@ from contracts.commerce import ORDERS
 from contracts.errors import EventValidationError
 from contracts.settings import KafkaSettings
 from contracts.topics import TopicSpec
-from deploy.local_stack import LocalStack, free_port
+from deploy.local_stack import free_port
 from deploy.simulators.orders import OrderSimulator
 from services.errors import PublishError
 from services.producer.publisher import EventPublisher
@@ -110,20 +109,6 @@ def test_invalid_event_is_refused_and_nothing_is_sent(kafka_bootstrap, orders_to
 
 
 # ---------------------------------------------------------------- broker unreachable
-
-
-@pytest.fixture
-def private_stack(tmp_path) -> Iterator[LocalStack]:
-    """A stack of this test alone: the test freezes its broker."""
-    with LocalStack(tmp_path / "stack", free_port(), free_port()) as stack:
-        try:
-            yield stack
-        finally:
-            # Continue it in case the test failed while it was stopped, then end it at once:
-            # its memory storage holds nothing worth a graceful stop, which would wait for the
-            # connections that the test's clients (kept alive by the caught error) still hold.
-            stack.pause("kafka", paused=False)
-            stack.kill("kafka")
 
 
 def test_unreachable_broker_raises_naming_the_events_and_leaves_nothing_queued(

@@ -23,7 +23,7 @@ from contracts.commerce import ORDERS
 from contracts.layout import StateLayout
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.store.generations import GenerationRegistry
-from deploy.local_stack import LocalStack, free_port
+from deploy.local_stack import LocalStack
 from deploy.serve_cli import build_app
 from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
@@ -204,17 +204,6 @@ def test_pagination_is_complete_without_duplicates_while_a_flip_happens(stack: S
     assert set(seen) == set(wanted)
     # a new scan reads the new generation
     assert stack.client.get(url).json()["generation"] == new
-
-
-@pytest.fixture
-def private_stack(tmp_path) -> Iterator[LocalStack]:
-    """A stack of this test alone: the test freezes its broker."""
-    with LocalStack(tmp_path / "stack", free_port(), free_port()) as local:
-        try:
-            yield local
-        finally:
-            local.pause("kafka", paused=False)
-            local.kill("kafka")
 
 
 def test_a_broker_that_does_not_answer_gets_a_503_and_nothing_acknowledged_is_lost(
