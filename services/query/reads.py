@@ -29,7 +29,6 @@ from services.reader.state_reader import StateView
 
 __all__ = [
     "Consistency",
-    "as_positions",
     "etag_of",
     "freshness",
     "not_modified",
@@ -175,8 +174,3 @@ def not_modified(if_none_match: str | None, etag: str) -> bool:
     if not if_none_match:
         return False
     return if_none_match.strip() == "*" or etag in {t.strip() for t in if_none_match.split(",")}
-
-
-def as_positions(mapping: Mapping[tuple[str, int], int]) -> dict[str, int]:
-    """``{(topic, partition): offset}`` -> ``{"topic/partition": offset}``."""
-    return {position_field(t, p): o for (t, p), o in sorted(mapping.items())}
