@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import inspect
+import weakref
 from collections.abc import Iterable
 
 from contracts.catalog import SchemaCatalog
@@ -41,6 +43,31 @@ def _normalised(source: str) -> str:
     return ast.dump(tree, annotate_fields=False)
 
 
+# The normalised source of each module, class or function, read the first time this process
+# fingerprints it. Keyed by the object itself (weakly): a reloaded module's new classes and
+# functions are read again, the ones this process runs keep the source they were loaded from.
+_LOADED_SOURCE: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
+def _source_as_loaded(part: object) -> str:
+    """The normalised source of ``part``'s module, as it was when first fingerprinted here.
+
+    ``inspect.getsource`` reads the file on disk *now* (linecache re-reads a changed file), so
+    a process fingerprinting its code again after the file was edited would get the new code's
+    fingerprint while running the old code: the one way a generation could be written by code
+    it was not built with (a running processor following a cutover to a rebuild of new code).
+    Reading once, as early as possible (refold fingerprints a processor right after importing
+    it), pins the fingerprint to the code the process runs.
+    """
+    with contextlib.suppress(KeyError, TypeError):  # TypeError: takes no weak reference
+        return _LOADED_SOURCE[part]
+    target = part if inspect.ismodule(part) else inspect.getmodule(part) or part
+    normalised = _normalised(inspect.getsource(target))  # type: ignore[arg-type]
+    with contextlib.suppress(TypeError):
+        _LOADED_SOURCE[part] = normalised
+    return normalised
+
+
 def code_fingerprint(*parts: object) -> str:
     """SHA-256 (first 16 hex digits) of what code does, and of version markers.
 
@@ -48,14 +75,16 @@ def code_fingerprint(*parts: object) -> str:
     strings as they are. Sources are hashed as syntax trees without import lines, docstrings,
     comments and formatting: moving an import or a module (refactoring) keeps the fingerprint,
     changing a statement or a constant changes it.
+
+    A process fingerprints the code it loaded: each object's source is read from disk the
+    first time it is fingerprinted here, never again (see :func:`_source_as_loaded`).
     """
     digest = hashlib.sha256()
     for part in parts:
         if isinstance(part, str):
             digest.update(part.encode())
             continue
-        target = part if inspect.ismodule(part) else inspect.getmodule(part) or part
-        digest.update(_normalised(inspect.getsource(target)).encode())  # type: ignore[arg-type]
+        digest.update(_source_as_loaded(part).encode())
     return digest.hexdigest()[:16]
 
 

@@ -14,6 +14,8 @@ key                                         type    content
 ``<p>:{<proc>.g<N>}:guard:<topic>/<part>``  string  same offset; WATCHed by the partition's writer
 ``<p>:{<proc>.g<N>}:lease``                 string  ``host:pid:nonce`` of the processor running it
                                                     (expires unless renewed)
+``<p>:{<proc>.g<N>}:builder``               string  ``host:pid:nonce`` of the ``replay`` building
+                                                    it (expires unless renewed; gone: abandoned)
 ``<p>:{<proc>.g<N>}:t:<table>:<key>``       string  one entity's state, JSON
 ``<p>:{<proc>.g<N>}:a:<aggregate>``         hash    aggregate counters (integers)
 ``<p>:{<proc>.g<N>}:slotpos:<s>``           hash    re-keyed: writer slot s's positions
@@ -132,6 +134,15 @@ class GenerationKeys:
         return f"{self.base}:lease"
 
     @property
+    def builder(self) -> str:
+        """The builder lease: the ``replay`` building this generation holds it until the flip.
+
+        A ``building`` generation whose builder lease and processing lease are both gone was
+        abandoned (its replay was killed): status says so, ``replay gc`` removes it.
+        """
+        return f"{self.base}:builder"
+
+    @property
     def stats(self) -> str:
         """Hash of processing stats, written by the driver after each micro-batch.
 
@@ -245,7 +256,7 @@ class GenerationKeys:
     def is_state_key(self, name: str) -> bool:
         """True for the keys that make up the state: tables, aggregates, positions, guards.
 
-        (Not the meta hash, the lease, the stats, nor snapshots.)
+        (Not the meta hash, the leases, the stats, nor snapshots.)
         """
         if not name.startswith(self.base + ":"):
             return False

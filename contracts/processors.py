@@ -26,6 +26,7 @@ from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 __all__ = [
     "LATE_POLICIES",
     "PROCESSOR_MODULE",
+    "STOP_WITH_PARENT_ENV",
     "EventTime",
     "KeyLink",
     "ProcessLauncher",
@@ -40,6 +41,10 @@ __all__ = [
 
 # The one processor command: ``python -m processors NAME ...`` (processors/__main__.py).
 PROCESSOR_MODULE = "processors"
+# Environment variable of the process contract: the pid of the process that started this
+# processor and whose end must stop it (replay sets it for the processor building a generation,
+# so that a kill -9 of the replay orphans nothing).
+STOP_WITH_PARENT_ENV = "REFOLD_STOP_WITH_PARENT"
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 

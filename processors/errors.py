@@ -8,6 +8,7 @@ from contracts.errors import RefoldError
 
 __all__ = [
     "REDIS_UNAVAILABLE",
+    "CodeChangedError",
     "ProcessorConfigError",
     "ProcessorError",
     "SinkConflictError",
@@ -47,3 +48,13 @@ class StateStoreUnavailableError(ProcessorError):
 
     code = "STATE_STORE_UNAVAILABLE"
     retriable = True
+
+
+class CodeChangedError(ProcessorConfigError):
+    """A generation would be written by other code than the code that built it.
+
+    Raised on every path to a generation (start, restart, following a cutover, a Spark worker
+    that loaded an edited file); ``--accept-code-change`` is the operator's explicit way past it.
+    """
+
+    code = "CODE_CHANGED"

@@ -277,6 +277,16 @@ def _plan_one(
     if args.export:
         print(plan.export_csv(), end="")
         return 0
+    abandoned = GenerationRegistry(client, StateLayout(spec.name, settings.redis.key_prefix))
+    left = abandoned.abandoned()
+    if left:
+        print(
+            f"note: {spec.name} {', '.join(f'g{g}' for g in left)} "
+            f"{'was' if len(left) == 1 else 'were'} left building by a replay that is gone "
+            f"(abandoned); `replay gc --processor {spec.name} --execute` removes "
+            f"{'it' if len(left) == 1 else 'them'}",
+            file=sys.stderr if args.json else sys.stdout,
+        )
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:
@@ -345,7 +355,9 @@ def _plan_one(
         f"readers now see g{result.generation} (previous: {previous}, kept as retired; "
         "`replay rollback` flips back).\n"
         f"A processor running with --generation live (`refold process {spec.name}`) continues "
-        f"g{result.generation} by itself; start one if none is running."
+        f"g{result.generation} by itself if it runs the code g{result.generation} was built by "
+        "(one running other code stops, and `replay status` says so); start one if none is "
+        "running."
     )
     return 0
 
@@ -406,13 +418,16 @@ def _cmd_status(args: argparse.Namespace, settings: ReplaySettings, client: redi
         return 0
     if any(not r.registered for r in rows):
         print("NAME? = in Redis, but no installed package registers it (see `refold processors`)")
-    print(f"{'PROCESSOR':<14} {'GEN':>4} {'STATUS':<9} {'AGE':>8} {'APPLIED':>10} {'LAG':>8}  CODE")
+    print(
+        f"{'PROCESSOR':<14} {'GEN':>4} {'STATUS':<9} {'AGE':>8} {'APPLIED':>10} {'LAG':>8}  "
+        f"{'CODE':<16}  RUNNER"
+    )
     for r in rows:
         lag = "-" if r.lag is None else str(r.lag)
         name = r.processor if r.registered else f"{r.processor}?"
         print(
             f"{name:<14} {r.generation:>4} {r.status:<9} {r.age_s:>7.0f}s "
-            f"{r.applied:>10} {lag:>8}  {r.code_fingerprint}"
+            f"{r.applied:>10} {lag:>8}  {r.code_fingerprint:<16}  {r.runner}"
         )
     return 0
 
@@ -432,7 +447,7 @@ def _cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Re
         execute=args.execute,
     )
     if not removed:
-        print(f"{args.processor}: no retired generations")
+        print(f"{args.processor}: no retired or abandoned generations")
         return 0
     for generation, keys in removed:
         verb = f"removed ({keys} keys and its checkpoint)" if args.execute else "would be removed"

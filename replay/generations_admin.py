@@ -59,6 +59,7 @@ class GenerationStatus:
     code_fingerprint: str
     meta: dict[str, str]
     registered: bool = True
+    runner: str = "-"
 
     def as_dict(self) -> dict[str, Any]:
         """For ``--json``."""
@@ -71,6 +72,7 @@ class GenerationStatus:
             "applied": self.applied,
             "lag": self.lag,
             "code_fingerprint": self.code_fingerprint,
+            "runner": self.runner,
             "meta": self.meta,
         }
 
@@ -130,6 +132,7 @@ def generation_status(
                 info.meta.get("code_fingerprint", ""),
                 info.meta,
                 known,
+                registry.runner(info.generation, info.status, info.meta),
             )
         )
     return rows
@@ -183,15 +186,19 @@ def collect_garbage(
     *,
     execute: bool,
 ) -> list[tuple[int, int]]:
-    """Remove retired generations: their Redis keys, registry entry and Spark checkpoint.
+    """Remove retired and abandoned generations: their Redis keys, entry and Spark checkpoint.
+
+    Abandoned: ``building``, and neither a processor nor a ``replay`` holds it (its replay
+    was killed; :func:`contracts.store.generations.is_abandoned`).
 
     Returns:
-        ``(generation, keys removed)`` per retired generation (keys 0 in a dry run).
+        ``(generation, keys removed)`` per generation removed (keys 0 in a dry run).
     """
     registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    abandoned = set(registry.abandoned())
     done = []
     for info in registry.list():
-        if info.status != "retired":
+        if info.status != "retired" and info.generation not in abandoned:
             continue
         removed = 0
         if execute:

@@ -15,7 +15,10 @@ that its generation was retired and continues the new one. The previous generati
 The shadow processor runs in a process group of its own, and SIGTERM or SIGINT to the replay
 (``kill``, a CI timeout, a service manager, Ctrl-C) stops that group before the replay exits
 (:mod:`replay.interrupts`): the processor gets SIGTERM, finishes its batch and releases its
-lease; what is left of its group after a grace period is killed.
+lease; what is left of its group after a grace period is killed. A ``kill -9`` of the replay
+runs none of that: the processor notices that its parent is gone (``REFOLD_STOP_WITH_PARENT``)
+and stops as on SIGTERM, and the replay's builder lease on the generation lapses, so status
+shows the generation abandoned and ``replay gc`` removes it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import redis
 from contracts.codec import EventCodec
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, ProcessorSpec
+from contracts.processors import STOP_WITH_PARENT_ENV, ProcessLauncher, ProcessorSpec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
     GenerationRegistry,
@@ -46,6 +49,7 @@ from contracts.store.generations import (
     checkpoint_root,
     remove_stale_checkpoint,
 )
+from contracts.store.lease import BuilderLease
 from replay.errors import PlanError, RebuildError, ReplayInterruptedError
 from replay.interrupts import InterruptedBySignalError, InterruptGuard
 from replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan
@@ -363,6 +367,10 @@ def run_rebuild(
                     "seeded_from": plan.seed.name if plan.seed is not None else "",
                 }
             )
+            # Held until the flip or failure: a kill -9 of this replay leaves the generation
+            # abandoned (status and gc tell), and its processor stops with this process.
+            builder = BuilderLease(registry, generation)
+            builder.acquire(0)
             offsets = LogOffsets(kafka.as_librdkafka())
         try:
             guard.check()
@@ -443,6 +451,8 @@ def run_rebuild(
             if process is not None:
                 _stop(process)
             offsets.close()
+            with contextlib.suppress(redis.RedisError):  # an unrenewed lease expires
+                builder.release()
     if guard.signal_number is not None:
         msg = _interrupted_message(
             guard.signal_number, generation, process, plan.live_generation, cut_over=cut_over
@@ -481,7 +491,8 @@ def _start_processor(
     Its own group: a Ctrl-C in replay's terminal reaches replay only, which stops the
     processor in order, and :func:`_stop` can end the processor's JVM and workers with it.
     """
-    env = {**os.environ, **launcher.env()}
+    # The processor stops when this replay is gone, even after a kill -9 (no finally here).
+    env = {**os.environ, **launcher.env(), STOP_WITH_PARENT_ENV: str(os.getpid())}
     command = launcher.argv(
         [spec.name], generation=generation, starting_offsets=plan.starting_offsets()
     )

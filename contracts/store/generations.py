@@ -28,10 +28,16 @@ from contracts.layout import (
     processor_of_registry_key,
     registries_pattern,
 )
-from contracts.store.lease import claim_lease, lease_holder, release_lease
+from contracts.store.lease import (
+    claim_lease,
+    lease_holder,
+    lease_holder_alive,
+    release_lease,
+)
 
 __all__ = [
     "CHECKPOINT_EPOCH_FIELD",
+    "CODE_REFUSED_FIELD",
     "RESET_PENDING_FIELD",
     "SLOTS_FIELD",
     "GenerationInfo",
@@ -40,6 +46,8 @@ __all__ = [
     "applied_records",
     "checkpoint_dir",
     "checkpoint_root",
+    "describe_runner",
+    "is_abandoned",
     "processors_in_redis",
     "remove_stale_checkpoint",
     "starting_positions",
@@ -57,6 +65,65 @@ CHECKPOINT_EPOCH_FIELD = "checkpoint_epoch"
 RESET_PENDING_FIELD = "reset_in_place_pending"
 # Meta field: the writer slots of a re-keyed generation, fixed when it is created.
 SLOTS_FIELD = "slots"
+# Meta field of a generation that a running processor refused to fold because it runs other
+# code than the generation was built by (after a cutover): JSON {"code_fingerprint", "host",
+# "pid", "at" (epoch ms), "from_generation"}. Cleared when a process with its code takes it.
+CODE_REFUSED_FIELD = "code_refused"
+
+
+def _alive(owner: str | None) -> str | None:
+    """``owner`` unless it is a process of this host that is gone."""
+    return owner if owner and lease_holder_alive(owner) else None
+
+
+def _host_pid(owner: str) -> str:
+    host, _sep, rest = owner.partition(":")
+    return f"{host}:{rest.partition(':')[0]}"
+
+
+def is_abandoned(status: str, lease_owner: str | None, builder: str | None) -> bool:
+    """A ``building`` generation that nothing builds: no processor and no ``replay`` holds it.
+
+    Left by a replay that was killed (``kill -9``, a lost host) or by a processor started with
+    ``--generation new`` that stopped. ``replay gc`` removes it.
+    """
+    return status == "building" and _alive(lease_owner) is None and _alive(builder) is None
+
+
+def describe_runner(
+    status: str, lease_owner: str | None, meta: Mapping[str, str], builder: str | None = None
+) -> str:
+    """Who folds a generation, in a few words (``replay status``, the monitor, the dashboard).
+
+    Args:
+        status: ``building``, ``live`` or ``retired``.
+        lease_owner: The holder of its processing lease (``host:pid:nonce``), if any.
+        meta: Its meta hash.
+        builder: The holder of its builder lease (the ``replay`` building it), if any.
+
+    Returns:
+        ``running on host:pid``; ``starting (replay on host:pid)`` for a generation a replay
+        builds whose processor has not started yet; ``abandoned (...)``; ``waiting for code
+        <fingerprint> (<fingerprint> refused it)`` when a processor with other code stopped
+        rather than fold it; ``not running`` for a live generation nobody folds; ``-`` for a
+        retired one.
+    """
+    running = _alive(lease_owner)
+    if running:
+        return f"running on {_host_pid(running)}"
+    if status == "building":
+        building = _alive(builder)
+        if building:
+            return f"starting (replay on {_host_pid(building)})"
+        return "abandoned (nothing builds it: `replay gc --execute` removes it)"
+    refused = meta.get(CODE_REFUSED_FIELD)
+    if refused and status != "retired":
+        try:
+            by = str(json.loads(refused).get("code_fingerprint", "?"))
+        except (ValueError, AttributeError):
+            by = "?"
+        return f"waiting for code {meta.get('code_fingerprint', '?')} ({by} refused it)"
+    return "-" if status == "retired" else "not running"
 
 
 def checkpoint_root(state_dir: Path) -> Path:
@@ -363,6 +430,24 @@ class GenerationRegistry:
     def lease_owner(self, generation: int) -> str | None:
         """Who holds ``generation``'s processing lease (``host:pid:nonce``), if anyone."""
         return lease_holder(self.client, self.keys(generation).lease)
+
+    def builder(self, generation: int) -> str | None:
+        """Who holds ``generation``'s builder lease (the ``replay`` building it), if anyone."""
+        return lease_holder(self.client, self.keys(generation).builder)
+
+    def runner(self, generation: int, status: str, meta: Mapping[str, str]) -> str:
+        """Who folds ``generation`` (:func:`describe_runner`)."""
+        return describe_runner(status, self.lease_owner(generation), meta, self.builder(generation))
+
+    def abandoned(self) -> tuple[int, ...]:
+        """The ``building`` generations nothing builds any more (:func:`is_abandoned`)."""
+        return tuple(
+            info.generation
+            for info in self.list()
+            if is_abandoned(
+                info.status, self.lease_owner(info.generation), self.builder(info.generation)
+            )
+        )
 
     def claim_lease(self, generation: int, owner: str, ttl_ms: int) -> bool:
         """Take the lease if it is free (SET NX PX)."""

@@ -12,6 +12,10 @@ taken over at once, so a restart after ``kill -9`` does not wait for the expiry.
   therefore holds ``<gen>:lease`` from before its Spark session starts until its query has
   stopped. ``replay`` reads the lease to refuse an in-place reset of a generation that is being
   processed.
+- :class:`BuilderLease`: the ``replay`` building a generation holds ``<gen>:builder`` from its
+  creation until the flip (or its failure), so a ``building`` generation whose replay was
+  killed (``kill -9``: no ``finally`` ran) shows as abandoned once the lease expires or its pid
+  is gone.
 - ``services.webhooks.store.DispatcherLease``: at most one webhook dispatcher per name and role.
 
 Lifecycle: one lease object per holder and key, used from the thread that acquires and releases
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LEASE_TTL_MS",
+    "BuilderLease",
     "GenerationLease",
     "LeaseHeldError",
     "RedisLease",
@@ -234,4 +239,28 @@ class GenerationLease(RedisLease):
             "processors on one generation are refused. Stop the other one, or wait "
             f"{LEASE_TTL_MS // 1000}s if it died on another host."
         )
+        return LeaseHeldError(msg)
+
+
+class BuilderLease(RedisLease):
+    """The lease of the ``replay`` that builds a generation (held until the flip or failure).
+
+    Args:
+        registry: The processor's registry.
+        generation: The generation being built.
+    """
+
+    def __init__(self, registry: GenerationRegistry, generation: int) -> None:
+        super().__init__(
+            registry.client, registry.keys(generation).builder, f"g{generation} (building)"
+        )
+        self.generation = generation
+
+    def _refused(self, holder: str) -> LeaseHeldError:
+        """Another replay builds the generation (never expected: each creates its own).
+
+        Returns:
+            The :class:`LeaseHeldError` :meth:`acquire` raises.
+        """
+        msg = f"g{self.generation} is being built by {holder}"
         return LeaseHeldError(msg)

@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,22 +26,29 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.errors import RefoldError
 from contracts.logconfig import configure_logging
-from contracts.processors import ProcessorOptions, ProcessorSpec, options_env_prefix
+from contracts.processors import (
+    STOP_WITH_PARENT_ENV,
+    ProcessorOptions,
+    ProcessorSpec,
+    options_env_prefix,
+)
 from contracts.registry import Registry, default_registry, import_reference, with_fallback
 from contracts.settings import StackSettings
 from contracts.store.generations import checkpoint_root
 from contracts.topics import TopicSpec
 from processors.errors import ProcessorConfigError
 from processors.fold.projection import Projection
+from processors.runtime.code_identity import build_fingerprints
 from processors.runtime.runner import (
     GenerationChoice,
     ProcessorJob,
     RunOptions,
-    build_fingerprints,
     run_processors,
 )
 
 __all__ = ["ProcessSettings", "build_job", "build_parser", "load_options", "main"]
+
+logger = logging.getLogger(__name__)
 
 
 class ProcessSettings(StackSettings):
@@ -108,6 +119,9 @@ def build_job(
     """Everything one processor query needs, resolved from its spec and options."""
     factory = import_reference(spec.projection)
     projection: Projection = factory(options)
+    # Fingerprinted right after the import: the process keeps the fingerprint of the code it
+    # loaded, whatever happens to the files later (processors.runtime.code_identity).
+    build_fingerprints(projection)
     if projection.name != spec.name:
         msg = f"{spec.projection} builds a projection named {projection.name!r}, not {spec.name!r}"
         raise ProcessorConfigError(msg)
@@ -227,6 +241,30 @@ def _jobs(args: argparse.Namespace, settings: ProcessSettings) -> list[Processor
     return jobs
 
 
+# How often the parent watch looks: a stop within a second of the parent's end is plenty.
+_PARENT_POLL_S = 1.0
+
+
+def _stop_with_parent(parent: int) -> None:
+    """Stop as on SIGTERM (after the current batch) once process ``parent`` is gone.
+
+    A thread polls ``os.getppid()``: when the parent dies, even by ``kill -9``, this process
+    is re-parented and the value changes. Portable, unlike Linux's parent-death signal, and
+    the stop is the clean one (the lease is released, the batch finishes).
+    """
+
+    def _watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_S)
+        logger.warning("the process that started this one (pid %d) is gone: stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if os.getppid() != parent:  # already gone before this process got here
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    threading.Thread(target=_watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (1 when a processor failed, 2 on bad usage)."""
     parser = build_parser()
@@ -244,5 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"refold process: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
+    parent = os.environ.get(STOP_WITH_PARENT_ENV, "")
+    if parent.isdigit():
+        _stop_with_parent(int(parent))
     failed = run_processors(jobs, settings.kafka, settings.redis, settings.spark)
     return 1 if failed else 0

@@ -146,6 +146,8 @@ class FoldTarget:
         event_time: The processor's event time (lateness is judged per partition), if any.
         topics: The processor's topics (an entity's timers fire on the watermark of its
             partition id over all of them).
+        code_fingerprint: The driver's code fingerprint: a Spark worker that loaded other code
+            (the file edited under the running process) refuses to write ("": unchecked).
     """
 
     processor: str
@@ -162,6 +164,7 @@ class FoldTarget:
     partition_keys: tuple[tuple[str, str], ...] = ()
     event_time: EventTime | None = None
     topics: tuple[str, ...] = ()
+    code_fingerprint: str = ""
 
     @property
     def late_topic(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import signal
@@ -27,13 +28,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import redis
 
-from contracts.catalog import default_catalog
 from contracts.codec import EventCodec
 from contracts.errors import RefoldError
-from contracts.fingerprints import code_fingerprint, schema_fingerprints
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
-from contracts.layout import STATE_LAYOUT_VERSION, StateLayout, position_field
+from contracts.layout import StateLayout, position_field
 from contracts.processors import EventTime, ProcessorSpec, consumer_group
 from contracts.registry import default_registry, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -58,6 +57,7 @@ from processors.fold.rekey import Keying, KeyingError, plan_keying
 from processors.fold.windows import WindowFold, windows_topic
 from processors.runtime.archive_sink import ArchiveSink, prepare_archive, start_archive_query
 from processors.runtime.background import DriverTask
+from processors.runtime.code_identity import build_fingerprints, check_follow, check_resume
 from processors.runtime.dataframe import (
     DataFrameSink,
     build_dataframe_query,
@@ -164,48 +164,6 @@ def _offsets_json(positions: dict[tuple[str, int], int]) -> str:
     return json.dumps(nested, sort_keys=True)
 
 
-def build_fingerprints(projection: Projection) -> dict[str, str]:
-    """What a generation records about the code that builds it (the deploy gate compares it).
-
-    The code fingerprint covers the projection's module, the fold contract and the state
-    layout version; the schema fingerprints are the reader schemas of its event types.
-    """
-    from processors.fold import projection as fold_contract
-
-    return {
-        "code_fingerprint": code_fingerprint(
-            type(projection), fold_contract, f"layout-v{STATE_LAYOUT_VERSION}"
-        ),
-        "schema_fingerprints": json.dumps(
-            schema_fingerprints(default_catalog(), projection.event_types), sort_keys=True
-        ),
-    }
-
-
-def _check_fingerprints(
-    registry: GenerationRegistry, projection: Projection, generation: int, accept: bool
-) -> None:
-    """Refuse to resume a generation built by other code, unless told to accept the change."""
-    stored = registry.meta(generation)
-    current = build_fingerprints(projection)
-    changed = [name for name, value in current.items() if stored.get(name, value) != value]
-    if not changed:  # record them on a generation created without (e.g. by replay)
-        registry.update_meta(generation, {k: v for k, v in current.items() if k not in stored})
-        return
-    if accept:
-        logger.warning("g%d: accepting changed %s", generation, ", ".join(changed))
-        registry.update_meta(generation, current)
-        return
-    what = " and ".join(n.replace("_", " ") for n in changed)
-    msg = (
-        f"{projection.name} g{generation} was built by other code ({what} changed). Its state "
-        "may not match what this code would fold. Operator action: rebuild with `replay "
-        f"--processor {projection.name} --to-earliest --execute` (readers keep g{generation} "
-        "meanwhile), or pass --accept-code-change if the change does not affect the state."
-    )
-    raise ProcessorConfigError(msg)
-
-
 def resolve_run(
     projection: Projection,
     topics: list[TopicSpec],
@@ -218,11 +176,12 @@ def resolve_run(
 ) -> ProcessorRun:
     """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
+    fingerprints = build_fingerprints(projection)
     meta = {
         "topics": [t.name for t in topics],
         "starting_offsets": options.starting_offsets,
         SLOTS_FIELD: str(keying.slots if keying else 0),
-        **build_fingerprints(projection),
+        **fingerprints,
     }
     created = False
     if options.generation == "live":
@@ -247,7 +206,7 @@ def resolve_run(
                 "again, or rebuild online and flip to the new generation."
             )
             raise ProcessorConfigError(msg)
-        _check_fingerprints(registry, projection, generation, options.accept_code_change)
+        check_resume(registry, projection, generation, options.accept_code_change)
     windows = getattr(projection, "windows", None)
     if windows:  # readers (the query API) build the windows from it, without the code
         registry.update_meta(generation, window_meta(windows, getattr(projection, "distinct", ())))
@@ -264,6 +223,7 @@ def resolve_run(
     target = FoldTarget(
         processor=projection.name,
         generation=generation,
+        code_fingerprint=fingerprints["code_fingerprint"],
         redis_url=redis_settings.client_url(),
         key_prefix=redis_settings.key_prefix,
         kafka=tuple(sorted(kafka.as_librdkafka().items())),
@@ -479,8 +439,16 @@ def run_processor(
     wait_s = options.lease_wait_s
     while True:
         picked = _until_redis_answers(
-            lambda: resolve_run(
-                projection, topics, kafka, redis_settings, options, client, keying, event_time
+            functools.partial(
+                resolve_run,
+                projection,
+                topics,
+                kafka,
+                redis_settings,
+                options,
+                client,
+                keying,
+                event_time,
             ),
             redis_settings,
         )
@@ -529,6 +497,16 @@ def run_processor(
         if outcome in ("stopped", "caught_up"):
             return run.generation
         if outcome == "retired":
+            live = _until_redis_answers(registry.live, redis_settings)
+            if live is not None and not archive:
+                # Raises when the new live generation was built by other code: this process
+                # stops rather than fold it with its old code (an accepted change at start
+                # was for the generation it started on, not for a later rebuild's).
+                _until_redis_answers(
+                    functools.partial(check_follow, registry, projection, run.generation, live),
+                    redis_settings,
+                )
+                options = dataclasses.replace(options, accept_code_change=False)
             # The rebuild's processor still holds the new generation until it has stopped.
             wait_s = 300.0
         elif outcome == "behind":
@@ -1012,6 +990,9 @@ def run_processors(
                 job.spec,
                 started[job.spec.name],
             )
+        except RefoldError as exc:  # refold's own refusals say what to do: one line each
+            logger.error("%s stopped: %s", job.spec.name, exc)
+            failed.append(job.spec.name)
         except Exception:  # one processor's failure must not stop the others
             logger.exception("%s failed; the other processors go on", job.spec.name)
             failed.append(job.spec.name)

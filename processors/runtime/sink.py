@@ -25,6 +25,7 @@ from processors.fold.projection import Projection
 from processors.fold.records import SourceRecord
 from processors.runtime.background import DriverTask
 from processors.runtime.batch_stats import BatchStatsRecorder
+from processors.runtime.code_identity import check_executor_code
 from processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
@@ -76,6 +77,7 @@ _APPLY_CHUNK = 25_000
 def _writer(
     target: FoldTarget, projection: Projection, codec: EventCodec, slot: int | None = None
 ) -> FoldWriter:
+    check_executor_code(projection, target.code_fingerprint)
     key = (target, projection.name, slot)
     writer = _WRITERS.get(key)
     if writer is None:

@@ -48,6 +48,10 @@ class GenerationModel(BaseModel):
     )
     code_fingerprint: str
     running: bool = Field(description="a processor holds its lease")
+    runner: str = Field(
+        description="who folds it: 'running on host:pid', 'not running', or 'waiting for code "
+        "X (Y refused it)' when a processor running other code stopped rather than fold it"
+    )
 
     @classmethod
     def of(cls, view: GenerationView, lag: GenerationLag | None) -> GenerationModel:
@@ -62,6 +66,7 @@ class GenerationModel(BaseModel):
             lag_records=None if lag is None else lag.lag_records,
             code_fingerprint=view.code_fingerprint,
             running=view.running,
+            runner=view.runner,
         )
 
 

@@ -135,19 +135,23 @@ class Monitor:
             for gen in listed:
                 keys = registry.keys(gen.generation)
                 pipe.hgetall(keys.positions)
-                pipe.exists(keys.lease)
+                pipe.get(keys.lease)
             answers = pipe.execute()
-        return [
-            GenerationView(
-                info.name,
-                gen.generation,
-                gen.status,
-                gen.meta,
-                registry.parse_positions(cast("dict[bytes, bytes]", answers[2 * i]))[0],
-                bool(answers[2 * i + 1]),
+        views = []
+        for i, gen in enumerate(listed):
+            owner = cast("bytes | None", answers[2 * i + 1])
+            views.append(
+                GenerationView(
+                    info.name,
+                    gen.generation,
+                    gen.status,
+                    gen.meta,
+                    registry.parse_positions(cast("dict[bytes, bytes]", answers[2 * i]))[0],
+                    owner is not None,
+                    None if owner is None else owner.decode(errors="replace"),
+                )
             )
-            for i, gen in enumerate(listed)
-        ]
+        return views
 
     def live(self, info: ProcessorInfo) -> int | None:
         """The live generation of a processor."""

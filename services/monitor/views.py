@@ -7,7 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from contracts.processors import ProcessorSpec
-from contracts.store.generations import Positions, applied_records, starting_positions
+from contracts.store.generations import (
+    Positions,
+    applied_records,
+    describe_runner,
+    starting_positions,
+)
 from services.monitor.tracking import Progress
 
 __all__ = [
@@ -58,6 +63,12 @@ class GenerationView:
     meta: dict[str, str]
     positions: Positions
     running: bool
+    lease_owner: str | None = None
+
+    @property
+    def runner(self) -> str:
+        """Who folds it, in a few words (:func:`contracts.store.generations.describe_runner`)."""
+        return describe_runner(self.status, self.lease_owner, self.meta)
 
     @property
     def created_at(self) -> int | None:

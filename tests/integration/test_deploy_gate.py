@@ -9,7 +9,8 @@ from contracts.settings import KafkaSettings, RedisSettings
 from contracts.store.generations import GenerationRegistry
 from processors.errors import ProcessorConfigError
 from processors.order_state.projection import OrderStateProjection
-from processors.runtime.runner import RunOptions, build_fingerprints, resolve_run
+from processors.runtime.code_identity import build_fingerprints
+from processors.runtime.runner import RunOptions, resolve_run
 from replay.__main__ import main as replay
 
 

@@ -247,11 +247,14 @@
             "data-running": g.running ? "true" : "false",
             "data-applied": g.applied,
             "data-lag-records": lag ?? "",
-            title: `code ${g.code_fingerprint || "?"}; created ${g.created_at ? new Date(g.created_at).toLocaleString() : "?"}; ${g.running ? "a processor runs it" : "no processor runs it"}`,
+            "data-runner": g.runner,
+            title: `code ${g.code_fingerprint || "?"}; created ${g.created_at ? new Date(g.created_at).toLocaleString() : "?"}; ${g.runner}`,
           },
           el("span", { class: "gen-name", text: `g${g.generation}` }),
           el("span", { class: "gen-status", text: g.status }),
           el("span", { class: "gen-figures", text: `${fmtCount(g.applied)} applied${lag === null ? "" : ` · lag ${fmtCount(lag)}`}` }),
+          // Nobody folds a generation readers see (or one being built): say so, and why.
+          g.status !== "retired" && !g.running ? el("span", { class: "gen-runner", text: g.runner }) : null,
         ),
       );
     }

@@ -43,3 +43,18 @@ def apply(state, event):
 def test_a_changed_statement_or_constant_changes_it():
     assert _fingerprint(BASE) != _fingerprint(BASE.replace("+ 1", "+ 2"))
     assert _fingerprint(BASE) != _fingerprint(BASE.replace('"n"]', '"m"]'))
+
+
+def test_a_process_keeps_the_fingerprint_of_the_code_it_loaded(tmp_path, monkeypatch):
+    # A running processor fingerprints its code again when it follows a cutover: reading the
+    # file as it is then gave the fingerprint of code the process does not run.
+    import importlib
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = tmp_path / "fold_loaded_once.py"
+    source.write_text("def apply(state):\n    return state\n")
+    module = importlib.import_module("fold_loaded_once")
+    loaded = code_fingerprint(module.apply, "layout-v1")
+    source.write_text("def apply(state):\n    return {**state, 'x': 1}\n")  # edited under it
+    assert code_fingerprint(module.apply, "layout-v1") == loaded
+    assert code_fingerprint(importlib.reload(module).apply, "layout-v1") != loaded
