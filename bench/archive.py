@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         else tempfile.TemporaryDirectory(prefix="refold-bench-archive-")
     ) as tmp:
         state = Path(tmp)
-        with LocalStack(state / "stack", free_port(), free_port()) as stack:
+        with LocalStack(state / "stack", free_port(), free_port(), redis_persistent=False) as stack:
             ensure_topics(
                 {"bootstrap.servers": stack.bootstrap_servers},
                 [ORDERS_TOPIC, TopicSpec(f"{ORDERS_TOPIC.name}.dlq", 1, "(key)", ("(any)",))],

@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]  # other work on the machine shows in every figure
     with (
         tempfile.TemporaryDirectory(prefix="refold-bench-serving-") as tmp,
-        LocalStack(Path(tmp) / "stack", free_port(), free_port()) as stack,
+        LocalStack(Path(tmp) / "stack", free_port(), free_port(), redis_persistent=False) as stack,
     ):
         setup = _setup(stack, Path(tmp), args)
         for workers in [int(w) for w in args.workers.split(",") if w.strip()]:

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Measured] = []
     with (
         tempfile.TemporaryDirectory(prefix="refold-bench-webhooks-") as tmp,
-        LocalStack(Path(tmp) / "stack", free_port(), free_port()) as stack,
+        LocalStack(Path(tmp) / "stack", free_port(), free_port(), redis_persistent=False) as stack,
     ):
         ensure_topics({"bootstrap.servers": stack.bootstrap_servers}, [TOPIC])
         produce_insights(stack.bootstrap_servers, TOPIC.name, list(insights(args.insights)))

@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         else tempfile.TemporaryDirectory(prefix="refold-bench-windows-")
     ) as tmp:
         state = Path(tmp)
-        with LocalStack(state / "stack", free_port(), free_port()) as stack:
+        with LocalStack(state / "stack", free_port(), free_port(), redis_persistent=False) as stack:
             ensure_topics(
                 {"bootstrap.servers": stack.bootstrap_servers},
                 [*TOPICS, TopicSpec(f"{ORDERS_TOPIC.name}.dlq", 1, "(key)", ("(any)",))],

@@ -27,10 +27,17 @@ def _stack(args: argparse.Namespace) -> LocalStack:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    stack = _stack(args).start()
+    stack = _stack(args)
+    running = {s.name: s for s in stack.status() if s.running}
+    if len(running) == 2:
+        print("local stack already running:")
+    stack.start(missing_only=True)  # what is down starts; a failure exits non-zero (main)
+    for name, server in running.items():
+        print(f"{name} was running already (pid {server.pid}, port {server.port})")
     print(
         f"local stack up: Kafka (Tansu, in-memory) at {stack.bootstrap_servers}, "
-        f"Redis at {stack.redis_url}\nlogs and pid files in {stack.state_dir}\n"
+        f"Redis (AOF under {stack.state_dir}) at {stack.redis_url}\n"
+        f"logs and pid files in {stack.state_dir}\n"
         f"use it:  export REFOLD_KAFKA__BOOTSTRAP_SERVERS={stack.bootstrap_servers} "
         f"REFOLD_REDIS__URL={stack.redis_url}\nstop it: refold down"
     )

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -118,10 +119,17 @@ class LocalStack:
         state_dir: Path,
         kafka_port: int = DEFAULT_KAFKA_PORT,
         redis_port: int = DEFAULT_REDIS_PORT,
+        *,
+        redis_persistent: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.kafka_port = kafka_port
         self.redis_port = redis_port
+        # Redis holds what the log cannot rebuild (API keys, webhook positions): by default it
+        # appends every write to a file under the state dir, fsynced every second (AOF
+        # everysec), so a restart or a kill -9 loses at most the last second. Throwaway stacks
+        # (the test session, benchmarks, fault tests that restore RDB files) turn it off.
+        self.redis_persistent = redis_persistent
 
     @property
     def bootstrap_servers(self) -> str:
@@ -179,7 +187,9 @@ class LocalStack:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.redis_persistent else "no",
+            "--appendfsync",
+            "everysec",
             "--dir",
             str(self.state_dir),
         ]
@@ -209,21 +219,31 @@ class LocalStack:
             )
         return result
 
-    def start(self) -> LocalStack:
+    def start(self, *, missing_only: bool = False) -> LocalStack:
         """Start both servers and wait until they accept connections.
 
+        Args:
+            missing_only: Start only the servers that do not run (``refold up`` after one of
+                them died); the running ones are left alone. Otherwise a running one is an
+                error.
+
         Raises:
-            LocalStackError: A port is taken by another program, a binary is missing, or a
-                server did not become ready (its log file is named in the message).
+            LocalStackError: A server runs already (unless ``missing_only``), a port is taken
+                by another program, a binary is missing, or a server did not become ready (its
+                log file is named in the message). Servers started by this call are stopped.
         """
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        missing: list[ServerName] = []
         for server in self.status():
+            if server.running and missing_only:
+                continue
             if server.running:
                 msg = (
                     f"{server.name} is already running (pid {server.pid}, port {server.port}). "
                     "Operator action: `refold down` first, or use it as it is."
                 )
                 raise LocalStackError(msg)
+            missing.append(server.name)
             port = self._port(server.name)
             if _port_open(port):
                 msg = (
@@ -232,13 +252,14 @@ class LocalStack:
                     "REFOLD_KAFKA_PORT / REFOLD_REDIS_PORT."
                 )
                 raise LocalStackError(msg)
+        starting = [name for name in _START_ORDER if name in missing]
         try:
-            for name in _START_ORDER:
+            for name in starting:
                 self._spawn(name)
-            for name in _START_ORDER:
+            for name in starting:
                 self._wait_ready(name)
         except BaseException:
-            self.stop()
+            self._stop(starting)
             raise
         return self
 
@@ -306,7 +327,10 @@ class LocalStack:
         Idempotent. Needs no ports: the pid files say what was started, whatever ports this
         ``LocalStack`` was given.
         """
-        for name in _START_ORDER[::-1]:
+        self._stop(_START_ORDER)
+
+    def _stop(self, names: Sequence[ServerName]) -> None:
+        for name in [n for n in _START_ORDER[::-1] if n in names]:
             pid = self._recorded_pid(name)
             if pid is not None and _pid_runs(pid, self._program(name)):
                 terminate(pid, _STOP_GRACE_S)

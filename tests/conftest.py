@@ -34,7 +34,9 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         return
     from deploy.local_stack import LocalStack, free_port
 
-    stack = LocalStack(tmp_path_factory.mktemp("stack"), free_port(), free_port())
+    stack = LocalStack(
+        tmp_path_factory.mktemp("stack"), free_port(), free_port(), redis_persistent=False
+    )
     with stack:
         yield stack.bootstrap_servers, stack.redis_url
 

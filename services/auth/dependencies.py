@@ -90,7 +90,15 @@ def _presented(
     raise _unauthenticated(msg, invalid=False)
 
 
-def _rejected(key: ApiKey | None, now_ms: int) -> ApiError | None:
+def _rejected(key: ApiKey | None, now_ms: int, store_empty: bool = False) -> ApiError | None:
+    if key is None and store_empty:
+        msg = (
+            "unknown API key: this deployment's key store holds no keys at all (its Redis "
+            "restarted empty or was flushed?), so no key can be valid. Operator action: make "
+            "keys again with `refold keys add`, and keep Redis persistent (the local stack's "
+            "is: AOF under its state directory)"
+        )
+        return _unauthenticated(msg, invalid=True)
     if key is None:
         msg = "unknown API key: it was mistyped, or not made by this deployment's `refold keys`"
         return _unauthenticated(msg, invalid=True)
@@ -143,14 +151,17 @@ def require(scope: Scope) -> Callable[..., Awaitable[ApiKey | None]]:
         presented = _presented(request, bearer, header)
         store = api_key_store(request.app, context)
         key = store.cached(presented)
+        empty = False
         if key is None:
             try:
                 key = await run_in_threadpool(store.lookup, presented)
+                # Only on the refusal path: say why when no key can be valid at all.
+                empty = key is None and await run_in_threadpool(store.empty)
             except ApiKeyStoreError as exc:
                 logger.error("API keys unavailable: %s", exc)
                 msg = "API keys cannot be checked now (their store is unreachable): retry later"
                 raise ApiError(503, "AUTH_UNAVAILABLE", msg, headers={"Retry-After": "1"}) from exc
-        rejected = _rejected(key, store.now_ms())
+        rejected = _rejected(key, store.now_ms(), empty)
         if rejected is not None:
             raise rejected
         assert key is not None  # noqa: S101 - _rejected refuses None

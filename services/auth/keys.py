@@ -284,6 +284,17 @@ class ApiKeyStore:
             self._cache[digest] = (key, time.monotonic())
         return key
 
+    def empty(self) -> bool:
+        """True when the store holds no key at all (revoked ones count as keys).
+
+        Raises:
+            ApiKeyStoreError: Redis failed.
+        """
+        try:
+            return not self.client.exists(self.registry)
+        except redis.RedisError as exc:
+            raise ApiKeyStoreError(self._unreachable(exc)) from exc
+
     def verify(self, presented: str) -> ApiKey | None:
         """The key ``presented`` is, if it is active (not revoked, not expired); else None.
 

@@ -27,7 +27,7 @@ def target(redis_url, kafka_bootstrap, make_topic, unique) -> FoldTarget:
 @pytest.fixture
 def private_stack(tmp_path) -> Iterator[LocalStack]:
     """A stack of this test alone: the test freezes its broker."""
-    with LocalStack(tmp_path / "stack", free_port(), free_port()) as stack:
+    with LocalStack(tmp_path / "stack", free_port(), free_port(), redis_persistent=False) as stack:
         try:
             yield stack
         finally:

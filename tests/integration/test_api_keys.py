@@ -149,6 +149,20 @@ def test_401_bodies(api, store):
     assert response.status_code == 401
     assert response.headers["WWW-Authenticate"].startswith("Bearer")
     assert response.json()["error"]["message"].startswith("unknown API key")
+    assert "mistyped" in response.json()["error"]["message"]
+
+
+def test_a_401_after_the_key_store_was_emptied_says_so(api, store, client, prefix):
+    # A Redis that restarted empty lost every key: "mistyped" would send people the wrong way.
+    key = store.add("dash", ["query"])
+    assert api.get("/query", headers=_bearer(key)).status_code == 200
+    client.delete(ApiKeyKeys(prefix).registry)
+    fresh = _app(api.app.state.context.settings.redis.url, prefix)  # no cached key
+    response = fresh.get("/query", headers=_bearer(key))
+    assert response.status_code == 401
+    message = response.json()["error"]["message"]
+    assert "holds no keys at all" in message
+    assert "refold keys add" in message
 
 
 def test_revocation_is_seen_without_a_restart(api, store, redis_url, prefix):

@@ -2,6 +2,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import redis
@@ -40,9 +41,10 @@ def test_up_status_down_through_the_cli(tmp_path):
         assert status.stdout.count("running (pid") == 2
         assert redis.Redis(port=redis_port).ping()
         again = subprocess.run([*base, "up"], capture_output=True, text=True, timeout=60)
-        assert again.returncode == 1
-        assert "already running" in again.stderr
+        assert again.returncode == 0, again.stderr
+        assert "already running" in again.stdout
         pids = [_recorded_pid(tmp_path / "stack", name) for name in ("kafka", "redis")]
+        assert [_recorded_pid(tmp_path / "stack", n) for n in ("kafka", "redis")] == pids
     finally:
         down = subprocess.run([*base, "down"], capture_output=True, text=True, timeout=60)
     assert down.returncode == 0
@@ -98,3 +100,27 @@ def test_ports_after_the_subcommand_are_remembered_by_status_and_down(tmp_path):
     finally:
         # Whatever the CLI did, end the recorded PIDs (a no-op once `refold down` worked).
         LocalStack(tmp_path / "stack").stop()
+
+
+def test_up_starts_the_missing_redis_and_redis_keeps_its_keys_through_a_kill(tmp_path):
+    # Redis holds what the log cannot rebuild (API keys, webhook positions): the local stack's
+    # Redis appends to a file (AOF, fsync every second), and `refold up` after Redis died
+    # starts Redis, leaving the running broker alone.
+    kafka_port, redis_port = free_port(), free_port()
+    state = ["--state-dir", str(tmp_path), "--kafka-port", str(kafka_port)]
+    state += ["--redis-port", str(redis_port)]
+    stack = LocalStack(tmp_path / "stack", kafka_port, redis_port)
+    try:
+        assert _refold("up", *state).returncode == 0
+        kafka_pid = _recorded_pid(tmp_path / "stack", "kafka")
+        client = redis.Redis(port=redis_port)
+        client.set("refold-test:kept", "yes")
+        time.sleep(1.5)  # appendfsync everysec
+        stack.kill("redis")
+        up = _refold("up", *state)
+        assert up.returncode == 0, up.stderr
+        assert f"kafka was running already (pid {kafka_pid}" in up.stdout
+        assert _recorded_pid(tmp_path / "stack", "kafka") == kafka_pid
+        assert redis.Redis(port=redis_port).get("refold-test:kept") == b"yes"
+    finally:
+        _refold("down", *state)

@@ -167,7 +167,7 @@ class FaultWorld:
 def private_world(work: Path) -> Iterator[FaultWorld]:
     """Start a private stack in ``work`` and create the orders topic; stop it all afterwards."""
     work.mkdir(parents=True, exist_ok=True)
-    stack = LocalStack(work / "stack", free_port(), free_port())
+    stack = LocalStack(work / "stack", free_port(), free_port(), redis_persistent=False)
     with stack:
         kafka = KafkaSettings(bootstrap_servers=stack.bootstrap_servers)
         topic = dataclasses.replace(ORDERS, name="commerce.orders")
