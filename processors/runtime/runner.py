@@ -991,7 +991,7 @@ def run_processors(
                 started[job.spec.name],
             )
         except RefoldError as exc:  # refold's own refusals say what to do: one line each
-            logger.error("%s stopped: %s", job.spec.name, exc)
+            logger.error("%s failed; the other processors go on: %s", job.spec.name, exc)
             failed.append(job.spec.name)
         except Exception:  # one processor's failure must not stop the others
             logger.exception("%s failed; the other processors go on", job.spec.name)
