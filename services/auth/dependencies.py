@@ -16,6 +16,7 @@ A cached key is answered on the event loop; only a miss goes to Redis, on a work
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from services.api.context import ServiceContext, get_context
 from services.api.errors import ApiError
 from services.auth.errors import ApiKeySpecError, ApiKeyStoreError
-from services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope
+from services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope, parse_key
 
 __all__ = ["VERIFY_CACHE_S", "api_key_store", "require"]
 
@@ -155,12 +156,15 @@ def require(scope: Scope) -> Callable[..., Awaitable[ApiKey | None]]:
         if key is None:
             try:
                 key = await run_in_threadpool(store.lookup, presented)
-                # Only on the refusal path: say why when no key can be valid at all.
-                empty = key is None and await run_in_threadpool(store.empty)
             except ApiKeyStoreError as exc:
                 logger.error("API keys unavailable: %s", exc)
                 msg = "API keys cannot be checked now (their store is unreachable): retry later"
                 raise ApiError(503, "AUTH_UNAVAILABLE", msg, headers={"Retry-After": "1"}) from exc
+            if key is None and parse_key(presented) is not None:
+                # A well-formed key refused: say so when no key can be valid at all. Only a
+                # hint: a store that fails now leaves the plain 401.
+                with contextlib.suppress(ApiKeyStoreError):
+                    empty = await run_in_threadpool(store.empty)
         rejected = _rejected(key, store.now_ms(), empty)
         if rejected is not None:
             raise rejected
