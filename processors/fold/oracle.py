@@ -56,6 +56,7 @@ class FoldResult:
     states: dict[str, State] = field(default_factory=dict)
     aggregate: Counter[str] = field(default_factory=Counter)
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    passed: int = 0  # events of types the projection does not declare (not folded)
 
 
 def fold_all(
@@ -79,16 +80,17 @@ def fold_all(
     result = FoldResult()
     for position, (event_type, raw) in enumerate(events):
         event = raw
+        # Every event may make a link (re-keyed), also one of a type the fold passes by.
+        entity = resolver.resolve(position, raw)[0] if resolver is not None else None
+        if event_type not in projection.event_types:
+            result.passed += 1  # as the writer: passed by, neither folded nor dead-lettered
+            continue
         if resolver is not None:
-            entity, _made = resolver.resolve(position, raw)
             if entity is None:
                 result.rejected.append((str(raw.get("event_id")), "key-missing"))
                 continue
             if raw.get(resolver.key) is None:
                 event = {**raw, resolver.key: entity}
-        if event_type not in projection.event_types:
-            result.rejected.append((str(event.get("event_id")), f"unknown type {event_type}"))
-            continue
         try:
             key = str(projection.key(event_type, event))
         except Exception as exc:  # as the sink: a record without a usable key is refused
@@ -215,7 +217,7 @@ def fold_timed(
     with_timers = has_timers(projection)
     for topic, partition, offset, event_type, event in records:
         if event_type not in projection.event_types:
-            result.rejected.append((str(event.get("event_id")), f"unknown type {event_type}"))
+            result.passed += 1  # as the writer: no part of the fold nor of event time
             continue
         try:  # as the writer: the key first, then the event time, then the clocks
             key = str(projection.key(event_type, event))

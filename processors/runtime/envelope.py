@@ -198,12 +198,16 @@ class BatchOutcome:
     late: int = 0
     duplicates: int = 0
     dead_letters: dict[str, int] = field(default_factory=dict)
+    # Records of event types the processor does not declare: passed by, neither folded nor
+    # dead-lettered, and no part of event time (a topic carries other processors' types too).
+    passed: int = 0
 
     def merge(self, other: BatchOutcome) -> None:
         """Add another outcome (from another task) into this one."""
         self.records += other.records
         self.applied += other.applied
         self.skipped += other.skipped
+        self.passed += other.passed
         self.rejected += other.rejected
         self.undecodable += other.undecodable
         self.positions.update(other.positions)
@@ -938,8 +942,9 @@ class FoldWriter:
                 continue
             if record.offset >= new_pos.get(field_name, 0):
                 new_pos[field_name] = record.offset + 1
-            if self._keyless and not self._counted(record):
-                continue  # a type the processor passes by: not even decoded
+            if not self._counted(record):
+                outcome.passed += 1  # a type the processor does not fold: not even decoded
+                continue
             letter = self._decode_and_key(record, pending)
             if letter is not None:
                 dead.append(letter)
@@ -1001,6 +1006,9 @@ class FoldWriter:
             if done:
                 outcome.skipped += 1
                 continue
+            if event.event_type not in self.projection.event_types:
+                outcome.passed += 1  # it may make links (above), but it is not folded
+                continue
             letter = self._check_rekeyed(record, event, entity)
             if letter is not None:
                 dead.append(letter)
@@ -1022,9 +1030,6 @@ class FoldWriter:
     def _check_rekeyed(
         self, record: SourceRecord, event: DecodedEvent, entity: str | None
     ) -> _DeadLetter | None:
-        if event.event_type not in self.projection.event_types:
-            detail = f"{self.target.processor} does not fold {event.event_type}"
-            return _DeadLetter(record, "unexpected-type", detail)
         if entity is None:
             detail = (
                 f"this {event.event_type} has no {self.target.key_field} and no earlier event "
@@ -1087,11 +1092,11 @@ class FoldWriter:
         return None
 
     def _counted(self, record: SourceRecord) -> bool:
-        """Whether a window processor counts the record's event type (read off its header).
+        """Whether the processor folds the record's event type (read off its header).
 
         Records of unknown schemas are "counted": decoding them says why they are dead letters.
-        A window processor often counts one type of several on its topics (sales_windows:
-        ``OrderPaid``, a tenth of the orders topic), so most records are never decoded.
+        A processor often folds some types of several on its topics (sales_windows:
+        ``OrderPaid``, a tenth of the orders topic), so the others are never decoded.
         """
         value = record.value
         if value is None or len(value) < 10 or value[:2] != MAGIC:
@@ -1179,15 +1184,9 @@ class FoldWriter:
             return _DeadLetter(record, exc.reason, str(exc))
         except Exception as exc:  # the codec's own guard missed a kind: still this record only
             return _DeadLetter(record, "undecodable", repr(exc))
-        if self._keyless:
-            # A window or lookup processor counts some of its topics' event types and passes
-            # the others by; it has no entity: any partition.
-            if event.event_type in self.projection.event_types:
-                pending.append((record, event.event_type, event.data, ""))
+        if self._keyless:  # a window or lookup processor has no entity: any partition
+            pending.append((record, event.event_type, event.data, ""))
             return None
-        if event.event_type not in self.projection.event_types:
-            detail = f"{self.target.processor} does not fold {event.event_type}"
-            return _DeadLetter(record, "unexpected-type", detail)
         try:
             entity = str(self.projection.key(event.event_type, event.data))
         except Exception as exc:  # user code

@@ -759,11 +759,13 @@ def _run_generation(
         )
         return outcome
     logger.info(
-        "%s generation %d stopped: %d records, %d applied, %d rejected, %d undecodable",
+        "%s generation %d stopped: %d records, %d applied, %d passed by (types it does not "
+        "fold), %d rejected, %d undecodable",
         projection.name,
         run.generation,
         sink.total.records,
         sink.total.applied,
+        sink.total.passed,
         sink.total.rejected,
         sink.total.undecodable,
     )

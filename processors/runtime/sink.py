@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 OUTCOME_SCHEMA = (
     "records long, applied long, skipped long, rejected long, undecodable long, "
     "effects long, suppressed long, late long, duplicates long, positions string, "
-    "dead_letters string"
+    "dead_letters string, passed long"
 )
 _OUTCOME_ARROW = pa.schema(
     [
@@ -61,6 +61,7 @@ _OUTCOME_ARROW = pa.schema(
         ("duplicates", pa.int64()),
         ("positions", pa.string()),
         ("dead_letters", pa.string()),
+        ("passed", pa.int64()),
     ]
 )
 
@@ -225,6 +226,7 @@ def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
                 "duplicates": outcome.duplicates,
                 "positions": json.dumps(outcome.positions),
                 "dead_letters": json.dumps(outcome.dead_letters),
+                "passed": outcome.passed,
             }
         ],
         schema=_OUTCOME_ARROW,
@@ -312,6 +314,7 @@ class RedisFoldSink:
                     row.late,
                     row.duplicates,
                     json.loads(row.dead_letters),
+                    row.passed,
                 )
             )
         if self.target.slots:
@@ -324,7 +327,8 @@ class RedisFoldSink:
         elapsed = time.perf_counter() - started
         if outcome.records:
             logger.info(
-                "batch %d: %d records, %d applied, %d skipped, %d rejected, %d undecodable, "
+                "batch %d: %d records, %d applied, %d skipped, %d of types it does not fold "
+                "(passed by), %d rejected, %d undecodable, "
                 "%d side effects (%d suppressed while replaying), %d late, %d re-sent by their "
                 "upstream (skipped), %d windows closed "
                 "in %.2fs (%.0f/s)",
@@ -332,6 +336,7 @@ class RedisFoldSink:
                 outcome.records,
                 outcome.applied,
                 outcome.skipped,
+                outcome.passed,
                 outcome.rejected,
                 outcome.undecodable,
                 outcome.effects,

@@ -184,3 +184,31 @@ def test_reader_follows_the_alias_flip(target, redis_url):
     view = reader.get("orders", "ord-0000001")
     assert (view.generation, view.value) == (second, None)
     assert {g.generation: g.status for g in registry.list()} == {first: "retired", second: "live"}
+
+
+class _PaymentsOnly(OrderStateProjection):
+    """order_state's fold, declaring only what it needs here: placed and paid orders."""
+
+    event_types = ("OrderPlaced", "OrderPaid")
+
+
+def test_types_the_fold_does_not_declare_are_passed_by_not_dead_lettered(
+    target, kafka_bootstrap, redis_url
+):
+    events = list(OrderSimulator(60, seed=8, anomaly_rate=0))
+    records = records_for(events, partitions=2)
+    fold = _PaymentsOnly()
+    outcome = FoldWriter(target, fold).apply(records)
+    undeclared = sum(1 for event_type, _e in events if event_type not in fold.event_types)
+    assert undeclared > 0
+    expected = fold_all(fold, events)
+    assert outcome.passed == expected.passed == undeclared
+    # Only the fold's own refusals (a payment the rules refuse) are dead letters.
+    assert outcome.dead_letters == ({"rejected": outcome.rejected} if outcome.rejected else {})
+    assert outcome.rejected == len(expected.rejected)
+    assert outcome.applied + outcome.rejected + outcome.passed == len(events)
+    reader = StateReader.from_url(redis_url, "order_state", target.key_prefix)
+    assert dict(reader.scan("orders", generation=1)) == expected.states
+    letters = dead_letters(kafka_bootstrap, target.dlq_topic, outcome.rejected + 1, 6)
+    assert {dict(m.headers())["refold.reason"] for m in letters} <= {b"rejected"}
+    assert len(letters) == outcome.rejected
