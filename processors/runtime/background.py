@@ -13,6 +13,8 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 
+from processors.errors import REDIS_UNAVAILABLE
+
 __all__ = ["DriverTask"]
 
 logger = logging.getLogger(__name__)
@@ -60,5 +62,11 @@ class DriverTask(ABC):
                 return
             try:
                 self.run()
+            except REDIS_UNAVAILABLE as exc:  # expected now and then: one line, no traceback
+                logger.warning(
+                    "%s: Redis unavailable (%s); the next batch's round does its work",
+                    self.label,
+                    exc,
+                )
             except Exception:  # the work stays: the next request does it
                 logger.exception("%s failed; the next batch's round does its work", self.label)
