@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contracts.cli_parser import CommandParser
 from deploy.local_stack import (
     DEFAULT_KAFKA_PORT,
     DEFAULT_REDIS_PORT,
@@ -220,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The ``refold`` parser; the stack options may come before or after ``up|down|status``.
     """
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="refold",
         description="refold: Kappa-style event sourcing (Avro contracts -> Kafka -> "
         "PySpark -> Redis).",

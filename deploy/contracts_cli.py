@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from contracts.catalog import SchemaCatalog
+from contracts.cli_parser import CommandParser
 from contracts.errors import ContractError
 from contracts.lock import LockedVersion, SchemaLock, relock, verify, versions_of
 from contracts.registry import ContractSet, Registry, default_registry
@@ -24,7 +25,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``refold contracts`` command line."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="refold contracts",
         description="The published schema versions of the installed contract sets "
         "(each set's contracts.lock).",

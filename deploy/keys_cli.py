@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 import redis
 
+from contracts.cli_parser import CommandParser
 from contracts.settings import StackSettings
 from services.auth.errors import ApiKeyError
 from services.auth.keys import SCOPES, ApiKey, ApiKeyStore
@@ -39,7 +40,7 @@ _DAY_S = 86_400
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``refold keys`` command line."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="refold keys",
         description="Add, list and revoke the API keys of the HTTP services (refold serve).",
         epilog=_EXAMPLES,

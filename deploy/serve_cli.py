@@ -15,6 +15,7 @@ import sys
 from fastapi import APIRouter, Depends, FastAPI
 from pydantic import ValidationError
 
+from contracts.cli_parser import CommandParser
 from contracts.logconfig import configure_logging
 from replay.api import admin_router, plan_router
 from services.api.app import create_app
@@ -54,7 +55,7 @@ def app_from_env() -> FastAPI:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="refold serve",
         description="Serve ingest, query, control, /metrics, /health and the dashboard over "
         "HTTP. OpenAPI at /docs. TLS: terminate it at a load balancer or reverse proxy, or "

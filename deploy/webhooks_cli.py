@@ -29,6 +29,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
+from contracts.cli_parser import CommandParser
 from contracts.errors import RefoldError
 from contracts.logconfig import configure_logging
 from services.webhooks.config import DEFAULT_NAME, WebhookServiceSettings, WebhookSettings
@@ -113,7 +114,7 @@ def _add_delivery_options(command: argparse.ArgumentParser, *, topics: bool) -> 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``refold webhooks`` command line."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="refold webhooks",
         description="Deliver critical insights to a webhook: HTTP POST of JSON, at least once, "
         "with an Idempotency-Key per insight, retries with backoff, a dead-letter topic and a "

@@ -7,6 +7,7 @@ the live one keeps serving readers, waits until it has caught up, then flips rea
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import redis
 from tqdm import tqdm
 
+from contracts.cli_parser import CommandParser
 from contracts.errors import RefoldError
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
@@ -82,7 +84,7 @@ def _known() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: ``replay [plan] ...``, ``status``, ``rollback``, ``gc``, ``diff``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="replay",
         description="Rebuild a processor's state by folding the log again into a new "
         "generation, while the live generation keeps serving readers.",
@@ -241,9 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse, accepting ``replay --processor ...`` for ``replay plan --processor ...``."""
+    parser = build_parser()
+    if argv and not argv[0].startswith("-") and argv[0] not in _COMMANDS:
+        close = difflib.get_close_matches(argv[0], sorted(_COMMANDS), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        parser.error(f"unknown command {argv[0]!r}{hint}; commands: {', '.join(_COMMANDS)}")
     if argv and argv[0] not in _COMMANDS and argv[0] not in ("-h", "--help"):
         argv = ["plan", *argv]
-    return build_parser().parse_args(argv)
+    return parser.parse_args(argv)
 
 
 def _cmd_plan(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 import redis
 from tqdm import tqdm
 
+from contracts.cli_parser import CommandParser
 from contracts.codec import MAGIC, EventCodec
 from contracts.errors import DeserializationError, RefoldError
 from contracts.kafka.offsets import LogOffsets, TopicPartitionKey
@@ -385,7 +386,7 @@ def _types(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``refold archive`` command line."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="refold archive",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Maintain an archive processor's Parquet files (docs/archive.md):\n"

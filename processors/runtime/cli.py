@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.cli_parser import CommandParser
 from contracts.errors import RefoldError
 from contracts.logconfig import configure_logging
 from contracts.processors import (
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The processor command line."""
     empty: list[str] = []
     known = with_fallback(lambda: sorted(default_registry().processors), empty)
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="refold process",
         description="Run processors as Spark Structured Streaming queries of one application "
         "(one JVM): each keeps its own generation, checkpoint, lease and restarts, and a failed "

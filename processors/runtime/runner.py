@@ -647,12 +647,17 @@ def _run_generation(
     effect_topics = [declared.get(t) or effects_spec(t) for t in outputs]
     ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters])
     ensure_topics(kafka.as_librdkafka(), effect_topics, check_partitions=False)
+    applied, _batch = registry.positions(run.generation)
+    if _has_checkpoint(run.checkpoint):  # Spark resumes from it; the starting offsets are unused
+        where = f"resuming from checkpoint {run.checkpoint}; applied in Redis: "
+        where += _offsets_json(applied) if applied else "nothing yet"
+    else:
+        where = f"checkpoint {run.checkpoint} (new), starting offsets {run.starting_offsets}"
     logger.info(
-        "starting %s generation %d (checkpoint %s, starting offsets %s)",
+        "starting %s generation %d: %s",
         projection.name,
         run.generation,
-        run.checkpoint,
-        run.starting_offsets,
+        where,
         extra={"processor": projection.name, "generation": run.generation},
     )
     mirror = ConsumerGroupMirror(
@@ -660,7 +665,6 @@ def _run_generation(
     )
     # After a crash between the Redis commit and the group commit, the re-run batch skips
     # every record and commits nothing: mirror what Redis holds now, so lag tools agree.
-    applied, _batch = registry.positions(run.generation)
     mirror.commit({position_field(t, p): o for (t, p), o in applied.items()})
     catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
     sink: RedisFoldSink | DataFrameSink | ArchiveSink

@@ -86,10 +86,17 @@ class _Outgoing:
 
 
 def _topic_for(event_type: str, topics: Iterable[TopicSpec]) -> TopicSpec:
-    for spec in topics:
+    specs = list(topics)
+    for spec in specs:
         if event_type in spec.event_types:
             return spec
-    msg = f"no topic carries {event_type!r}; add it to a TopicSpec in contracts/topics.py"
+    known = ", ".join(sorted(s.name for s in specs)) or "none"
+    msg = (
+        f"no topic carries {event_type!r} (topics known here: {known}). Operator action: add "
+        f"{event_type!r} to the event_types of a TopicSpec in your package's contract set (the "
+        "one its `refold.contracts` entry point names; `refold contracts check` lists them), or "
+        "pass the publisher the topics that carry it."
+    )
     raise UnknownEventTypeError(msg)
 
 
