@@ -262,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("replay", "rebuild a processor's state (see `replay -h`)", "replay.__main__:main"),
         (
+            "tail",
+            "print a topic's records decoded from Avro: events, windows, insights, dead "
+            "letters with their headers (see `refold tail -h`)",
+            "deploy.tail_cli:main",
+        ),
+        (
             "contracts",
             "check | lock the published schema versions (see `refold contracts -h`)",
             "deploy.contracts_cli:main",
