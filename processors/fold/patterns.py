@@ -36,7 +36,6 @@ Matches become insights: records of the ``Insight`` contract
 from __future__ import annotations
 
 import bisect
-import datetime as dt
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
@@ -49,6 +48,17 @@ from contracts.insights import INSIGHT
 from contracts.processors import EventTime, ProcessorOptions
 from processors.errors import ProcessorConfigError
 from processors.fold.eventtime import event_time_ms
+from processors.fold.matching import (
+    On,
+    above,
+    at_least,
+    at_most,
+    below,
+    between,
+    canonical,
+    not_equal,
+    one_of,
+)
 from processors.fold.projection import SideEffect, State
 from processors.fold.timers import TIMER_EVENT
 
@@ -61,7 +71,14 @@ __all__ = [
     "PatternOptions",
     "PatternProjection",
     "Sequence",
+    "above",
+    "at_least",
+    "at_most",
+    "below",
+    "between",
     "default_insights_topic",
+    "not_equal",
+    "one_of",
 ]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -70,7 +87,6 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # order or a customer does within a pattern's window, and keeps a hostile key's state small.
 _MAX_OPEN = 16
 
-Scalar = str | int | float | bool | None
 Entry = list[Any]  # a buffered event: [time, event type, ref, digest, {field: value}]
 
 
@@ -93,56 +109,6 @@ class PatternOptions(ProcessorOptions):
     """
 
     insights_topic: str | None = None
-
-
-def _canonical(value: Any) -> Any:
-    """``value`` as plain JSON, the same whatever the decoder (times as epoch milliseconds)."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, dt.datetime):
-        return event_time_ms({"t": value}, "t")
-    if isinstance(value, Mapping):
-        return {str(k): _canonical(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_canonical(v) for v in value]
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)  # dates, decimals, enums: their text
-
-
-@dataclass(frozen=True, slots=True, init=False)
-class On:
-    """An event type, optionally with field equalities: what one step of a pattern matches.
-
-    ``On("OrderPaid")`` matches every ``OrderPaid``; ``On("OrderStatusChanged",
-    status="cancelled")`` only those whose ``status`` is ``cancelled`` (a field named like a
-    parameter goes through ``where={...}``). Values are compared as JSON scalars (a time as
-    epoch milliseconds).
-    """
-
-    event_type: str
-    where: tuple[tuple[str, Scalar], ...]
-
-    def __init__(
-        self, event_type: str, /, where: Mapping[str, Any] | None = None, **fields: Any
-    ) -> None:
-        merged = {**(where or {}), **fields}
-        object.__setattr__(self, "event_type", event_type)
-        object.__setattr__(
-            self, "where", tuple(sorted((k, _canonical(v)) for k, v in merged.items()))
-        )
-
-    def matches(self, event_type: str, fields: Mapping[str, Any]) -> bool:
-        """Whether an event of ``event_type`` with these (canonical) fields matches."""
-        return event_type == self.event_type and all(fields.get(k) == v for k, v in self.where)
-
-    @property
-    def label(self) -> str:
-        """``OrderStatusChanged[status=cancelled]``: for insights' details."""
-        if not self.where:
-            return self.event_type
-        inner = ",".join(f"{k}={v}" for k, v in self.where)
-        return f"{self.event_type}[{inner}]"
 
 
 def _check(name: str, within_ms: int, severity: str) -> list[str]:
@@ -417,9 +383,14 @@ class PatternProjection:
         fields: dict[str, set[str]] = {}
         for pattern in self.patterns:
             for on in pattern.ons:
-                fields.setdefault(on.event_type, set()).update(k for k, _v in on.where)
+                fields.setdefault(on.event_type, set()).update(on.fields)
         self._fields = {t: tuple(sorted(f)) for t, f in fields.items()}
         self._ons = tuple(dict.fromkeys(on for p in self.patterns for on in p.ons))
+        # Steps with a test: judged once per event when it is folded, the verdict buffered.
+        self._tested = {
+            t: tuple(on for on in self._ons if on.event_type == t and on.test is not None)
+            for t in self._fields
+        }
 
     @property
     def effect_topics(self) -> tuple[str, ...]:
@@ -444,7 +415,9 @@ class PatternProjection:
         new = {**current, "seen": max(current["seen"], at)}
         if event_type not in self._fields:
             return new
-        fields = {f: _canonical(event.get(f)) for f in self._fields[event_type]}
+        fields = {f: canonical(event.get(f)) for f in self._fields[event_type]}
+        for on in self._tested[event_type]:
+            fields[on.test_key] = on.judge(event)
         if not any(on.matches(event_type, fields) for on in self._ons):
             return new
         entry = [at, event_type, *self._identity(event_type, event, at), fields]
@@ -510,7 +483,7 @@ class PatternProjection:
         event_id = event.get("event_id")
         if event_id is not None:
             return str(event_id), ""
-        content = orjson.dumps(_canonical(event), option=orjson.OPT_SORT_KEYS)
+        content = orjson.dumps(canonical(event), option=orjson.OPT_SORT_KEYS)
         return f"{event_type}@{at}", hashlib.blake2b(content, digest_size=8).hexdigest()
 
     def _settle(self, state: State, watermark: int) -> tuple[State | None, list[dict[str, Any]]]:

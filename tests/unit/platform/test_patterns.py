@@ -19,6 +19,7 @@ from contracts.codec import EventCodec
 from contracts.errors import RefoldError
 from contracts.processors import EventTime, ProcessorOptions
 from processors.customer_alerts.projection import build as build_customer_alerts
+from processors.fold.matching import above, at_least, at_most, below, between, not_equal, one_of
 from processors.fold.oracle import fold_timed
 from processors.fold.patterns import (
     Absence,
@@ -85,6 +86,58 @@ def test_on_matches_the_type_and_every_equality_as_json_scalars():
     assert on.matches("X", {"where": 1, "when": 1_767_225_600_000})
     assert on.label == "X[when=1767225600000,where=1]"
     assert pickle.loads(pickle.dumps(on)) == on  # noqa: S301 - our own bytes (Spark ships it)
+
+
+def above_its_limit(event):
+    """A pure test on the whole event: a reading above its own limit."""
+    return event["celsius"] > event["limit"]
+
+
+def test_on_takes_comparisons_and_a_pure_test():
+    hot = On("Reading", celsius=above(80))
+    assert hot.matches("Reading", {"celsius": 80.5})
+    assert not hot.matches("Reading", {"celsius": 80})
+    assert not hot.matches("Reading", {"celsius": None})  # missing: never satisfied
+    assert not hot.matches("Reading", {"celsius": "hot"})  # text vs number: not an error
+    assert hot.label == "Reading[celsius>80]"
+    assert On("R", c=at_least(1)).matches("R", {"c": 1})
+    assert On("R", c=below(1)).matches("R", {"c": 0})
+    assert not On("R", c=at_most(1)).matches("R", {"c": 2})
+    assert On("R", c=between(1, 3)).matches("R", {"c": 3})
+    assert On("R", c=one_of("a", "b")).matches("R", {"c": "b"})
+    assert not On("R", c=not_equal("a")).matches("R", {"c": "a"})
+    tested = On("Reading", test=above_its_limit)
+    assert tested.label == "Reading[test=above_its_limit]"
+    assert tested.judge({"celsius": 5, "limit": 4})
+    assert tested.matches("Reading", {tested.test_key: True})
+    assert not tested.matches("Reading", {tested.test_key: False})
+    assert pickle.loads(pickle.dumps(hot)) == hot  # noqa: S301 - our own bytes (Spark ships it)
+    assert pickle.loads(pickle.dumps(tested)) == tested  # noqa: S301 - likewise
+
+
+def test_three_readings_above_80_within_5_minutes_is_one_insight():
+    threshold = CountWithin("overheat", On("A", celsius=above(80)), count=3, within_ms=300)
+    projection, _topics = fold(threshold)
+    readings = [
+        ev(t, celsius=c, event_id=f"r{t}")
+        for t, c in [(0, 81), (50, 79), (100, 90), (150, 85), (400, 99), (1_000, 95)]
+    ]
+    result = run(projection, [*readings, FAR])
+    # 79 does not count; 99 and 95 are too far apart for a second match.
+    assert brief(result) == [("overheat", 0, 150, ["r0", "r100", "r150"])]
+
+
+def test_a_pure_test_decides_with_the_whole_event_and_is_kept_with_it():
+    over = CountWithin("over_limit", On("A", test=above_its_limit), count=2, within_ms=300)
+    projection, _topics = fold(over)
+    readings = [
+        ev(0, celsius=50, limit=40, event_id="a"),
+        ev(10, celsius=50, limit=60, event_id="b"),
+        ev(20, celsius=70, limit=60, event_id="c"),
+    ]
+    forward = run(projection, [*readings, FAR])
+    backward = run(projection, [*readings[::-1], FAR])  # arrival order within the lateness
+    assert brief(forward) == brief(backward) == [("over_limit", 0, 20, ["a", "c"])]
 
 
 @pytest.mark.parametrize(
