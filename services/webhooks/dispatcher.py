@@ -208,19 +208,20 @@ class WebhookDispatcher:
         pool: ThreadPoolExecutor | None = None
         try:
             self._ensure_dlq_topic()
-            try:
-                ends, positions = self._start_positions(lease)
-            except redis.RedisError as exc:
-                msg = f"{settings.name}: cannot read positions from Redis ({exc})"
-                raise WebhookStoreError(msg) from exc
             consumer = Consumer(
                 {
                     **_CONSUMER_TUNING,
                     **self.kafka,
                     **_CONSUMER_REQUIRED,
-                    "group.id": f"refold-webhooks.{settings.name}.{self.role}",  # never joined
+                    # Never joined; it keeps a copy of the positions (see _mirror).
+                    "group.id": f"refold-webhooks.{settings.name}.{self.role}",
                 }
             )
+            try:
+                ends, positions = self._start_positions(lease, consumer)
+            except redis.RedisError as exc:
+                msg = f"{settings.name}: cannot read positions from Redis ({exc})"
+                raise WebhookStoreError(msg) from exc
             consumer.assign([TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
             sender = WebhookSender(
                 settings.url,
@@ -281,8 +282,15 @@ class WebhookDispatcher:
             )
             raise WebhookConfigError(msg) from exc
 
-    def _start_positions(self, lease: DispatcherLease) -> tuple[dict[TP, int], dict[TP, int]]:
-        """The log ends (when running ``until_end``) and the position of every partition."""
+    def _start_positions(
+        self, lease: DispatcherLease, consumer: Consumer
+    ) -> tuple[dict[TP, int], dict[TP, int]]:
+        """The log ends (when running ``until_end``) and the position of every partition.
+
+        A position is the later of Redis' and its copy in the dispatcher's Kafka consumer
+        group: Redis restarted empty (or from an older state) must not deliver again what
+        was delivered (the copy is committed after each Redis commit).
+        """
         with LogOffsets(self.kafka) as offsets:
             try:
                 tps = [(t, p) for t in self._topics for p in offsets.partitions(t)]
@@ -294,6 +302,17 @@ class WebhookDispatcher:
                 )
                 raise WebhookConfigError(msg) from exc
             stored = self.store.positions()
+            copied = self._mirrored(consumer, tps)
+            ahead = {tp: o for tp, o in copied.items() if o > stored.get(tp, -1)}
+            if ahead:
+                logger.warning(
+                    "%s: Redis lacks delivered positions (restarted empty or from an older "
+                    "state?); resuming %s from their copy in Kafka",
+                    self.settings.name,
+                    ", ".join(f"{t}/{p}@{o}" for (t, p), o in sorted(ahead.items())),
+                )
+                self.store.commit(lease, ahead, [], {})
+                stored = self.store.positions()
             missing = [tp for tp in tps if tp not in stored]
             if missing:
                 use_end = self.settings.start == "end" and self.role == "dispatch"
@@ -313,6 +332,25 @@ class WebhookDispatcher:
                     *tp,
                 )
         return ends, positions
+
+    def _mirrored(self, consumer: Consumer, tps: Sequence[TP]) -> dict[TP, int]:
+        """The copy of the positions in the consumer group (empty when the broker fails)."""
+        try:
+            found = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=10)
+        except KafkaException as exc:
+            logger.warning("%s: no copy of the positions from Kafka (%s)", self.settings.name, exc)
+            return {}
+        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+
+    def _mirror(self, consumer: Consumer, positions: Mapping[TP, int]) -> None:
+        """Copy committed positions to the consumer group (Redis stays the source of truth)."""
+        if not positions:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())]
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:  # the next commit copies them again
+            logger.warning("%s: positions not copied to Kafka (%s)", self.settings.name, exc)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -354,7 +392,7 @@ class WebhookDispatcher:
                 or self._settled >= settings.batch_size
                 or now - last_commit >= _COMMIT_INTERVAL_S
             ):
-                self._commit(window, lease)
+                self._commit(window, lease, consumer)
                 last_commit = now
             if now - last_report >= _PROGRESS_S:
                 rate = (self.stats.delivered - reported) / (now - last_report)
@@ -375,7 +413,7 @@ class WebhookDispatcher:
         # record of each partition is committed; the rest is delivered again by the next run.
         scheduler.drain()
         if window.committable():
-            self._commit(window, lease)
+            self._commit(window, lease, consumer)
 
     def _item(self, message: Message) -> DeliveryItem | None:
         error = message.error()
@@ -409,8 +447,13 @@ class WebhookDispatcher:
 
     # -- settling and committing --------------------------------------------------------
 
-    def _commit(self, window: UncommittedWindow, lease: DispatcherLease) -> None:
-        """Dead-letter and commit every partition's settled prefix (positions, log, counters)."""
+    def _commit(
+        self, window: UncommittedWindow, lease: DispatcherLease, consumer: Consumer
+    ) -> None:
+        """Dead-letter and commit every partition's settled prefix (positions, log, counters).
+
+        Then copy the positions to the dispatcher's consumer group (:meth:`_mirror`).
+        """
         positions, settled = window.pop_settled()
         self._settled -= len(settled)
         failed = [i for i in settled if i.final == "failed"]
@@ -429,6 +472,7 @@ class WebhookDispatcher:
                 counts["failed"] += 1
                 counts[f"failed:{item.reason}"] += 1
         self.store.commit(lease, positions, [self._entry(i) for i in logged], counts)
+        self._mirror(consumer, positions)
         self.stats.delivered += counts["delivered"]
         self.stats.failed += counts["failed"]
         self.stats.skipped += counts["skipped"]

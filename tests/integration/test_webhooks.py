@@ -507,3 +507,31 @@ def test_only_critical_insights_are_pushed_unless_told_otherwise(
     assert set(receiver.accepted) == {r.origin_id for r in records}
     assert receiver.duplicates == 20  # the second dispatcher sent the critical ones again
     delete_topics({"bootstrap.servers": kafka_bootstrap}, [every.dlq_topic])
+
+
+def test_a_redis_that_lost_the_positions_delivers_nothing_twice(
+    kafka_bootstrap, make_topic, redis_client, receiver, name, prefix
+):
+    # Redis restarted empty: the dispatcher's positions have a copy in its Kafka consumer
+    # group, committed after each Redis commit, and it resumes from the later of the two.
+    topic = make_topic(partitions=2, prefix="insights")
+    first = _produce(kafka_bootstrap, topic, 60, seed=31)
+    settings = _settings(name, receiver.url, topic)
+    running = _dispatcher(settings, kafka_bootstrap, redis_client, prefix).start()
+    try:
+        assert_eventually(lambda: len(receiver.accepted) == 60, timeout=30)
+    finally:
+        running.stop()
+    keys = WebhookKeys(name, prefix)
+    assert redis_client.delete(keys.positions, keys.log, keys.counters) == 3  # lost
+    later = _produce(kafka_bootstrap, topic, 20, seed=32)
+    running = _dispatcher(settings, kafka_bootstrap, redis_client, prefix).start()
+    try:
+        assert_eventually(lambda: len(receiver.accepted) == 80, timeout=30)
+        time.sleep(1.0)  # anything delivered again would arrive now
+    finally:
+        running.stop()
+    assert receiver.duplicates == 0
+    assert receiver.snapshot()["requests"] == 80
+    assert set(receiver.accepted) == {r.origin_id for r in [*first, *later]}
+    assert sum(_store(redis_client, name, prefix).positions().values()) == 80
