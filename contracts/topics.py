@@ -18,6 +18,8 @@ class TopicSpec:
         key_field: The event field used as the record key (the aggregate id).
         event_types: Record names allowed on the topic.
         replication_factor: 1 on the local stack; production compose overrides it.
+        config: Topic configs set when the topic is created (``cleanup.policy=compact`` for
+            a topic that keeps the latest record per key).
     """
 
     name: str
@@ -25,6 +27,7 @@ class TopicSpec:
     key_field: str
     event_types: tuple[str, ...]
     replication_factor: int = 1
+    config: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.partitions < 1:

@@ -2,6 +2,8 @@
 
 Keys live in Redis (``REFOLD_REDIS__*``: url, username, password, key_prefix), hashed; every
 replica of ``refold serve`` sees a key added or revoked within a second, without a restart.
+Each record is also journaled to Kafka (``REFOLD_KAFKA__*``; :mod:`services.auth.journal`),
+from which an empty store is filled again.
 This module is the only one that reads the environment.
 """
 
@@ -17,7 +19,8 @@ import redis
 
 from contracts.cli_parser import CommandParser
 from contracts.settings import StackSettings
-from services.auth.errors import ApiKeyError
+from services.auth.errors import ApiKeyError, ApiKeyStoreError
+from services.auth.journal import ApiKeyJournal, journal_topic
 from services.auth.keys import SCOPES, ApiKey, ApiKeyStore
 
 __all__ = ["build_parser", "main"]
@@ -32,8 +35,10 @@ _EXAMPLES = """examples:
 The key is printed once, by `add`: Redis keeps only its SHA-256. Send it as
 `Authorization: Bearer <key>` or `X-API-Key: <key>`. Scopes: ingest (POST /v1/events),
 query (reads, control listings), admin (everything, including replays, rollback and gc).
+Each key's record (its hash, never the key) is also journaled to the compacted topic
+<key prefix>.api-keys: a Redis that restarted empty gets its keys back from it.
 Settings: REFOLD_REDIS__URL, REFOLD_REDIS__USERNAME, REFOLD_REDIS__PASSWORD,
-REFOLD_REDIS__KEY_PREFIX (the same as the services').
+REFOLD_REDIS__KEY_PREFIX (the same as the services'), REFOLD_KAFKA__* (the journal).
 """
 _DAY_S = 86_400
 
@@ -97,12 +102,17 @@ def _row(key: ApiKey, now_ms: int) -> dict[str, object]:
     return {**key.describe(), "status": key.status(now_ms)}
 
 
-def _add(args: argparse.Namespace, store: ApiKeyStore) -> int:
+def _add(args: argparse.Namespace, store: ApiKeyStore, journal: ApiKeyJournal) -> int:
     days = args.expires_in_days
     presented = store.add(
         args.name, args.scopes, expires_in_s=None if days is None else days * _DAY_S
     )
     key = store.get(presented)
+    try:
+        journal.record(store, key.id)
+    except ApiKeyError:
+        store.forget(key.id)  # a key only Redis knows would vanish with it: not added
+        raise
     if args.json:
         print(json.dumps({"key": presented, **_row(key, store.now_ms())}, indent=2))
         return 0
@@ -116,7 +126,7 @@ def _add(args: argparse.Namespace, store: ApiKeyStore) -> int:
     return 0
 
 
-def _list(args: argparse.Namespace, store: ApiKeyStore) -> int:
+def _list(args: argparse.Namespace, store: ApiKeyStore, _journal: ApiKeyJournal) -> int:
     keys = store.list(include_revoked=args.all)
     now = store.now_ms()
     if args.json:
@@ -134,8 +144,16 @@ def _list(args: argparse.Namespace, store: ApiKeyStore) -> int:
     return 0
 
 
-def _revoke(args: argparse.Namespace, store: ApiKeyStore) -> int:
-    key = store.revoke(args.key)
+def _revoke(args: argparse.Namespace, store: ApiKeyStore, journal: ApiKeyJournal) -> int:
+    key = store.revoke(args.key)  # in force at once, whatever the journal says
+    try:
+        journal.record(store, key.id)
+    except ApiKeyError as exc:
+        msg = (
+            f"key {key.id} is revoked, but {exc}: a Redis restored from the journal would "
+            "bring it back. Operator action: run this revoke again once the broker answers."
+        )
+        raise ApiKeyStoreError(msg) from exc
     if args.json:
         print(json.dumps(_row(key, store.now_ms()), indent=2))
         return 0
@@ -149,9 +167,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = StackSettings()
     client = redis.Redis.from_url(settings.redis.client_url())
     store = ApiKeyStore(client, settings.redis.key_prefix)
+    journal = ApiKeyJournal(
+        settings.kafka.as_librdkafka(), journal_topic(settings.redis.key_prefix)
+    )
     command = {"add": _add, "list": _list, "revoke": _revoke}[args.command]
     try:
-        return command(args, store)
+        try:
+            journal.restore(store)  # an empty store (Redis restarted empty) gets its keys back
+        except ApiKeyError as exc:  # add says so again if it matters; list and revoke go on
+            print(f"refold keys: warning: {exc}", file=sys.stderr)
+        return command(args, store, journal)
     except ApiKeyError as exc:
         print(f"refold keys {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -49,7 +49,12 @@ def ensure_topics(
             )
             raise RefoldError(msg)
     missing = [
-        NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor)
+        NewTopic(
+            s.name,
+            num_partitions=s.partitions,
+            replication_factor=s.replication_factor,
+            config=dict(s.config),
+        )
         for name, s in wanted.items()
         if name not in existing
     ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated
@@ -29,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from services.api.context import ServiceContext, get_context
 from services.api.errors import ApiError
 from services.auth.errors import ApiKeySpecError, ApiKeyStoreError
+from services.auth.journal import ApiKeyJournal, journal_topic
 from services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope, parse_key
 
 __all__ = ["VERIFY_CACHE_S", "api_key_store", "require"]
@@ -64,6 +66,30 @@ def api_key_store(app: FastAPI, context: ServiceContext) -> ApiKeyStore:
         current = (context, store)
         app.state.api_keys = current
     return current[1]
+
+
+# An empty key store asks the journal at most this often per process (a stream of refused
+# keys must not become a stream of topic reads).
+_RESTORE_EVERY_S = 30.0
+
+
+def _restore_once(app: FastAPI, context: ServiceContext) -> bool:
+    """Fill an empty key store from the journal, at most every ``_RESTORE_EVERY_S``.
+
+    Returns:
+        Whether records were restored.
+
+    Raises:
+        ApiKeyStoreError: Redis or the journal failed.
+    """
+    last: float = getattr(app.state, "api_keys_restored_at", -_RESTORE_EVERY_S)
+    if time.monotonic() - last < _RESTORE_EVERY_S:
+        return False
+    app.state.api_keys_restored_at = time.monotonic()
+    journal = ApiKeyJournal(
+        context.settings.kafka.as_librdkafka(), journal_topic(context.key_prefix)
+    )
+    return journal.restore(api_key_store(app, context)) > 0
 
 
 def _when(ms: int) -> str:
@@ -161,10 +187,14 @@ def require(scope: Scope) -> Callable[..., Awaitable[ApiKey | None]]:
                 msg = "API keys cannot be checked now (their store is unreachable): retry later"
                 raise ApiError(503, "AUTH_UNAVAILABLE", msg, headers={"Retry-After": "1"}) from exc
             if key is None and parse_key(presented) is not None:
-                # A well-formed key refused: say so when no key can be valid at all. Only a
-                # hint: a store that fails now leaves the plain 401.
+                # A well-formed key refused by an empty store (Redis restarted empty): fill the
+                # store from the keys' journal and look again; if it stays empty, the 401
+                # says so. Only a hint: a store that fails now leaves the plain 401.
                 with contextlib.suppress(ApiKeyStoreError):
                     empty = await run_in_threadpool(store.empty)
+                    if empty and await run_in_threadpool(_restore_once, request.app, context):
+                        key = await run_in_threadpool(store.lookup, presented)
+                        empty = key is None and await run_in_threadpool(store.empty)
         rejected = _rejected(key, store.now_ms(), empty)
         if rejected is not None:
             raise rejected

@@ -24,7 +24,7 @@ import hmac
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -283,6 +283,51 @@ class ApiKeyStore:
                 self._cache.clear()
             self._cache[digest] = (key, time.monotonic())
         return key
+
+    def record_of(self, key_id: str) -> bytes | None:
+        """The stored record of a key (what the journal keeps), None when there is none.
+
+        Raises:
+            ApiKeyStoreError: Redis failed.
+        """
+        try:
+            raw = self.client.hget(self.registry, key_id)
+        except redis.RedisError as exc:
+            raise ApiKeyStoreError(self._unreachable(exc)) from exc
+        return raw.encode() if isinstance(raw, str) else raw
+
+    def restore(self, records: Mapping[str, bytes]) -> int:
+        """Write journal records of keys the store does not have (never overwrites one).
+
+        Returns:
+            How many were written.
+
+        Raises:
+            ApiKeyStoreError: Redis failed, or a record cannot be read (nothing written).
+        """
+        for raw in records.values():
+            _decode(raw)  # refuse a broken journal before writing any of it
+        try:
+            with self.client.pipeline(transaction=True) as pipe:
+                for key_id, raw in sorted(records.items()):
+                    pipe.hsetnx(self.registry, key_id, raw)
+                written = pipe.execute()
+        except redis.RedisError as exc:
+            raise ApiKeyStoreError(self._unreachable(exc)) from exc
+        self._cache.clear()
+        return sum(1 for w in written if w)
+
+    def forget(self, key_id: str) -> None:
+        """Delete a key's record (a key whose journal record the broker refused is taken back).
+
+        Raises:
+            ApiKeyStoreError: Redis failed.
+        """
+        try:
+            self.client.hdel(self.registry, key_id)
+        except redis.RedisError as exc:
+            raise ApiKeyStoreError(self._unreachable(exc)) from exc
+        self._cache.clear()
 
     def empty(self) -> bool:
         """True when the store holds no key at all (revoked ones count as keys).

@@ -11,8 +11,9 @@ import redis
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
+from contracts.kafka.admin import delete_topics
 from contracts.layout import ApiKeyKeys
-from contracts.settings import RedisSettings
+from contracts.settings import KafkaSettings, RedisSettings
 from deploy.keys_cli import main as keys_main
 from services.api.config import HttpSettings, ServeSettings
 from services.api.context import ServiceContext
@@ -41,9 +42,11 @@ def store(client, prefix) -> ApiKeyStore:
     return ApiKeyStore(client, prefix)
 
 
-def _app(redis_url: str, prefix: str, auth: str = "keys") -> TestClient:
+def _app(redis_url: str, prefix: str, auth: str = "keys", kafka: str | None = None) -> TestClient:
     settings = ServeSettings(
-        redis=RedisSettings(url=redis_url, key_prefix=prefix), serve=HttpSettings(auth=auth)
+        redis=RedisSettings(url=redis_url, key_prefix=prefix),
+        serve=HttpSettings(auth=auth),
+        **({"kafka": KafkaSettings(bootstrap_servers=kafka)} if kafka else {}),
     )
     app = FastAPI()
     install_error_handlers(app)
@@ -152,12 +155,13 @@ def test_401_bodies(api, store):
     assert "mistyped" in response.json()["error"]["message"]
 
 
-def test_a_401_after_the_key_store_was_emptied_says_so(api, store, client, prefix):
-    # A Redis that restarted empty lost every key: "mistyped" would send people the wrong way.
+def test_a_401_after_the_key_store_was_emptied_says_so(api, store, client, prefix, kafka_bootstrap):
+    # A Redis that restarted empty lost every key not journaled (this one was made without the
+    # CLI): "mistyped" would send people the wrong way.
     key = store.add("dash", ["query"])
     assert api.get("/query", headers=_bearer(key)).status_code == 200
     client.delete(ApiKeyKeys(prefix).registry)
-    fresh = _app(api.app.state.context.settings.redis.url, prefix)  # no cached key
+    fresh = _app(api.app.state.context.settings.redis.url, prefix, kafka=kafka_bootstrap)
     response = fresh.get("/query", headers=_bearer(key))
     assert response.status_code == 401
     message = response.json()["error"]["message"]
@@ -200,7 +204,40 @@ def test_redis_down_is_a_503(prefix):
     assert response.json()["error"]["code"] == "AUTH_UNAVAILABLE"
 
 
-def test_cli_add_list_revoke(monkeypatch, capsys, redis_url, prefix, client, api):
+@pytest.fixture
+def journal(kafka_bootstrap, prefix, monkeypatch):
+    """The keys' journal topic of this test's prefix, deleted afterwards."""
+    monkeypatch.setenv("REFOLD_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    yield f"{prefix}.api-keys"
+    delete_topics({"bootstrap.servers": kafka_bootstrap}, [f"{prefix}.api-keys"])
+
+
+def test_keys_made_by_the_cli_come_back_after_redis_lost_them(
+    monkeypatch, capsys, redis_url, prefix, client, kafka_bootstrap, journal
+):
+    monkeypatch.setenv("REFOLD_REDIS__URL", redis_url)
+    monkeypatch.setenv("REFOLD_REDIS__KEY_PREFIX", prefix)
+    assert keys_main(["add", "--name", "kept", "--scope", "query", "--json"]) == 0
+    kept = json.loads(capsys.readouterr().out)["key"]
+    assert keys_main(["add", "--name", "gone", "--scope", "query", "--json"]) == 0
+    gone = json.loads(capsys.readouterr().out)
+    assert keys_main(["revoke", gone["id"]]) == 0
+    capsys.readouterr()
+
+    client.delete(ApiKeyKeys(prefix).registry)  # Redis restarted empty
+    app = _app(redis_url, prefix, kafka=kafka_bootstrap)
+    assert app.get("/query", headers=_bearer(kept)).status_code == 200  # restored on demand
+    refused = app.get("/query", headers=_bearer(gone["key"]))
+    assert refused.status_code == 401
+    assert "revoked" in refused.json()["error"]["message"]  # the revocation came back too
+
+    client.delete(ApiKeyKeys(prefix).registry)
+    assert keys_main(["list", "--json", "--all"]) == 0  # every keys command restores first
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["name"], r["status"]) for r in rows} == {("kept", "active"), ("gone", "revoked")}
+
+
+def test_cli_add_list_revoke(monkeypatch, capsys, redis_url, prefix, client, api, journal):
     monkeypatch.setenv("REFOLD_REDIS__URL", redis_url)
     monkeypatch.setenv("REFOLD_REDIS__KEY_PREFIX", prefix)
     assert keys_main(["add", "--name", "svc", "--scope", "ingest", "--scope", "query"]) == 0
