@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from contracts.cli_parser import CommandParser
 from contracts.codec import EventCodec
 from contracts.errors import DeserializationError, RefoldError
+from contracts.kafka.logs import routed
 from contracts.kafka.offsets import LogOffsets
 from contracts.settings import StackSettings
 
@@ -164,14 +165,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _consumer(config: dict[str, Any]) -> Consumer:
     return Consumer(
-        {
-            **config,
-            "group.id": "refold-tail",  # librdkafka wants one; never joined nor committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "allow.auto.create.topics": False,
-            "fetch.queue.backoff.ms": 10,
-        }
+        routed(
+            {
+                **config,
+                "group.id": "refold-tail",  # librdkafka wants one; never joined nor committed
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "allow.auto.create.topics": False,
+                "fetch.queue.backoff.ms": 10,
+            }
+        )
     )
 
 

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from contracts.codec import MAGIC, EventCodec
 from contracts.compat import reader_problem
 from contracts.errors import DeserializationError
+from contracts.kafka.logs import routed
 from replay.errors import PlanError
 from replay.plan import PlanCheck, ReplayPlan
 
@@ -74,14 +75,16 @@ def scan_fingerprints(
     share = max(1, limit // len(rows))
     ends = {(r.topic, r.partition): min(r.log_end, r.begin + share) for r in rows}
     consumer = Consumer(
-        {
-            **kafka,
-            "group.id": "refold-replay-scan",  # assign() only: never joined or committed
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "allow.auto.create.topics": False,  # Tansu would create unknown topics
-            "fetch.queue.backoff.ms": 10,  # the 1 s default throttles bulk reads ~8x
-        }
+        routed(
+            {
+                **kafka,
+                "group.id": "refold-replay-scan",  # assign() only: never joined or committed
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "allow.auto.create.topics": False,  # Tansu would create unknown topics
+                "fetch.queue.backoff.ms": 10,  # the 1 s default throttles bulk reads ~8x
+            }
+        )
     )
     counts: Counter[str] = Counter()
     scanned = 0

@@ -39,6 +39,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from contracts.errors import RefoldError
+from contracts.kafka.logs import routed
 
 __all__ = ["LogOffsets", "OffsetsError", "TopicPartitionKey"]
 
@@ -135,7 +136,7 @@ class LogOffsets:
 
     def _client(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = Consumer(self._config)
+            self._consumer = Consumer(routed(self._config))
         return self._consumer
 
     def _metadata_client(self) -> Consumer:
@@ -143,7 +144,7 @@ class LogOffsets:
         # allow.auto.create.topics=false (an AdminClient does not, and Tansu would create the
         # topic), and its requests never queue behind the probe's long-poll Fetch.
         if self._metadata is None:
-            self._metadata = Consumer(self._config)
+            self._metadata = Consumer(routed(self._config))
         return self._metadata
 
     def _admin_client(self) -> AdminClient:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.errors import RefoldError
+from contracts.kafka.logs import routed
 from contracts.origin import Headers
 
 __all__ = ["DeadLetterError", "Deliveries", "output_producer"]
@@ -42,13 +43,15 @@ class DeadLetterError(RefoldError):
 def output_producer(kafka: Mapping[str, str]) -> Producer:
     """The producer of outputs: acknowledged by all replicas, idempotent, keys by murmur2."""
     return Producer(
-        {
-            "acks": "all",
-            "enable.idempotence": "true",
-            "partitioner": "murmur2_random",
-            "linger.ms": "5",
-            **dict(kafka),
-        }
+        routed(
+            {
+                "acks": "all",
+                "enable.idempotence": "true",
+                "partitioner": "murmur2_random",
+                "linger.ms": "5",
+                **dict(kafka),
+            }
+        )
     )
 
 

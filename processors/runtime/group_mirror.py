@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 
+from contracts.kafka.logs import routed
 from contracts.layout import parse_position_field
 
 __all__ = ["ConsumerGroupMirror"]
@@ -51,7 +52,7 @@ class ConsumerGroupMirror:
             return
         try:
             if self._consumer is None:
-                self._consumer = Consumer(self._config)
+                self._consumer = Consumer(routed(self._config))
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except Exception as exc:
             logger.warning(

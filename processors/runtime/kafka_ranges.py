@@ -21,6 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from contracts.kafka.logs import routed
 from contracts.kafka.offsets import LogOffsets, TopicPartitionKey
 
 __all__ = [
@@ -180,7 +181,7 @@ def _consumer(kafka: tuple[tuple[str, str], ...], slot: str) -> Consumer:
             "fetch.wait.max.ms": 10,
             **dict(kafka),
         }
-        consumer = _CONSUMERS[slot, kafka] = Consumer(config)
+        consumer = _CONSUMERS[slot, kafka] = Consumer(routed(config))
     return consumer
 
 

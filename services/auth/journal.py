@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from contracts.errors import RefoldError
 from contracts.kafka.admin import ensure_topics
+from contracts.kafka.logs import routed
 from contracts.kafka.offsets import LogOffsets
 from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.topics import TopicSpec
@@ -108,13 +109,15 @@ class ApiKeyJournal:
         if not end:
             return latest
         consumer = Consumer(
-            {
-                **self.kafka,
-                "group.id": "refold-api-keys-restore",  # never joined nor committed
-                "enable.auto.commit": False,
-                "allow.auto.create.topics": False,
-                "auto.offset.reset": "earliest",
-            }
+            routed(
+                {
+                    **self.kafka,
+                    "group.id": "refold-api-keys-restore",  # never joined nor committed
+                    "enable.auto.commit": False,
+                    "allow.auto.create.topics": False,
+                    "auto.offset.reset": "earliest",
+                }
+            )
         )
         try:
             consumer.assign([TopicPartition(self.topic, 0, 0)])

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.codec import EventCodec
 from contracts.errors import ContractError, EventTooLargeError, UnknownEventTypeError
+from contracts.kafka.logs import routed
 from contracts.lock import PublishGate, default_publish_gate
 from contracts.registry import default_registry
 from contracts.settings import KafkaSettings
@@ -150,7 +151,7 @@ class EventPublisher:
     def producer(self) -> Producer:
         """The underlying confluent-kafka producer (created lazily)."""
         if self._producer is None:
-            self._producer = Producer(self._config)
+            self._producer = Producer(routed(self._config))
         return self._producer
 
     def _on_client_error(self, err: KafkaError) -> None:

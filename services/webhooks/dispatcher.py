@@ -46,6 +46,7 @@ from confluent_kafka import (
 from contracts.codec import EventCodec
 from contracts.errors import RefoldError
 from contracts.kafka.admin import ensure_topics
+from contracts.kafka.logs import routed
 from contracts.kafka.offsets import LogOffsets, OffsetsError
 from contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
 from contracts.layout import WebhookKeys
@@ -209,13 +210,15 @@ class WebhookDispatcher:
         try:
             self._ensure_dlq_topic()
             consumer = Consumer(
-                {
-                    **_CONSUMER_TUNING,
-                    **self.kafka,
-                    **_CONSUMER_REQUIRED,
-                    # Never joined; it keeps a copy of the positions (see _mirror).
-                    "group.id": f"refold-webhooks.{settings.name}.{self.role}",
-                }
+                routed(
+                    {
+                        **_CONSUMER_TUNING,
+                        **self.kafka,
+                        **_CONSUMER_REQUIRED,
+                        # Never joined; it keeps a copy of the positions (see _mirror).
+                        "group.id": f"refold-webhooks.{settings.name}.{self.role}",
+                    }
+                )
             )
             try:
                 ends, positions = self._start_positions(lease, consumer)
