@@ -86,6 +86,7 @@ from processors.fold.timers import (
     timer_event,
 )
 from processors.fold.windows import WindowDelta, WindowFold
+from processors.runtime.dead_letter_log import summarise_letters
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
 from processors.runtime.window_store import write_timers, write_windows
 
@@ -1335,30 +1336,10 @@ class FoldWriter:
         if letters:
             logger.warning(
                 "%s",
-                _summarise_letters(letters, topic),
+                summarise_letters(letters, topic),
                 extra={
                     "processor": self.target.processor,
                     "generation": self.target.generation,
                     "batch_id": batch_id,
                 },
             )
-
-
-def _summarise_letters(letters: Sequence[_DeadLetter], topic: str) -> str:
-    """One line for a chunk's dead letters: the count per reason with its first origin.
-
-    A batch of bad input used to log one line per record (677 of a processor's first 807 log
-    lines, without processor or origin); each record's detail stays at DEBUG and in the dead
-    letter's headers.
-    """
-    by_reason: dict[str, list[_DeadLetter]] = {}
-    for letter in letters:
-        by_reason.setdefault(letter.reason, []).append(letter)
-    parts = []
-    for reason, group in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        first = group[0].record
-        parts.append(
-            f"{reason} x{len(group)} (first {first.topic}/{first.partition}@{first.offset}: "
-            f"{group[0].detail[:200]})"
-        )
-    return f"{len(letters)} record(s) to {topic}: " + "; ".join(parts)

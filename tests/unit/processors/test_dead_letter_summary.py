@@ -1,7 +1,8 @@
 """Dead letters are logged as one line per chunk: counts per reason with the first origin."""
 
 from processors.fold.records import SourceRecord
-from processors.runtime.envelope import _DeadLetter, _summarise_letters
+from processors.runtime.dead_letter_log import summarise_letters
+from processors.runtime.envelope import _DeadLetter
 
 
 def _letter(offset: int, reason: str, detail: str) -> _DeadLetter:
@@ -14,7 +15,7 @@ def test_one_line_names_each_reason_its_count_and_its_first_origin():
         _letter(9, "bad-body", "truncated"),
         _letter(12, "rejected", "another"),
     ]
-    line = _summarise_letters(letters, "order_state.dlq")
+    line = summarise_letters(letters, "order_state.dlq")
     assert line == (
         "3 record(s) to order_state.dlq: "
         "rejected x2 (first orders/1@7: OrderShipped not allowed for a placed order); "
