@@ -19,6 +19,14 @@ close timers, no emission, the same buckets).
 Buckets hold ``count`` and, per measured value ``m``, ``sum:m``, ``min:m`` and ``max:m``
 (integers); distinct values go to a HyperLogLog per bucket. :func:`result_of` is the shape a
 window's result is emitted and read in.
+
+A measure may be a decimal with a declared scale (a fold's ``scales``, e.g. ``{"celsius": 2}``):
+its values are stored as integers of ``10**-scale`` units (:func:`to_units`, rounded half to
+even), so sums stay exact and do not depend on the order of the additions (a replay adds in
+another order than the live run), and are reported back as :class:`~decimal.Decimal` in the
+user's units (:func:`from_units`). Plain float sums are not offered: float addition is not
+associative, so the same events added in another order (another partition interleaving, a
+replay) could give another sum, and live state would not equal its replay.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation, localcontext
 from typing import Any
 
 import orjson
@@ -46,9 +55,13 @@ __all__ = [
     "combine",
     "decode_timer",
     "encode_timer",
+    "from_units",
     "result_from_record",
     "result_of",
     "result_record",
+    "scales_from_meta",
+    "scales_of",
+    "to_units",
     "watermark_of",
     "window_meta",
     "windows_from_meta",
@@ -63,6 +76,65 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*")
 def windows_topic(processor: str) -> str:
     """The topic a processor's closed windows are emitted to."""
     return f"{processor}.windows"
+
+
+_MAX_SCALE = 18
+_INT64 = 2**63
+
+
+def scales_of(fold: object) -> dict[str, int]:
+    """A window fold's decimal measures and their scales (``scales``; none: all integers).
+
+    Raises:
+        ContractError: A scale is not an integer from 0 to 18.
+    """
+    scales = dict(getattr(fold, "scales", None) or {})
+    for name, scale in scales.items():
+        if isinstance(scale, bool) or not isinstance(scale, int) or not 0 <= scale <= _MAX_SCALE:
+            msg = f"measure {name!r}: a scale is an integer from 0 to {_MAX_SCALE}, not {scale!r}"
+            raise ContractError(msg)
+    return scales
+
+
+def to_units(name: str, value: object, scale: int | None) -> int:
+    """A measured value as the integer a bucket holds: itself, or its ``10**-scale`` units.
+
+    A decimal measure takes an ``int``, a :class:`~decimal.Decimal` or a ``float`` (read as the
+    shortest decimal that prints as it: ``0.1`` is ``0.1``); digits past the scale are rounded
+    half to even. An integer measure (no scale) takes integers only.
+
+    Raises:
+        ValueError: The value is not a number of its kind, or does not fit in 64 bits.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | Decimal | float):
+        msg = f"measure {name!r} is {value!r}, not a number"
+        raise ValueError(msg)
+    if scale is None:
+        if not isinstance(value, int):
+            msg = (
+                f"measure {name!r} is {value!r}, not an integer: declare its scale in the "
+                f"fold's scales (e.g. scales = {{{name!r}: 2}}) to measure decimals"
+            )
+            raise ValueError(msg)
+        units = value
+    else:
+        try:
+            with localcontext() as context:
+                context.prec = 60
+                exact = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+                units = int(exact.scaleb(scale).to_integral_value(ROUND_HALF_EVEN))
+        except (InvalidOperation, OverflowError, ValueError):
+            msg = f"measure {name!r} is {value!r}, not a finite number"
+            raise ValueError(msg) from None
+    if not -_INT64 <= units < _INT64:
+        msg = f"measure {name!r} is {value!r}: out of the 64-bit range of a bucket"
+        raise ValueError(msg)
+    return units
+
+
+def from_units(units: int, scale: int) -> Decimal:
+    """The inverse of :func:`to_units` for a decimal measure: the value in the user's units."""
+    return Decimal(units).scaleb(-scale)
 
 
 def _check(name: str, size_ms: int, every_ms: int, what: str) -> None:
@@ -177,7 +249,9 @@ _KINDS: dict[str, type[Tumbling] | type[Hopping] | type[Sliding]] = {
 }
 
 
-def window_meta(windows: Iterable[Window], distinct: Iterable[str] = ()) -> dict[str, str]:
+def window_meta(
+    windows: Iterable[Window], distinct: Iterable[str] = (), scales: Mapping[str, int] | None = None
+) -> dict[str, str]:
     """A generation's meta fields that describe its windows, for readers without its code.
 
     The processor records them on start; the query API rebuilds the windows from them
@@ -195,6 +269,7 @@ def window_meta(windows: Iterable[Window], distinct: Iterable[str] = ()) -> dict
     return {
         "windows": orjson.dumps(described).decode(),
         "distinct": orjson.dumps(list(distinct)).decode(),
+        "scales": orjson.dumps(dict(scales or {})).decode(),
     }
 
 
@@ -214,6 +289,19 @@ def windows_from_meta(meta: Mapping[str, str]) -> tuple[list[Window], list[str]]
         msg = f"a generation's window meta is not readable: {exc}"
         raise ContractError(msg) from exc
     return windows, distinct
+
+
+def scales_from_meta(meta: Mapping[str, str]) -> dict[str, int]:
+    """The decimal measures' scales :func:`window_meta` recorded (none before they existed).
+
+    Raises:
+        ContractError: The field is not what :func:`window_meta` writes.
+    """
+    try:
+        return {str(k): int(v) for k, v in orjson.loads(meta.get("scales", "{}")).items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        msg = f"a generation's window scales are not readable: {exc}"
+        raise ContractError(msg) from exc
 
 
 def encode_timer(window: str, at: int, group: str) -> bytes:
@@ -250,17 +338,24 @@ def result_of(
     group: str,
     aggregates: Mapping[str, int],
     distinct: Mapping[str, int] | None = None,
+    scales: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """A window's result as emitted and read: aggregates, averages and distinct counts.
 
+    ``aggregates`` are the buckets' integers. A decimal measure's ``sum:``, ``min:`` and
+    ``max:`` (``scales``) come back as :class:`~decimal.Decimal` in the user's units.
     ``avg:<m>`` is ``sum:<m> / count`` (a float); distinct counts are HyperLogLog estimates.
     """
     count = aggregates.get("count", 0)
     if not count:  # an emptied sliding window: nothing but its count
         aggregates, distinct = {"count": 0}, {}
+    values: dict[str, int | Decimal] = {}
+    for name, units in sorted(aggregates.items()):
+        scale = (scales or {}).get(name[4:]) if name[:4] in ("sum:", "min:", "max:") else None
+        values[name] = units if scale is None else from_units(units, scale)
     averages = {
-        f"avg:{name[4:]}": value / count
-        for name, value in aggregates.items()
+        f"avg:{name[4:]}": float(value / count)
+        for name, value in values.items()
         if name.startswith("sum:") and count
     }
     return {
@@ -268,7 +363,7 @@ def result_of(
         "group": group,
         "start": end - window.size_ms,
         "end": end,
-        **dict(sorted(aggregates.items())),
+        **values,
         **averages,
         **{f"distinct:{k}": v for k, v in sorted((distinct or {}).items())},
     }
@@ -280,9 +375,16 @@ WINDOW_RESULT = "WindowResult"
 WINDOW_RESULTS = ContractSet(name="windows", schemas=SCHEMA_ROOT / "windows")
 
 
-def result_record(processor: str, result: Mapping[str, Any]) -> dict[str, Any]:
-    """A result of :func:`result_of` as a ``WindowResult`` record (its contract's shape)."""
+def result_record(
+    processor: str, result: Mapping[str, Any], scales: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """A result of :func:`result_of` as a ``WindowResult`` record (its contract's shape).
+
+    Aggregates stay exact integers in the record: a decimal measure's in ``10**-scale`` units,
+    with its scale in ``scales`` (:func:`result_from_record` turns them back into decimals).
+    """
     fixed = ("window", "group", "start", "end", "count")
+    scales = dict(scales or {})
     return {
         "processor": processor,
         "window": result["window"],
@@ -291,24 +393,29 @@ def result_record(processor: str, result: Mapping[str, Any]) -> dict[str, Any]:
         "end": result["end"],
         "count": result.get("count", 0),
         "aggregates": {
-            k: v
+            k: v if k[4:] not in scales else to_units(k[4:], v, scales[k[4:]])
             for k, v in result.items()
             if k not in fixed and k.startswith(("sum:", "min:", "max:"))
         },
         "averages": {k: float(v) for k, v in result.items() if k.startswith("avg:")},
         "distinct": {k[9:]: v for k, v in result.items() if k.startswith("distinct:")},
+        "scales": scales,
     }
 
 
 def result_from_record(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``WindowResult`` record back in :func:`result_of`'s shape."""
+    """A ``WindowResult`` record back in :func:`result_of`'s shape (decimals as decimals)."""
+    scales = record.get("scales") or {}
     return {
         "window": record["window"],
         "group": record["group"],
         "start": record["start"],
         "end": record["end"],
         "count": record["count"],
-        **record["aggregates"],
+        **{
+            k: v if k[4:] not in scales else from_units(v, scales[k[4:]])
+            for k, v in record["aggregates"].items()
+        },
         **record["averages"],
         **{f"distinct:{k}": v for k, v in record["distinct"].items()},
     }

@@ -35,7 +35,15 @@ from processors.fold.timers import (
     timed,
     timer_event,
 )
-from processors.fold.windows import Window, WindowDelta, WindowFold, combine, result_of
+from processors.fold.windows import (
+    Window,
+    WindowDelta,
+    WindowFold,
+    combine,
+    result_of,
+    scaled,
+    scales_of,
+)
 
 __all__ = [
     "FoldResult",
@@ -126,6 +134,7 @@ class WindowOracle:
     late: list[tuple[str, int]] = field(default_factory=list)
     clocks: dict[str, int] = field(default_factory=dict)
     measures: tuple[str, ...] = ()
+    scales: dict[str, int] = field(default_factory=dict)
 
     def window(self, window: Window, end: int, group: str) -> dict[str, Any]:
         """A window's result as the closer emits it (exact distinct counts)."""
@@ -135,7 +144,7 @@ class WindowOracle:
         for m in self.measures:
             seen = [self.distinct.get((window.name, m, s, group), set()) for s in starts]
             distinct[m] = len(set().union(*seen))
-        return result_of(window, end, group, aggregates, distinct)
+        return result_of(window, end, group, aggregates, distinct, self.scales)
 
 
 def fold_windows(
@@ -152,7 +161,7 @@ def fold_windows(
             in log order (partitions may interleave in any way: the verdicts do not depend on
             it).
     """
-    result = WindowOracle(measures=tuple(fold.distinct))
+    result = WindowOracle(measures=tuple(fold.distinct), scales=scales_of(fold))
     clocks = PartitionClocks(event_time, {})
     delta = WindowDelta()
     for partition, offset, event_type, event in records:
@@ -168,7 +177,7 @@ def fold_windows(
             if not is_folded(verdict, event_time):
                 continue
         try:
-            measures = list(fold.measure(event_type, event))
+            measures = [scaled(m, result.scales) for m in fold.measure(event_type, event)]
         except Exception:  # noqa: S112 - as the writer: the record is dead-lettered
             continue
         for measure in measures:

@@ -31,8 +31,11 @@ from contracts.windows import (
     decode_timer,
     encode_timer,
     result_of,
+    scales_of,
+    to_units,
     windows_topic,
 )
+from processors.fold.projection import EventRejectedError
 
 __all__ = [
     "CLOSE_TIMERS",
@@ -48,6 +51,8 @@ __all__ = [
     "decode_timer",
     "encode_timer",
     "result_of",
+    "scaled",
+    "scales_of",
     "windows_topic",
 ]
 
@@ -58,8 +63,9 @@ class Measure:
 
     Attributes:
         group: The bucket group (e.g. the currency); any string.
-        values: Integer values to sum, and keep the minimum and maximum of (money in minor
-            units).
+        values: Values to sum, and keep the minimum and maximum of: integers (money in minor
+            units), or decimals (``Decimal``, ``float`` or ``int``) for the measures the fold
+            declares in its ``scales``.
         distinct: Per distinct measure, the value whose distinct count is wanted (HyperLogLog).
     """
 
@@ -74,6 +80,11 @@ class WindowFold(Protocol):
     Implementations must be picklable and deterministic. The platform decides lateness (from
     the spec's :class:`~contracts.processors.EventTime`), adds each on-time event to its
     buckets, closes windows on the watermark and expires them after the retention.
+
+    A fold may also declare ``scales``: ``{measure: digits after the point}`` for the measures
+    that are decimals (``scales = {"celsius": 2}``). Their values are stored exactly as integers
+    of ``10**-scale`` units and reported as ``Decimal`` (see :mod:`contracts.windows`); every
+    other measure is an integer.
     """
 
     @property
@@ -103,6 +114,20 @@ class WindowFold(Protocol):
             EventRejectedError: The event is not valid (it goes to the dead letters).
         """
         ...
+
+
+def scaled(measure: Measure, scales: Mapping[str, int]) -> Measure:
+    """``measure`` with every value as the integer its buckets hold (see ``scales``).
+
+    Raises:
+        EventRejectedError: A value is not a number of its measure's kind (the record goes to
+            the dead letters with this reason).
+    """
+    try:
+        values = {name: to_units(name, v, scales.get(name)) for name, v in measure.values.items()}
+    except ValueError as exc:
+        raise EventRejectedError(str(exc)) from None
+    return Measure(measure.group, values, measure.distinct)
 
 
 @dataclass(slots=True)

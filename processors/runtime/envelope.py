@@ -85,7 +85,7 @@ from processors.fold.timers import (
     timed,
     timer_event,
 )
-from processors.fold.windows import WindowDelta, WindowFold
+from processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
 from processors.runtime.dead_letter_log import summarise_letters
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
 from processors.runtime.window_store import write_timers, write_windows
@@ -387,6 +387,7 @@ class FoldWriter:
         self._windows: WindowFold | None = (
             cast("WindowFold", projection) if getattr(projection, "windows", None) else None
         )
+        self._scales = scales_of(projection) if self._windows is not None else {}
         self._timers = target.event_time is not None and has_timers(projection)
         self._lookups: LookupFold | None = (
             cast("LookupFold", projection) if getattr(projection, "lookup", None) else None
@@ -869,7 +870,7 @@ class FoldWriter:
         delta = WindowDelta()
         for record, event_type, data, _entity in pending:
             try:
-                measures = list(fold.measure(event_type, data))
+                measures = [scaled(m, self._scales) for m in fold.measure(event_type, data)]
             except EventRejectedError as exc:
                 dead.append(_DeadLetter(record, "rejected", str(exc)))
                 continue

@@ -54,7 +54,7 @@ from processors.fold.dataframe import DataFrameProcessor, is_dataframe_processor
 from processors.fold.lookups import LookupFold
 from processors.fold.projection import Projection
 from processors.fold.rekey import Keying, KeyingError, plan_keying
-from processors.fold.windows import WindowFold, windows_topic
+from processors.fold.windows import WindowFold, scales_of, windows_topic
 from processors.runtime.archive_sink import ArchiveSink, prepare_archive, start_archive_query
 from processors.runtime.background import DriverTask
 from processors.runtime.code_identity import build_fingerprints, check_follow, check_resume
@@ -209,7 +209,8 @@ def resolve_run(
         check_resume(registry, projection, generation, options.accept_code_change)
     windows = getattr(projection, "windows", None)
     if windows:  # readers (the query API) build the windows from it, without the code
-        registry.update_meta(generation, window_meta(windows, getattr(projection, "distinct", ())))
+        described = window_meta(windows, getattr(projection, "distinct", ()), scales_of(projection))
+        registry.update_meta(generation, described)
     epoch = int(registry.meta(generation).get(CHECKPOINT_EPOCH_FIELD, "0"))
     checkpoint = checkpoint_dir(options.checkpoint_root, projection.name, generation, epoch)
     if created:

@@ -41,6 +41,7 @@ from processors.fold.windows import (
     combine,
     decode_timer,
     result_of,
+    scales_of,
     windows_topic,
 )
 from processors.runtime.background import DriverTask
@@ -177,6 +178,7 @@ class WindowCloser(DriverTask):
         self.kafka = dict(kafka)
         self.topic = topic or windows_topic(layout.processor)
         self._windows = {w.name: w for w in fold.windows}
+        self._scales = scales_of(fold)
         self._redis: redis.Redis | None = None
         self._producer: Producer | None = None
         self.suppressed = 0
@@ -323,7 +325,7 @@ class WindowCloser(DriverTask):
                         lows_highs.push(start, extremes[(name, start, group)])
                 aggregates = {**running, **lows_highs.value()}
                 counts = distinct.get((name, end, group), {})
-                results.append(result_of(window, end, group, aggregates, counts))
+                results.append(result_of(window, end, group, aggregates, counts, self._scales))
                 previous = end
         return results
 
@@ -359,7 +361,7 @@ class WindowCloser(DriverTask):
         sent = Deliveries(self._producer, f"{len(results)} window results to {self.topic}")
         codec = output_codec()
         for result in results:
-            record = result_record(self.keys.processor, result)
+            record = result_record(self.keys.processor, result, self._scales)
             payload = codec.encode(WINDOW_RESULT, record, validated=True)
             # The same result emitted again has the same id; a correction has another.
             digest = hashlib.blake2b(payload, digest_size=8).hexdigest()

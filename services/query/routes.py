@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from contracts.layout import StateLayout
 from contracts.processors import ProcessorSpec
-from contracts.windows import windows_from_meta
+from contracts.windows import scales_from_meta, windows_from_meta
 from services.api.context import ServiceContext, get_context
 from services.api.errors import ApiError
 from services.auth import require
@@ -29,6 +29,7 @@ from services.query.reads import (
     Consistency,
     etag_of,
     freshness,
+    json_default,
     not_modified,
     processor,
     read_consistent,
@@ -133,7 +134,7 @@ def _answer(
     headers = {"ETag": etag, "X-Refold-Generation": str(view.generation)}
     if not_modified(if_none_match, etag):
         return Response(status_code=304, headers=headers)
-    content = orjson.dumps({**freshness(spec, view), **body})
+    content = orjson.dumps({**freshness(spec, view), **body}, default=json_default)
     return Response(content, media_type="application/json", headers=headers)
 
 
@@ -162,10 +163,17 @@ def _windows(
     def run() -> StateView:
         alias = StateReader(context.redis, spec.name, context.key_prefix)
         generation = alias.live_generation()
-        windows, distinct = windows_from_meta(alias.registry.meta(generation))
+        meta = alias.registry.meta(generation)
+        windows, distinct = windows_from_meta(meta)
         lateness = spec.event_time.lateness_ms if spec.event_time is not None else 0
         reader = WindowReader(
-            context.redis, spec.name, windows, distinct, context.key_prefix, lateness_ms=lateness
+            context.redis,
+            spec.name,
+            windows,
+            distinct,
+            context.key_prefix,
+            lateness_ms=lateness,
+            scales=scales_from_meta(meta),
         )
         return read(reader, generation)
 

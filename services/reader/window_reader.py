@@ -21,7 +21,15 @@ from typing import Protocol, cast
 import redis
 
 from contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
-from contracts.windows import Hopping, Sliding, Window, combine, result_of, watermark_of
+from contracts.windows import (
+    Hopping,
+    Sliding,
+    Window,
+    combine,
+    result_of,
+    scales_of,
+    watermark_of,
+)
 from services.errors import UnknownWindowError, WindowQueryError
 from services.reader.state_reader import StateReader, StateView
 
@@ -84,6 +92,8 @@ class WindowReader:
         key_prefix: Prefix of refold's keys.
         lateness_ms: The allowed lateness of its spec's ``event_time`` (for :meth:`watermark`).
         max_buckets: The most buckets (or sketches) one call reads; wider requests are refused.
+        scales: Its decimal measures' scales (its fold's ``scales``): their aggregates are
+            read as :class:`~decimal.Decimal` in the fold's units.
     """
 
     def __init__(
@@ -96,8 +106,10 @@ class WindowReader:
         *,
         lateness_ms: int = 0,
         max_buckets: int = MAX_BUCKETS,
+        scales: Mapping[str, int] | None = None,
     ) -> None:
         self.client = client
+        self.scales = dict(scales or {})
         self.processor = processor
         self.windows = {w.name: w for w in windows}
         self.distinct_measures = tuple(distinct)
@@ -116,7 +128,7 @@ class WindowReader:
         lateness_ms: int = 0,
         max_buckets: int = MAX_BUCKETS,
     ) -> WindowReader:
-        """A reader of ``fold``'s windows and distinct measures."""
+        """A reader of ``fold``'s windows, distinct measures and decimal measures."""
         return cls(
             client,
             fold.name,
@@ -125,6 +137,7 @@ class WindowReader:
             key_prefix,
             lateness_ms=lateness_ms,
             max_buckets=max_buckets,
+            scales=scales_of(fold),
         )
 
     def live_generation(self) -> int:
@@ -167,7 +180,7 @@ class WindowReader:
             *replies, raw_positions = pipe.execute()
         buckets = [_ints(r) for r in replies[: len(starts)]]
         distinct = dict(zip(self.distinct_measures, replies[len(starts) :], strict=True))
-        value = result_of(window, end, group, combine(buckets), distinct)
+        value = result_of(window, end, group, combine(buckets), distinct, self.scales)
         return StateView(gen, value, self.registry.parse_positions(raw_positions)[0])
 
     def range(
@@ -206,7 +219,7 @@ class WindowReader:
                 found.append((e, aggregates))
         distinct = self._distinct_counts(keys, name, group, [e for e, _ in found])
         results = [
-            result_of(window, e, group, aggregates, counts)
+            result_of(window, e, group, aggregates, counts, self.scales)
             for (e, aggregates), counts in zip(found, distinct, strict=True)
         ]
         return StateView(gen, results, self.registry.parse_positions(raw_positions)[0])

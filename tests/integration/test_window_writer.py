@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import zlib
+from decimal import Decimal
 
 import pytest
 import redis
@@ -22,10 +23,12 @@ from contracts.windows import result_from_record
 from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_windows
 from processors.fold.records import SourceRecord
+from processors.fold.windows import Measure
 from processors.runtime.envelope import FoldTarget, FoldWriter
 from processors.runtime.window_store import WindowCloser
 from processors.sales_windows.config import SALES_WINDOWS
 from processors.sales_windows.projection import SalesWindows
+from services.reader.window_reader import WindowReader
 from tests.support.windows import bucket_dump
 
 FOLD = SalesWindows()
@@ -260,3 +263,72 @@ def test_a_record_folded_while_its_window_closes_keeps_the_timer_for_a_correctio
     assert minute[-1]["count"] == 2
     assert minute[-1]["sum:amount_minor"] == 150
     assert client.zscore(timers, member) is None
+
+
+class _DecimalSales(SalesWindows):
+    """sales_windows with decimal measures: the amount in major units, and in another currency."""
+
+    scales = {"amount": 2, "amount_chf": 4}  # noqa: RUF012 - a fold's declaration
+
+    def measure(self, event_type, event):
+        if event["currency"] == "XXX":  # a fold bug a user can make: the value is not a number
+            return [Measure(group="XXX", values={"amount": "n/a"})]
+        (paid,) = super().measure(event_type, event)
+        major = event["amount_minor"] / 100  # a float, e.g. 12.34
+        values = {**paid.values, "amount": major, "amount_chf": major * 0.93717}
+        return [dataclasses.replace(paid, values=values)]
+
+
+def test_decimal_measures_are_exact_in_any_order_and_reported_in_the_user_s_units(
+    target, redis_url, kafka_bootstrap, make_topic
+):
+    fold = _DecimalSales()
+    events = list(OrderSimulator(400, seed=5, anomaly_rate=0))
+    last_paid = max(e["paid_at"] for t, e in events if t == "OrderPaid")
+    events.append(_paid("bad", last_paid, 1, "XXX"))  # on time
+    records = _records(events)
+    chosen = _windows_target(target, retention_ms=3_600_000)
+    client = redis.Redis.from_url(redis_url)
+    oracle = fold_windows(fold, EVENT_TIME, _oracle_input(records))
+    dumps = []
+    for generation, seed in ((1, None), (2, 3)):
+        writer = FoldWriter(dataclasses.replace(chosen, generation=generation), fold)
+        if seed is None:
+            outcome = writer.apply(records, batch_id=0)
+            assert outcome.rejected == 1
+        else:
+            for batch_id, chunk in enumerate(_chunked(records, random.Random(seed))):
+                writer.apply(chunk, batch_id=batch_id)
+        dumps.append(_buckets(client, dataclasses.replace(chosen, generation=generation)))
+    assert dumps[0] == dumps[1] == oracle.buckets
+    # The plain-Python sum, in Decimal, of every on-time paid amount per currency and minute.
+    expected: dict[tuple[int, str], Decimal] = {}
+    for event_type, event in events:
+        if event_type == "OrderPaid" and event["currency"] != "XXX":
+            minute = event["paid_at"] - event["paid_at"] % 60_000
+            key = (minute, event["currency"])
+            expected[key] = expected.get(key, Decimal(0)) + Decimal(event["amount_minor"]) / 100
+    registry = GenerationRegistry(client, StateLayout("sales_windows", chosen.key_prefix))
+    assert registry.create({"topics": ["orders"]}, live=True) == 1
+    reader = WindowReader.from_fold(client, fold, chosen.key_prefix)
+    per_minute = next(w for w in fold.windows if w.name == "per_minute")
+    for (minute, currency), amount in expected.items():
+        read = reader.window("per_minute", currency, minute + 60_000).value
+        assert read["sum:amount"] == amount
+        assert isinstance(read["sum:amount"], Decimal)
+        assert read == oracle.window(per_minute, minute + 60_000, currency)
+    # The closer emits the same results, scales included, decoded back to decimals.
+    results_topic = make_topic(partitions=1, prefix="windows")
+    kafka = {"bootstrap.servers": kafka_bootstrap}
+    closer = WindowCloser(chosen.layout, 1, fold, 0, redis_url, kafka, results_topic)
+    assert closer.close() > 0
+    windows = {w.name: w for w in fold.windows}
+    for message in _consume(kafka_bootstrap, results_topic):
+        assert EventCodec().decode(message.value()).data["scales"] == fold.scales
+        result = _result(message.value())
+        assert result == oracle.window(windows[result["window"]], result["end"], result["group"])
+    letters = _consume(kafka_bootstrap, chosen.dlq_topic)
+    assert len(letters) == 2  # once per generation (issue 22: a rebuild's dead letters again)
+    headers = dict(letters[0].headers())
+    assert headers["refold.reason"] == b"rejected"
+    assert b"measure 'amount' is 'n/a', not a number" in headers["refold.error"]
