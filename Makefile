@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest
+# The JVM parts (Apache Kafka's broker), fetched with mvn from deploy/jars/pom.xml by coordinates.
+JARS := .jars
+JARS_STAMP := $(JARS)/.fetched
+DEPS := $(STAMP) $(JARS_STAMP)
 
 .DEFAULT_GOAL := help
 .PHONY: help setup run test test-unit test-integration test-spark test-docker lint fmt contracts-check bench soak up down status clean
@@ -28,21 +32,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[spark,dev]'
 	@touch $(STAMP)
 
-setup: $(STAMP) ## create .venv, install refold with Spark and dev tools, install redis-server
+$(JARS_STAMP): deploy/jars/pom.xml $(wildcard deploy/jars/*/pom.xml)
+	@command -v mvn >/dev/null || { echo "Maven is required to fetch Apache Kafka's jars (apt-get install -y maven)"; exit 1; }
+	@echo "fetching Apache Kafka's jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
+	rm -rf $(JARS)
+	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir=$(CURDIR)/$(JARS)
+	@touch $(JARS_STAMP)
 
-run: $(STAMP) ## the demo: local stack, thirteen processors in one Spark app, ~130k events, summary, replay + cutover, insights to a webhook, the archive read by DuckDB, refold serve with its dashboard
+setup: $(DEPS) ## create .venv, install refold with Spark and dev tools, redis-server, chromium, and Apache Kafka's jars (mvn)
+
+run: $(DEPS) ## the demo: local stack, thirteen processors in one Spark app, ~130k events, summary, replay + cutover, insights to a webhook, the archive read by DuckDB, refold serve with its dashboard
 	$(BIN)/refold demo
 
-test: $(STAMP) ## unit + integration + spark tests (what CI runs)
+test: $(DEPS) ## unit + integration + spark tests (what CI runs)
 	$(PYTEST) tests/unit tests/integration tests/spark
 
 test-unit: $(STAMP) ## fast loop: pure logic only
 	$(PYTEST) tests/unit
 
-test-integration: $(STAMP) ## real Tansu broker + real redis-server
+test-integration: $(DEPS) ## real Apache Kafka broker + real redis-server
 	$(PYTEST) tests/integration
 
-test-spark: $(STAMP) ## real local SparkSession and streaming queries
+test-spark: $(DEPS) ## real local SparkSession and streaming queries
 	$(PYTEST) tests/spark
 
 lint: $(STAMP) ## ruff + mypy
@@ -58,22 +69,22 @@ contracts-check: $(STAMP) ## schema locks (refold contracts check), round trips,
 	$(BIN)/refold contracts check
 	$(PYTEST) tests/unit/contracts
 
-bench: $(STAMP) ## throughput and latency benchmark on a private local stack
+bench: $(DEPS) ## throughput and latency benchmark on a private local stack
 	$(BIN)/python -m bench
 
-soak: $(STAMP) ## fault suite, big: 1M events and 50 kill -9s, Redis and broker faults; prints the table
+soak: $(DEPS) ## fault suite, big: 1M events and 50 kill -9s, Redis and broker faults; prints the table
 	$(BIN)/python -m tests.support.soak
 
-up: $(STAMP) ## start the local stack on fixed ports (REFOLD_KAFKA_PORT, REFOLD_REDIS_PORT)
+up: $(DEPS) ## start the local stack on fixed ports (REFOLD_KAFKA_PORT, REFOLD_REDIS_PORT)
 	$(BIN)/refold up
 
-down: $(STAMP) ## stop the local stack
+down: $(DEPS) ## stop the local stack
 	$(BIN)/refold down
 
-status: $(STAMP) ## show the local stack
+status: $(DEPS) ## show the local stack
 	$(BIN)/refold status
 
 clean: ## remove the virtualenv and local state
-	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(JARS) .state .pytest_cache .mypy_cache .ruff_cache *.egg-info
 test-docker: $(STAMP) ## the integration scenario against deploy/compose.yaml (needs a Docker engine)
 	$(PYTEST) tests/docker

@@ -18,11 +18,7 @@ __all__ = ["LatencyResult", "measure_latency"]
 
 _POLL_S = 0.005  # visibility is sampled every 5 ms
 # The producer sends what is due every 20 ms and batches for up to 20 ms (linger.ms), as a
-# fleet of producers would; the batching wait is inside the measured latency. Why not smaller:
-# on the local broker (Tansu) every Fetch costs time in proportion to the number of record
-# batches in the partition, so 5 ms batches made every read of the processor slower as the
-# run went on (reading 3k records: ~80 ms after 150k records, against ~24 ms with 20 ms
-# batches). Kafka indexes its log and has no such cost.
+# fleet of producers would; the batching wait is inside the measured latency.
 _TICK_S = 0.02
 _LINGER_MS = 20
 

@@ -1,7 +1,7 @@
 """The HTTP services under load: single-key reads against Redis, batched ingest against the SDK.
 
 ``python -m bench serving [--orders 10000] [--seconds 10] [--workers 1,2] [--batches 500,1000]``.
-On a private local stack (Tansu + redis-server), with ``refold serve`` (``deploy.serve_cli``,
+On a private local stack (Apache Kafka + redis-server), with ``refold serve`` (``deploy.serve_cli``,
 uvicorn with uvloop and httptools) in a process of its own, as users run it: API keys on
 (``--auth keys``, one key with the ingest and query scopes), log level info (uvicorn's access
 log on; ``--log-level warning`` turns it off). In one run:
@@ -430,7 +430,7 @@ def _table(rows: Sequence[Measured], orders: int, log_level: str, load: float) -
         "ingest: EventPublisher.emit_many of the same batches). cores, CPU us/item: CPU of the",
         "server's processes (HTTP rows) or of the client processes (baselines) meanwhile. The",
         "load generator (asyncio, raw keep-alive HTTP/1.1, closed loop, uvloop) runs in the",
-        "bench process on the same cores as the server, redis-server and Tansu; it opens its",
+        "bench process on the same cores as the server, redis-server and Kafka; it opens its",
         "connections one at a time so that uvicorn's workers share them. The bare FastAPI rows",
         "are the ceiling of uvicorn + FastAPI + the generator here. Targets (issue 12): query",
         ">= 10k reads/s with p99 < 10 ms; ingest >= 20k events/s.",

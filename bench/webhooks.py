@@ -1,7 +1,7 @@
 """Webhook deliveries per second to a local receiver: the dispatcher against plain HTTP.
 
 ``python -m bench webhooks [--insights 5000] [--concurrency 1,8] [--fail-every 10]``. On a
-private local stack (Tansu + redis-server), with the receiver (``deploy/simulators/
+private local stack (Apache Kafka + redis-server), with the receiver (``deploy/simulators/
 webhook_receiver.py``) in a process of its own, over one topic of pre-produced ``Insight``
 records (4 partitions):
 

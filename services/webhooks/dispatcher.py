@@ -72,22 +72,23 @@ TP = tuple[str, int]
 
 # Consumer tuning (a caller's librdkafka settings may override these), each with its reason:
 _CONSUMER_TUNING: Mapping[str, Any] = {
-    # Low latency for a trickle of critical insights; each Fetch costs Tansu time per batch in
-    # the partition, so the long-poll is not made shorter than this.
+    # Low latency for a trickle of critical insights: an answer comes as soon as a record
+    # arrives; the long-poll only bounds an idle fetch.
     "fetch.wait.max.ms": 250,
     "fetch.queue.backoff.ms": 10,  # the 1 s default throttles catching up on a backlog
     "queued.min.messages": 10_000,  # prefetch; a batch waiting out an outage holds little
-    # Insights are written by idempotent, non-transactional producers; Tansu's read_committed
-    # is not to be relied on (tansu.md, "transactions").
+    # Insights are written by idempotent, non-transactional producers (a transaction would
+    # hide nothing): read_committed would only wait for the last stable offset.
     "isolation.level": "read_uncommitted",
 }
 # ... and the settings that keep the consumer passive, always applied last:
 _CONSUMER_REQUIRED: Mapping[str, Any] = {
-    # The dispatcher assigns partitions itself and never joins or commits a group (Tansu holds
-    # every join for half a session timeout: tansu.md); its positions live in Redis.
+    # The dispatcher assigns partitions itself and never joins or commits a group: its
+    # positions live in Redis (and are copied to Kafka; see WebhookPositions), and a leased
+    # role needs no rebalance.
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
-    # Tansu creates unknown topics on first use (tansu.md, "auto-creation"); never here.
+    # A misspelt topic is an error, never a new topic (topics come from their specs).
     "allow.auto.create.topics": False,
     "enable.partition.eof": False,
     # Only when the stored position is gone: below the log start (retention; logged at start)
@@ -440,7 +441,7 @@ class WebhookDispatcher:
     def _lag(self, consumer: Consumer) -> int:
         lag = 0
         for (topic, partition), position in self.stats.committed.items():
-            # The fetch path's high watermark: right on Kafka and on Tansu (tansu.md).
+            # The fetch path's high watermark: no extra request.
             _low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), cached=True
             )

@@ -1,4 +1,4 @@
-"""Webhook delivery on real servers: Tansu, redis-server and a local HTTP receiver.
+"""Webhook delivery on real servers: Apache Kafka, redis-server and a local HTTP receiver.
 
 Every insight is delivered at least once, with its origin as Idempotency-Key, through receiver
 failures, outages shorter and longer than the retry budget (dead letters, then redrive), a

@@ -1,6 +1,6 @@
 """Fault scenarios on real processes: a private stack, the order_state processor, an oracle.
 
-Each scenario starts its own Tansu broker and redis-server on free loopback ports, runs
+Each scenario starts its own Apache Kafka broker and redis-server on free loopback ports, runs
 ``python -m processors.order_state`` as a process, injects one kind of fault, waits until the
 processor has caught up again, and compares the live state with the plain-Python fold of every
 acknowledged event. The tests (``tests/spark/test_faults.py``) run them small; ``make soak``

@@ -159,7 +159,7 @@ def test_bad_port_is_an_argument_error(argv, capsys):
 def test_status_reports_the_recorded_ports_and_reads_old_pid_files(tmp_path, capsys):
     stack_dir = tmp_path / "stack"
     stack_dir.mkdir()
-    # This test process's pid: alive, but not a tansu or redis-server, so "stopped".
+    # This test process's pid: alive, but not a Kafka broker or redis-server, so "stopped".
     (stack_dir / "kafka.pid").write_text(f"{os.getpid()} 29092\n")
     (stack_dir / "redis.pid").write_text(f"{os.getpid()}\n")  # written before ports were recorded
     code = refold_main(["status", "--state-dir", str(tmp_path), "--redis-port", "26379"])

@@ -1,0 +1,218 @@
+"""Apache Kafka as the local broker: one KRaft node (broker and controller in one JVM).
+
+Its jars come from Maven (``deploy/jars/pom.xml``, fetched by ``make setup`` into ``.jars/kafka``
+or the folder ``REFOLD_KAFKA_JARS`` names); there is no tarball and no script of Kafka's. The
+log lives in a data directory under the stack's state directory, formatted on the first start
+(``kafka.tools.StorageTool format``), so a stop and a start keep every topic, record, consumer
+group and offset. :class:`~deploy.local_stack.LocalStack` starts and stops the process; this
+module says how: the configuration files, the storage format and the command line.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "KAFKA_JARS_ENV",
+    "BrokerError",
+    "KafkaBroker",
+    "jars_dir",
+    "java_binary",
+    "kafka_version",
+]
+
+KAFKA_JARS_ENV = "REFOLD_KAFKA_JARS"
+MAIN_CLASS = "kafka.Kafka"  # also what identifies the broker's process in /proc/<pid>/cmdline
+_FORMAT_TIMEOUT_S = 120.0
+_HEAP = ("-Xms256m", "-Xmx768m")
+
+# A single node: every internal topic has one replica. Topics are created by refold from its
+# topic specs, never on first use (auto-creation would hide a typo in a topic name).
+_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={log_dir}
+auto.create.topics.enable=false
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+"""
+
+# Warnings and errors only, plus the line that says the server started; into the broker's log
+# file (stdout is redirected there).
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = %d{ISO8601} %p [%c{1}] %m%n
+rootLogger.level = warn
+rootLogger.appenderRef.out.ref = out
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = info
+"""
+
+
+class BrokerError(RuntimeError):
+    """Apache Kafka cannot be started here: no Java, no jars, or a data directory it refuses."""
+
+
+def jars_dir() -> Path:
+    """Where Apache Kafka's jars are: ``REFOLD_KAFKA_JARS``, else ``.jars/kafka`` of the checkout.
+
+    Raises:
+        BrokerError: The folder holds no Kafka jar (with what to run).
+    """
+    configured = os.environ.get(KAFKA_JARS_ENV)
+    folder = Path(configured) if configured else Path(__file__).resolve().parents[1] / ".jars/kafka"
+    if not any(folder.glob("kafka_2.13-*.jar")):
+        msg = (
+            f"Apache Kafka's jars are not in {folder}. Operator action: run `make setup` (it "
+            f"fetches them with mvn from deploy/jars/pom.xml), or set {KAFKA_JARS_ENV} to a "
+            "folder that holds them."
+        )
+        raise BrokerError(msg)
+    return folder
+
+
+def java_binary() -> str:
+    """The ``java`` of ``JAVA_HOME``, else the one on the PATH.
+
+    Raises:
+        BrokerError: There is none (Kafka 4 needs Java 17 or newer).
+    """
+    home = os.environ.get("JAVA_HOME")
+    candidate = Path(home) / "bin" / "java" if home else None
+    if candidate is not None and candidate.is_file():
+        return str(candidate)
+    found = shutil.which("java")
+    if found is None:
+        msg = (
+            "Java is not installed: Apache Kafka needs Java 17 or newer. Operator action: "
+            "`apt-get install -y openjdk-17-jre-headless`, or set JAVA_HOME."
+        )
+        raise BrokerError(msg)
+    return found
+
+
+def kafka_version(folder: Path) -> str:
+    """The Kafka version of the jars in ``folder`` (from ``kafka_2.13-<version>.jar``)."""
+    for jar in sorted(folder.glob("kafka_2.13-*.jar")):
+        found = re.fullmatch(r"kafka_2\.13-(.+)\.jar", jar.name)
+        if found:
+            return found.group(1)
+    return "unknown"
+
+
+def _cluster_id() -> str:
+    """A new cluster id: 16 random bytes, URL-safe base64 without padding (22 characters)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBroker:
+    """One single-node Apache Kafka: its files under ``home`` and its two loopback ports.
+
+    Attributes:
+        home: The broker's folder: ``server.properties``, ``log4j2.properties`` and ``data/``.
+        port: The client listener.
+        controller_port: The KRaft controller listener (chosen afresh at each start).
+    """
+
+    home: Path
+    port: int
+    controller_port: int
+
+    @property
+    def data_dir(self) -> Path:
+        """The log: every topic's partitions and the cluster's metadata."""
+        return self.home / "data"
+
+    @property
+    def config_file(self) -> Path:
+        """The broker's ``server.properties`` (written at each start)."""
+        return self.home / "server.properties"
+
+    @property
+    def log_config_file(self) -> Path:
+        """Its Log4j2 configuration (warnings, errors and the start line)."""
+        return self.home / "log4j2.properties"
+
+    def prepare(self) -> None:
+        """Write the configuration, and format the data directory if it is new.
+
+        Raises:
+            BrokerError: No Java or jars, or a data directory that is not Kafka's (with what
+                to do), or the format failed.
+        """
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(
+            _PROPERTIES.format(
+                port=self.port, controller_port=self.controller_port, log_dir=self.data_dir
+            )
+        )
+        self.log_config_file.write_text(_LOG4J2)
+        meta = self.data_dir / "meta.properties"
+        if meta.is_file():
+            if "cluster.id=" not in meta.read_text(errors="replace"):
+                msg = (
+                    f"Kafka's data directory {self.data_dir} is corrupt ({meta.name} has no "
+                    "cluster id). Operator action: `refold down`, move the directory away "
+                    "(its log is then lost; replay rebuilds state from a log you restore), and "
+                    "`refold up` to format a new one."
+                )
+                raise BrokerError(msg)
+            return
+        if self.data_dir.exists() and any(self.data_dir.iterdir()):
+            msg = (
+                f"{self.data_dir} is not empty but was never formatted for Kafka (no "
+                "meta.properties). Operator action: move it away, then `refold up`."
+            )
+            raise BrokerError(msg)
+        command = [*self._java(), "kafka.tools.StorageTool", "format", "-t", _cluster_id()]
+        command += ["-c", str(self.config_file)]
+        done = subprocess.run(  # noqa: S603 - fixed argv, no shell
+            command, capture_output=True, text=True, timeout=_FORMAT_TIMEOUT_S, check=False
+        )
+        if done.returncode != 0:
+            msg = f"formatting Kafka's storage in {self.data_dir} failed: {done.stderr[-2000:]}"
+            raise BrokerError(msg)
+
+    def command(self) -> list[str]:
+        """The broker's command line (after :meth:`prepare`)."""
+        return [*self._java(*_HEAP), MAIN_CLASS, str(self.config_file)]
+
+    def _java(self, *options: str) -> list[str]:
+        return [
+            java_binary(),
+            *options,
+            f"-Dlog4j2.configurationFile={self.log_config_file}",
+            "-cp",
+            f"{jars_dir()}/*",
+        ]
+
+    def disk_use(self) -> int:
+        """The bytes of the data directory (0 when it does not exist)."""
+        if not self.data_dir.exists():
+            return 0
+        # Blocks, not sizes: Kafka preallocates sparse 10 MB index files.
+        return sum(f.stat().st_blocks * 512 for f in self.data_dir.rglob("*") if f.is_file())
