@@ -423,7 +423,7 @@ def run_rebuild(
                     tp: o for tp, o in registry.positions(generation)[0].items() if tp in starts
                 }
                 if time.monotonic() - ends_at > 2.0:
-                    ends, ends_at = offsets.end_offsets(tps, fresh=False), time.monotonic()
+                    ends, ends_at = offsets.end_offsets(tps), time.monotonic()
                 reached = all(
                     positions.get(tp, starts[tp]) + lag_threshold >= e for tp, e in target.items()
                 )

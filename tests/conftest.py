@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,22 +50,29 @@ def _create_default_topics(bootstrap: str) -> None:
     tests that drive a writer directly skip the runner, which creates a processor's topics at
     start: so the session creates them as `refold topics` and each processor's start would.
     """
+    import importlib
+
     from contracts.kafka.admin import ensure_topics
+    from contracts.processors import ProcessorOptions
     from contracts.registry import default_registry
     from contracts.topics import dead_letter_spec, effects_spec
     from contracts.windows import windows_topic
-    from processors.fold.patterns import default_insights_topic
-    from processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
+
+    def load(ref: str) -> Any:
+        module, _, name = ref.partition(":")
+        return getattr(importlib.import_module(module), name)
 
     registry = default_registry()
     declared = [t for contract_set in registry.contract_sets.values() for t in contract_set.topics]
-    outputs = [DEFAULT_NOTIFICATIONS_TOPIC]
-    for name in sorted(registry.processors):
-        outputs += [windows_topic(name), f"{name}.late", default_insights_topic(name)]
+    outputs = []
+    for name, spec in sorted(registry.processors.items()):
+        options = load(spec.options)() if spec.options else ProcessorOptions()
+        projection = load(spec.projection)(options)
+        outputs += [windows_topic(name), f"{name}.late", *getattr(projection, "effect_topics", ())]
     known = {t.name for t in declared}
     config = {"bootstrap.servers": bootstrap}
     ensure_topics(config, [*declared, *(dead_letter_spec(n) for n in sorted(registry.processors))])
-    ensure_topics(config, [effects_spec(t) for t in outputs if t not in known])
+    ensure_topics(config, [effects_spec(t) for t in dict.fromkeys(outputs) if t not in known])
 
 
 @pytest.fixture(scope="session")

@@ -204,10 +204,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self._last_end is None:
             self.initialOffset()  # a fresh query: its first batch starts there
         assert self._last_end is not None  # noqa: S101 - set by initialOffset
-        # The cheap mode: Spark asks every trigger, and a record the answer misses by one Fetch
-        # is planned by the next trigger (LogOffsets documents the trade).
+        # One ListOffsets per trigger: the high watermark of every partition.
         try:
-            ends = self.probe.end_offsets(self._partitions(), fresh=False)
+            ends = self.probe.end_offsets(self._partitions())
         except OffsetsError as exc:
             # Broker unreachable: plan nothing new and ask again next trigger. Failing here
             # would stop the query; waiting is what a Kafka consumer does too.

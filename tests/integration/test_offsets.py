@@ -1,4 +1,4 @@
-"""LogOffsets: exact log ends on the local broker, whose ListOffsets LATEST is wrong."""
+"""LogOffsets on the real broker: exact ends and starts, offsets at a time, unknown topics."""
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -42,35 +42,21 @@ def test_end_offsets_are_exact_even_when_the_newest_batch_is_large(kafka_bootstr
         offsets.close()
 
 
-def test_the_cheap_mode_reaches_the_exact_end_once_the_log_is_idle(kafka_bootstrap, make_topic):
+def test_the_end_counts_every_acknowledged_record_at_once(kafka_bootstrap, make_topic):
     topic = make_topic(partitions=2)
-    produce(kafka_bootstrap, topic, {0: 100, 1: 5})
     offsets = LogOffsets({"bootstrap.servers": kafka_bootstrap})
     try:
         tps = [(topic, 0), (topic, 1)]
-        assert offsets.end_offsets(tps, fresh=False) == {(topic, 0): 100, (topic, 1): 5}
-        produce(kafka_bootstrap, topic, {0: 2000})  # one big batch: Tansu lists its base + 1
-        moved = offsets.end_offsets(tps, fresh=False)
-        assert 100 < moved[(topic, 0)] <= 2100  # never past the end, never backwards
-        # Nothing new since: the idle partition is measured on the fetch path, exactly.
-        assert offsets.end_offsets(tps, fresh=False) == {(topic, 0): 2100, (topic, 1): 5}
-        assert offsets.end_offsets(tps, fresh=False) == {(topic, 0): 2100, (topic, 1): 5}
+        for total in (100, 2100, 2101):  # one big batch in between
+            produce(kafka_bootstrap, topic, {0: total - offsets.end_offsets(tps)[(topic, 0)]})
+            assert offsets.end_offsets(tps) == {(topic, 0): total, (topic, 1): 0}
+        # A consumer's view of the end agrees (the high watermark).
+        consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "x"})
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        consumer.close()
+        assert high == 2101
     finally:
         offsets.close()
-
-
-def test_listoffsets_latest_alone_would_be_wrong_here(kafka_bootstrap, make_topic):
-    """Documents the broker deviation the probe guards against (on Kafka both agree)."""
-    topic = make_topic(partitions=1)
-    produce(kafka_bootstrap, topic, {0: 3000})
-    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "x"})
-    _low, listed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-    consumer.close()
-    offsets = LogOffsets({"bootstrap.servers": kafka_bootstrap})
-    true_end = offsets.end_offsets([(topic, 0)])[(topic, 0)]
-    offsets.close()
-    assert true_end == 3000
-    assert listed <= true_end
 
 
 def test_unknown_topic_is_a_clear_error_and_is_not_created(kafka_bootstrap):
@@ -96,5 +82,7 @@ def test_offset_at_time_follows_record_timestamps(kafka_bootstrap, make_topic):
         assert offsets.offset_at_time(topic, 0, base + 10**9) == 50  # after the last: the end
         assert offsets.offset_at_time(topic, 1, base + 25_000) == 3
         assert offsets.offset_at_time(topic, 1, base - 1) == 0
+        assert offsets.record_timestamp(topic, 1, 3) == (base + 30_000, 3)
+        assert offsets.record_timestamp(topic, 1, 50) is None
     finally:
         offsets.close()
