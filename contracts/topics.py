@@ -17,7 +17,8 @@ class TopicSpec:
             partition; changing it remaps keys, so it is part of the contract).
         key_field: The event field used as the record key (the aggregate id).
         event_types: Record names allowed on the topic.
-        replication_factor: 1 on the local stack; production compose overrides it.
+        replication_factor: None: the cluster's ``default.replication.factor`` (1 on the local
+            stack; 3 is usual in production, with ``min.insync.replicas`` 2).
         config: Topic configs set when the topic is created (``cleanup.policy=compact`` for
             a topic that keeps the latest record per key).
     """
@@ -26,7 +27,7 @@ class TopicSpec:
     partitions: int
     key_field: str
     event_types: tuple[str, ...]
-    replication_factor: int = 1
+    replication_factor: int | None = None
     config: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:

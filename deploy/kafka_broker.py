@@ -188,8 +188,9 @@ class KafkaBroker:
                 "meta.properties). Operator action: move it away, then `refold up`."
             )
             raise BrokerError(msg)
-        command = [*self._java(), "kafka.tools.StorageTool", "format", "-t", _cluster_id()]
-        command += ["-c", str(self.config_file)]
+        # `--cluster-id=<id>` in one word: an id that starts with "-" would read as an option.
+        command = [*self._java(), "kafka.tools.StorageTool", "format"]
+        command += [f"--cluster-id={_cluster_id()}", "--config", str(self.config_file)]
         done = subprocess.run(  # noqa: S603 - fixed argv, no shell
             command, capture_output=True, text=True, timeout=_FORMAT_TIMEOUT_S, check=False
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import KafkaException
@@ -52,7 +53,9 @@ def ensure_topics(
         NewTopic(
             s.name,
             num_partitions=s.partitions,
-            replication_factor=s.replication_factor,
+            # -1: the broker's default.replication.factor (KIP-464), so one setting on the
+            # cluster decides, and min.insync.replicas comes from the broker too.
+            replication_factor=-1 if s.replication_factor is None else s.replication_factor,
             config=dict(s.config),
         )
         for name, s in wanted.items()
@@ -67,6 +70,33 @@ def ensure_topics(
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 msg = f"could not create topic {name}: {exc}"
                 raise RefoldError(msg) from exc
+    _wait_visible(admin, [t.topic for t in missing], timeout)
+
+
+def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Wait until the broker serves metadata of every new topic with its partitions' leaders.
+
+    Kafka (KRaft) answers CreateTopics once its controller committed the topic; the broker
+    learns it from the metadata log a moment later, and a client that asks in between gets
+    UNKNOWN_TOPIC_OR_PART. Callers use a topic right after creating it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=timeout).topics
+        waiting = [
+            n
+            for n in names
+            if n not in topics
+            or topics[n].error is not None
+            or not topics[n].partitions
+            or any(p.leader < 0 for p in topics[n].partitions.values())
+        ]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            msg = f"topics {', '.join(waiting)} were created but are not served after {timeout}s"
+            raise RefoldError(msg)
+        time.sleep(0.05)
 
 
 def delete_topics(kafka: Mapping[str, str], names: Iterable[str], timeout: float = 30) -> None:

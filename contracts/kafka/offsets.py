@@ -186,6 +186,10 @@ class LogOffsets:
             )
             return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
         except KafkaException as exc:
+            # The next call gets a new client: after a broker was fenced (it stopped answering
+            # its controller, e.g. paused), this one kept failing with FENCED_LEADER_EPOCH on
+            # its old metadata instead of refreshing it (seen with librdkafka 2.16).
+            self._admin = None
             topics = sorted({t for t, _p in tps})
             msg = f"cannot list offsets of {', '.join(topics)}: {exc}"
             raise OffsetsError(msg) from exc

@@ -10,6 +10,7 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from deploy import kafka_broker
 from deploy.local_stack import LocalStack, LocalStackError, free_port
 
 
@@ -247,3 +248,14 @@ def test_missing_jars_or_java_say_what_to_run(tmp_path, monkeypatch):
     with pytest.raises(LocalStackError, match="Java is not installed"):
         stack.start()
     assert not any(s.running for s in stack.status())
+
+
+def test_a_cluster_id_that_starts_with_a_dash_is_formatted(tmp_path, monkeypatch):
+    # One id in 64 starts with "-" (URL-safe base64): it must not be read as an option.
+    monkeypatch.setattr(kafka_broker, "_cluster_id", lambda: "-Abcdefghijklmnopqrstu")
+    broker = kafka_broker.KafkaBroker(tmp_path / "kafka", free_port(), free_port())
+    broker.prepare()
+    meta = (broker.data_dir / "meta.properties").read_text()
+    assert "cluster.id=-Abcdefghijklmnopqrstu" in meta
+    broker.prepare()  # formatted once: a second start keeps it
+    assert (broker.data_dir / "meta.properties").read_text() == meta

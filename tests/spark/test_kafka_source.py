@@ -139,32 +139,30 @@ def test_starting_offsets_json_is_honoured(spark, kafka_bootstrap, make_topic, t
     assert_exactly(rows, topic, {0: (90, 100), 1: (100, 100), 2: (0, 100)})
 
 
-def test_a_start_below_the_log_start_fails_unless_data_loss_is_allowed():
+def test_a_start_below_the_log_start_fails_unless_data_loss_is_allowed(kafka_bootstrap, make_topic):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
     from processors.runtime.kafka_source import KafkaStreamReader, SourceOptions
 
-    class RetainedFrom40:  # the log lost offsets 0..39 (retention); Tansu cannot delete
-        def partitions(self, topic):
-            return [0]
-
-        def start_offsets(self, tps):
-            return {tp: 40 for tp in tps}
-
-        def end_offsets(self, tps):
-            return {tp: 100 for tp in tps}
+    topic = make_topic(partitions=1)
+    produce(kafka_bootstrap, topic, {0: 100})
+    # The log loses offsets 0..39, as retention would remove them.
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 40)]).values():
+        assert future.result(timeout=30).low_watermark == 40
 
     def reader(fail_on_data_loss):
         options = SourceOptions.parse(
             {
-                "kafka.bootstrap.servers": "unused:1",
-                "subscribe": "t",
-                "startingOffsets": '{"t": {"0": 10}}',
+                "kafka.bootstrap.servers": kafka_bootstrap,
+                "subscribe": topic,
+                "startingOffsets": json.dumps({topic: {"0": 10}}),
                 "failOnDataLoss": str(fail_on_data_loss).lower(),
             }
         )
-        source = KafkaStreamReader(options)
-        source._probe = RetainedFrom40()
-        return source
+        return KafkaStreamReader(options)
 
     with pytest.raises(ValueError, match="log starts at 40"):
         reader(True).initialOffset()
-    assert reader(False).initialOffset() == {"t": {"0": 40}}
+    assert reader(False).initialOffset() == {topic: {"0": 40}}
