@@ -38,3 +38,9 @@ def test_redis_unreachable_for_30_s_is_waited_out(tmp_path):
 
 def test_broker_unreachable_for_15_s_is_waited_out(tmp_path):
     _check(faults.broker_unreachable(tmp_path, orders=1000, outage_s=15))
+
+
+def test_a_broker_killed_under_the_processor_keeps_its_log_and_a_replay_equals_the_oracle(
+    tmp_path,
+):
+    _check(faults.broker_killed(tmp_path, orders=1000, down_s=5))

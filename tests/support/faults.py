@@ -30,6 +30,7 @@ from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher, consumer_group
+from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.topics import TopicSpec
 from deploy.local_stack import LocalStack, free_port
@@ -38,6 +39,8 @@ from deploy.simulators.orders import OrderSimulator
 from processors.fold.oracle import fold_all
 from processors.order_state.config import OrderStateOptions
 from processors.order_state.projection import OrderStateProjection
+from replay.plan import ToEarliest
+from replay.rebuild import plan_replay, run_rebuild
 from services.producer.publisher import EventPublisher
 from services.reader.state_reader import StateReader
 from tests.support.groups import committed_offsets
@@ -368,10 +371,52 @@ def broker_unreachable(work: Path, orders: int, outage_s: float) -> FaultResult:
         return world.compare(result)  # stopped: its last commits are in
 
 
+def broker_killed(work: Path, orders: int, down_s: float) -> FaultResult:
+    """kill -9 of the broker under a running processor; restarted, then a replay from earliest.
+
+    The log is the source of truth, so the broker keeps it on disk: after the restart the
+    processor goes on from its positions, and a rebuild from the earliest offsets of the
+    restarted log equals the oracle of every acknowledged event too.
+    """
+    events = _events(orders, 10)
+    result = FaultResult(f"broker kill -9, down {down_s:.0f} s, then replay", len(events))
+    with private_world(work) as world:
+        with _processor(world) as process:
+            half = len(events) // 2
+            world.publish(events[:half])
+            world.wait_caught_up(process)
+            world.stack.kill("kafka")
+            time.sleep(down_s)
+            alive_during = process.alive()
+            world.stack.restart("kafka")
+            back = time.monotonic()
+            world.publish(events[half:])
+            result.recovery_s = _recovered(world, process, back)
+            result.notes.append(f"processor alive while the broker was down: {alive_during}")
+            spec = processor_spec("order_state")
+            plan = plan_replay(
+                spec, ToEarliest(), world.kafka, world.client, world.redis.key_prefix
+            )
+            result.notes.append(f"replay plans every event: {plan.total_events == len(events)}")
+            rebuilt = run_rebuild(
+                plan,
+                spec,
+                world.kafka,
+                world.redis,
+                state_dir=world.work / "state",
+                launcher=world.launcher,
+                timeout_s=600,
+            )
+            result.notes.append(f"replay built g{rebuilt.generation}: {rebuilt.generation == 2}")
+            world.wait_caught_up(process)  # the live processor follows the cutover
+        return world.compare(result)  # the live generation: the rebuilt one
+
+
 SCENARIOS: dict[str, Callable[..., FaultResult]] = {
     "kill-9-soak": kill_9_soak,
     "redis-older-rdb": redis_restored_from_older_backup,
     "redis-empty": redis_restarted_empty,
     "redis-unreachable": redis_unreachable,
     "broker-unreachable": broker_unreachable,
+    "broker-killed": broker_killed,
 }

@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         "redis-empty": {"orders": max(1000, args.orders // 10)},
         "redis-unreachable": {"orders": max(1000, args.orders // 10), "outage_s": args.outage},
         "broker-unreachable": {"orders": max(1000, args.orders // 10), "outage_s": args.outage},
+        "broker-killed": {"orders": max(1000, args.orders // 10), "down_s": 10.0},
     }
     print(header, flush=True)
     for name, scenario in faults.SCENARIOS.items():
