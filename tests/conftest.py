@@ -94,15 +94,19 @@ def unique() -> str:
 @pytest.fixture
 def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
     """Create uniquely named topics for one test and delete them afterwards."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     created: list[str] = []
 
     def _make(partitions: int = 4, prefix: str = "t") -> str:
+        from contracts.kafka.admin import ensure_topics
+        from contracts.topics import TopicSpec
+
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        futures = admin.create_topics([NewTopic(name, num_partitions=partitions)])
-        futures[name].result(timeout=30)
+        # Through ensure_topics: it returns once the broker serves the topic's leaders.
+        spec = TopicSpec(name, partitions, "(test)", ("(any)",))
+        ensure_topics({"bootstrap.servers": kafka_bootstrap}, [spec])
         created.append(name)
         return name
 

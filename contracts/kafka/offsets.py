@@ -175,24 +175,37 @@ class LogOffsets:
         return found if found >= 0 else self.end_offsets([key])[key]
 
     def _list(self, tps: list[TopicPartitionKey], spec: OffsetSpec) -> dict[TopicPartitionKey, int]:
-        """One batched ListOffsets."""
+        """One batched ListOffsets, retried within the timeout while the error is retriable.
+
+        A topic created a moment ago has no leader on the broker yet (NOT_LEADER_FOR_PARTITION,
+        LEADER_NOT_AVAILABLE), and a broker back from a pause answers FENCED_LEADER_EPOCH until
+        its leaders have new epochs: both pass by themselves.
+        """
         if not tps:
             return {}
-        try:
-            futures = self._admin_client().list_offsets(
-                {TopicPartition(t, p): spec for t, p in tps},
-                isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                request_timeout=self._timeout,
-            )
-            return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
-        except KafkaException as exc:
-            # The next call gets a new client: after a broker was fenced (it stopped answering
-            # its controller, e.g. paused), this one kept failing with FENCED_LEADER_EPOCH on
-            # its old metadata instead of refreshing it (seen with librdkafka 2.16).
-            self._admin = None
-            topics = sorted({t for t, _p in tps})
-            msg = f"cannot list offsets of {', '.join(topics)}: {exc}"
-            raise OffsetsError(msg) from exc
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                futures = self._admin_client().list_offsets(
+                    {TopicPartition(t, p): spec for t, p in tps},
+                    isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                    request_timeout=self._timeout,
+                )
+                return {
+                    (tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()
+                }
+            except KafkaException as exc:
+                # A new client each time: after a broker was fenced (it stopped answering its
+                # controller, e.g. paused), one client kept failing with FENCED_LEADER_EPOCH on
+                # its old metadata instead of refreshing it (seen with librdkafka 2.16).
+                self._admin = None
+                error = exc.args[0] if exc.args else None
+                retriable = isinstance(error, KafkaError) and error.retriable()
+                if not retriable or time.monotonic() > deadline:
+                    topics = sorted({t for t, _p in tps})
+                    msg = f"cannot list offsets of {', '.join(topics)}: {exc}"
+                    raise OffsetsError(msg) from exc
+                time.sleep(0.1)
 
     @staticmethod
     def _raise_unless_transient(error: KafkaError, tp: TopicPartitionKey) -> None:
