@@ -6,6 +6,7 @@ started, also on Ctrl-C or failure.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import shutil
 import time
@@ -515,12 +516,15 @@ def run_demo(orders: int, state_dir: Path) -> int:
         print("done: every process the demo started has stopped.")
         return 0 if same and archived else 1
     finally:
-        if processor is not None:
-            processor.stop()
-        if service is not None:
-            service.stop()
-        if dispatch is not None:
-            dispatch.stop()
-        if receiver is not None:
-            receiver.stop()
-        stack.stop()
+        # Each stop runs whatever the one before it raised (the dispatcher re-raises its own
+        # error when stopped): the stack's broker and Redis must never be left behind.
+        with contextlib.ExitStack() as stops:
+            stops.callback(stack.stop)
+            if receiver is not None:
+                stops.callback(receiver.stop)
+            if dispatch is not None:
+                stops.callback(dispatch.stop)
+            if service is not None:
+                stops.callback(service.stop)
+            if processor is not None:
+                stops.callback(processor.stop)
