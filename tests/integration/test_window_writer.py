@@ -271,8 +271,8 @@ class _DecimalSales(SalesWindows):
     scales = {"amount": 2, "amount_chf": 4}  # noqa: RUF012 - a fold's declaration
 
     def measure(self, event_type, event):
-        if event["currency"] == "XXX":  # a fold bug a user can make: the value is not a number
-            return [Measure(group="XXX", values={"amount": "n/a"})]
+        if event["currency"] == "ZZZ":  # a fold bug a user can make: the value is not a number
+            return [Measure(group="ZZZ", values={"amount": "n/a"})]
         (paid,) = super().measure(event_type, event)
         major = event["amount_minor"] / 100  # a float, e.g. 12.34
         values = {**paid.values, "amount": major, "amount_chf": major * 0.93717}
@@ -285,7 +285,7 @@ def test_decimal_measures_are_exact_in_any_order_and_reported_in_the_user_s_unit
     fold = _DecimalSales()
     events = list(OrderSimulator(400, seed=5, anomaly_rate=0))
     last_paid = max(e["paid_at"] for t, e in events if t == "OrderPaid")
-    events.append(_paid("bad", last_paid, 1, "XXX"))  # on time
+    events.append(_paid("bad", last_paid, 1, "ZZZ"))  # on time
     records = _records(events)
     chosen = _windows_target(target, retention_ms=3_600_000)
     client = redis.Redis.from_url(redis_url)
@@ -304,7 +304,7 @@ def test_decimal_measures_are_exact_in_any_order_and_reported_in_the_user_s_unit
     # The plain-Python sum, in Decimal, of every on-time paid amount per currency and minute.
     expected: dict[tuple[int, str], Decimal] = {}
     for event_type, event in events:
-        if event_type == "OrderPaid" and event["currency"] != "XXX":
+        if event_type == "OrderPaid" and event["currency"] != "ZZZ":
             minute = event["paid_at"] - event["paid_at"] % 60_000
             key = (minute, event["currency"])
             expected[key] = expected.get(key, Decimal(0)) + Decimal(event["amount_minor"]) / 100
