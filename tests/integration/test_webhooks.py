@@ -219,7 +219,9 @@ def test_an_outage_shorter_than_the_retry_budget_loses_nothing(
 ):
     topic = make_topic(partitions=4, prefix="insights")
     records = _produce(kafka_bootstrap, topic, 100, seed=3)
-    settings = _settings(name, receiver.url, topic, max_attempts=10, backoff_max_s=1.0)
+    # 16 attempts: at least ~9 s of backoff per insight, so that a busy machine still reaches
+    # 20 retries (the consumer first joins its group) well inside the outage's premise.
+    settings = _settings(name, receiver.url, topic, max_attempts=16, backoff_max_s=1.0)
     dispatcher = _dispatcher(settings, kafka_bootstrap, redis_client, prefix)
     floor = dispatcher.policy.budget_bounds()[0]
     receiver.down()
