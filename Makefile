@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest
-# The JVM parts (Apache Kafka's broker), fetched with mvn from deploy/jars/pom.xml by coordinates.
+# The JVM parts (Apache Kafka's broker, Spark's Kafka connector), fetched with mvn from deploy/jars/pom.xml by coordinates.
 JARS := .jars
 JARS_STAMP := $(JARS)/.fetched
 DEPS := $(STAMP) $(JARS_STAMP)
@@ -34,12 +34,12 @@ $(STAMP): pyproject.toml
 
 $(JARS_STAMP): deploy/jars/pom.xml $(wildcard deploy/jars/*/pom.xml)
 	@command -v mvn >/dev/null || { echo "Maven is required to fetch Apache Kafka's jars (apt-get install -y maven)"; exit 1; }
-	@echo "fetching Apache Kafka's jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
+	@echo "fetching Apache Kafka's and Spark's Kafka connector jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
 	rm -rf $(JARS)
 	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir=$(CURDIR)/$(JARS)
 	@touch $(JARS_STAMP)
 
-setup: $(DEPS) ## create .venv, install refold with Spark and dev tools, redis-server, chromium, and Apache Kafka's jars (mvn)
+setup: $(DEPS) ## create .venv, install refold with Spark and dev tools, redis-server, chromium, and the Kafka broker's and Spark connector's jars (mvn)
 
 run: $(DEPS) ## the demo: local stack, thirteen processors in one Spark app, ~130k events, summary, replay + cutover, insights to a webhook, the archive read by DuckDB, refold serve with its dashboard
 	$(BIN)/refold demo

@@ -3,7 +3,8 @@
 One run, on a private local stack, over the same pre-produced order events:
 1. baseline: plain Python, one process per core, each assigned its own partitions, doing the
    same decode -> fold -> exactly-once Redis write (FoldWriter) as the processor;
-2. the Spark order_state processor catching up on the same backlog (its own generation);
+2. the Spark order_state processor catching up on the same backlog (its own generation), with
+   refold's Kafka source and again with Spark's own ``kafka`` source;
 3. ``replay --to-earliest --execute`` of that processor: rebuild throughput of the shadow
    generation, and the cutover (the alias flip) as a reader sees it;
 4. end-to-end latency (send -> applied in Redis) of the Spark processor at a steady rate;
@@ -179,6 +180,37 @@ def _rekeyed(
     }
 
 
+def _other_source(
+    stack: LocalStack, state: Path, orders: int, spark: ProcessorCatchUp
+) -> dict[str, Any]:
+    """order_state on the same backlog with the other Kafka source (README, "Two Kafka sources").
+
+    The processor's default is refold's ranges source; this runs Spark's JVM ``kafka`` source
+    (or, with ``REFOLD_SOURCE_FORMAT=kafka``, refold's) into generations of its own.
+    """
+    default = SOURCE_FORMAT or "refold_kafka_ranges"
+    other = "refold_kafka_ranges" if default == "kafka" else "kafka"
+    options = {"order_state": _order_state(ORDERS_TOPIC.name, source_format=other)}
+    run = _catch_up(
+        stack,
+        state / "source",
+        "bench-source",
+        [["order_state"]],
+        options,
+        {"order_state": orders},
+        f"{other} source catch-up",
+    )
+    result = run.processors["order_state"]
+    return {
+        **result.summary(),
+        "default": default,
+        "other": other,
+        "peak_rss_mb": run.peak_rss_mb,
+        "ratio_steady": result.rate_steady / spark.rate_steady if spark.rate_steady else 0.0,
+        "ratio_wall": spark.done_s / result.done_s if result.done_s else 0.0,
+    }
+
+
 def _applications(stack: LocalStack, state: Path, ends: Mapping[str, int]) -> dict[str, Any]:
     """The three processors as one Spark application, then as three applications."""
     orders = ends[ORDERS_TOPIC.name]
@@ -270,6 +302,7 @@ def _table(
     rekeyed: dict[str, float] | None = None,
     applications: dict[str, Any] | None = None,
     windows: dict[str, Any] | None = None,
+    sources: dict[str, Any] | None = None,
 ) -> str:
     rows = [("machine", f"{os.cpu_count()} cores, Python {platform.python_version()}")]
     if base is not None and spark is not None:
@@ -301,6 +334,19 @@ def _table(
             (
                 "cutover: flip transaction / gap seen by a reader",
                 f"{rebuild['flip_ms']:.1f} ms / {rebuild['reader_gap_ms']:.2f} ms",
+            ),
+        ]
+    if sources is not None:
+        other, default = sources["other"], sources["default"]
+        rows += [
+            (f"spark processor, {other} source, steady", f"{sources['rate_steady']:,.0f} ev/s"),
+            (
+                f"spark processor, {other} source, incl. start-up",
+                f"{sources['rate_wall']:,.0f} ev/s ({sources['wall_s']:.1f} s)",
+            ),
+            (
+                f"{other} / {default} source: steady, incl. start-up",
+                f"{sources['ratio_steady']:.0%}, {sources['ratio_wall']:.0%}",
             ),
         ]
     if rekeyed is not None:
@@ -381,6 +427,8 @@ def _throughput(stack: LocalStack, state: Path, args: argparse.Namespace) -> dic
     )
     spark = run.processors["order_state"]
     out["spark"] = {**spark.summary(), "peak_rss_mb": run.peak_rss_mb}
+    if not args.skip_sources:
+        out["source"] = _other_source(stack, state, total, spark)
     if not args.skip_rekey:
         out["rekey"] = _rekeyed(stack, state, total, spark)
     if not args.skip_windows:
@@ -427,6 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         "--skip-throughput",
         action="store_true",
         help="only the latency run (no backlog, baseline or catch-up)",
+    )
+    parser.add_argument(
+        "--skip-sources",
+        action="store_true",
+        help="no order_state catch-up with the other Kafka source (Spark's kafka vs refold's)",
     )
     parser.add_argument(
         "--skip-rekey", action="store_true", help="no re-keyed customer_stats catch-up"
@@ -510,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         results.get("rekey"),
         results.get("applications"),
         results.get("windows"),
+        results.get("source"),
     )
     print("\n" + table)
     RESULTS.parent.mkdir(exist_ok=True)

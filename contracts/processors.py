@@ -16,12 +16,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from contracts.errors import ContractError
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+
+# How a processor reads Kafka: refold's Python source planning offset ranges (each task reads
+# its own range), the same source yielding records through Spark, or Spark's own JVM connector.
+SourceFormat = Literal["refold_kafka_ranges", "refold_kafka", "kafka"]
 
 __all__ = [
     "LATE_POLICIES",
@@ -32,6 +36,7 @@ __all__ = [
     "ProcessLauncher",
     "ProcessorOptions",
     "ProcessorSpec",
+    "SourceFormat",
     "consumer_group",
     "options_env_prefix",
     "options_environ",
@@ -145,8 +150,8 @@ class ProcessorOptions(BaseModel):
             cluster). For a re-keyed processor: the number of writer slots of a generation.
         trigger_interval: Processing-time trigger; keeps the idle offset probes cheap.
         source_format: ``refold_kafka_ranges`` (each task reads its own records in the worker
-            that folds them; fastest here), ``refold_kafka`` (records through Spark) or
-            ``kafka`` (Spark's JVM connector, where its jar exists).
+            that folds them), ``refold_kafka`` (records through Spark) or ``kafka`` (Spark's
+            JVM connector, from ``make setup``'s jars). README, "Two Kafka sources".
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -157,7 +162,7 @@ class ProcessorOptions(BaseModel):
     max_offsets_per_trigger: int = 200_000
     max_tasks: int = 2
     trigger_interval: str = "250 milliseconds"
-    source_format: str = "refold_kafka_ranges"
+    source_format: SourceFormat = "refold_kafka_ranges"
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,9 @@ class SparkSettings(BaseModel):
         driver_memory: ``spark.driver.memory``.
         checkpoint_url: Where Spark checkpoints live (a URL or path; shared storage such as
             ``hdfs://`` or ``s3a://`` in production). Default: ``<state_dir>/checkpoints``.
+        jars_dir: A folder whose jars go on ``spark.jars``: Spark's Kafka connector, for a
+            processor whose ``source_format`` is ``kafka``. Default: ``.jars/spark`` of the
+            checkout (``make setup`` fills it with mvn).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -95,6 +98,7 @@ class SparkSettings(BaseModel):
     executor_memory: str = "1g"
     driver_memory: str = "2g"
     checkpoint_url: str | None = None
+    jars_dir: Path | None = None
 
 
 class StackSettings(BaseSettings):

@@ -24,7 +24,6 @@ generation whose checkpoint is gone once it has applied a batch (:func:`refuse_l
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,12 +38,11 @@ from confluent_kafka import Producer
 from contracts.codec import MAGIC, EventCodec
 from contracts.errors import DeserializationError
 from contracts.kafka.outputs import Deliveries, output_producer
-from contracts.layout import BATCH_ID_FIELD, position_field
+from contracts.layout import BATCH_ID_FIELD
 from contracts.origin import dead_letter_headers
 from processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
-    ProcessorError,
     SinkConflictError,
     StateStoreUnavailableError,
 )
@@ -61,6 +59,7 @@ from processors.fold.records import SourceRecord
 from processors.runtime.batch_stats import BatchStatsRecorder
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.group_mirror import ConsumerGroupMirror
+from processors.runtime.offset_log import batch_end_offsets
 from processors.runtime.sink import ranges_of, records_of_ranges, records_of_rows
 
 if TYPE_CHECKING:
@@ -72,10 +71,8 @@ __all__ = [
     "DecodePlan",
     "SinkTotals",
     "TableUpsert",
-    "batch_end_offsets",
     "build_dataframe_query",
     "decode_events",
-    "parse_offset_log",
     "redis_behind_message",
     "refuse_lost_checkpoint",
 ]
@@ -231,40 +228,6 @@ def decode_events(
 
 
 # -- the sink (driver) ----------------------------------------------------------------------
-
-
-def parse_offset_log(text: str) -> dict[str, int]:
-    """The source end offsets in one file of a checkpoint's offsets log, as position fields.
-
-    Spark's format: a version line (``v1``), the batch metadata as JSON, then one line per
-    source with its end offset; a DataFrame processor has one source, the last line, which is
-    ``{"topic": {"partition": next offset}}``.
-
-    Raises:
-        ProcessorError: Not that format.
-    """
-    lines = [line for line in text.splitlines() if line.strip()]
-    try:
-        if len(lines) < 3 or not lines[0].startswith("v"):
-            raise ValueError(lines[:1])
-        nested = json.loads(lines[-1])
-        return {
-            position_field(topic, int(partition)): int(offset)
-            for topic, partitions in nested.items()
-            for partition, offset in partitions.items()
-        }
-    except (ValueError, AttributeError, TypeError) as exc:
-        msg = f"not a Spark offsets log entry with a Kafka source's offsets: {exc!r}"
-        raise ProcessorError(msg) from exc
-
-
-def batch_end_offsets(checkpoint: Path, batch_id: int) -> dict[str, int]:
-    """Where batch ``batch_id`` ends, per partition: its entry in the checkpoint's offsets log.
-
-    Spark writes the entry before it runs the batch (the write-ahead log of the batch's
-    ranges), so it exists when ``foreachBatch`` runs, and a re-run batch reads the same.
-    """
-    return parse_offset_log((checkpoint / "offsets" / str(batch_id)).read_text())
 
 
 class TableUpsert:

@@ -33,7 +33,7 @@ from contracts.errors import RefoldError
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout, position_field
-from contracts.processors import EventTime, ProcessorSpec, consumer_group
+from contracts.processors import EventTime, ProcessorSpec, SourceFormat, consumer_group
 from contracts.registry import default_registry, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
@@ -123,7 +123,7 @@ class RunOptions:
     trigger_interval: str = "250 milliseconds"
     max_offsets_per_trigger: int | None = 200_000
     max_tasks: int | None = 2
-    source_format: str = "refold_kafka_ranges"
+    source_format: SourceFormat = "refold_kafka_ranges"
     dead_letter_topic: str | None = None
     windows_topic: str | None = None
     accept_code_change: bool = False
@@ -474,8 +474,10 @@ def run_processor(
                 )
             run = _record_starting_positions(run, registry, kafka, topics)
             if spark is None:
-                from processors.runtime.spark import build_spark_session
+                from processors.runtime.spark import build_spark_session, check_kafka_connector
 
+                if options.source_format == "kafka":
+                    check_kafka_connector(SparkSettings())
                 spark = build_spark_session(
                     f"refold-{projection.name}-g{run.generation}", SparkSettings()
                 )
@@ -692,13 +694,19 @@ def _run_generation(
         )
     else:
         sink = RedisFoldSink(
-            run.target, projection, mirror, closer=closer, checkpoint=run.checkpoint
+            run.target,
+            projection,
+            mirror,
+            closer=closer,
+            checkpoint=run.checkpoint,
+            closes_ranges=options.source_format == "kafka",
         )
         query = build_query(spark, topics, kafka, run, sink, options)
-    # Only the ranges source moves a fold's positions to each planned range's end (the record
-    # source leaves them at the last record, below the end after a transaction marker); a
-    # DataFrame processor records the batch's end offsets whatever the source.
-    exact_ends = isinstance(sink, DataFrameSink) or options.source_format == "refold_kafka_ranges"
+    # The ranges source and Spark's kafka source (ranges from the offsets log) move a fold's
+    # positions to each planned range's end; refold's record source leaves them at the last
+    # record, below the end after a transaction marker. A DataFrame processor records the
+    # batch's end offsets whatever the source.
+    exact_ends = isinstance(sink, DataFrameSink) or options.source_format != "refold_kafka"
     watch = _RedisWatch(registry, run.generation, exact_ends)
     stop = external_stop or threading.Event()
     outcome: Outcome = "stopped"
@@ -968,8 +976,10 @@ def run_processors(
     Returns:
         The names of the processors that failed (each failure is logged).
     """
-    from processors.runtime.spark import build_spark_session
+    from processors.runtime.spark import build_spark_session, check_kafka_connector
 
+    if any(job.options.source_format == "kafka" for job in jobs):
+        check_kafka_connector(spark_settings)  # before a JVM starts: one line, what to do
     names = [job.spec.name for job in jobs]
     ship = _top_packages(
         "processors",

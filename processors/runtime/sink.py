@@ -11,7 +11,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -29,6 +29,7 @@ from processors.runtime.code_identity import check_executor_code
 from processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
 from processors.runtime.group_mirror import ConsumerGroupMirror
 from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
+from processors.runtime.offset_log import batch_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -151,6 +152,7 @@ def _fold_task(
     codec: EventCodec,
     batch_id: int,
     ranges_mode: bool,
+    planned: Mapping[str, tuple[int, int]],
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """Executor side: read the task's records and apply them chunk by chunk; one outcome row.
@@ -158,11 +160,15 @@ def _fold_task(
     Each chunk is one guarded transaction (its partitions' positions move with it), so a
     retried task skips what an earlier attempt applied. Meanwhile the consumer keeps fetching
     the next records in the background: reading overlaps folding, as in the baseline.
+
+    ``planned``: the batch's range per partition, for a records source whose tasks each read
+    whole partition ranges (Spark's ``kafka``: one task per Kafka partition, as refold sets
+    neither ``minPartitions`` nor ``maxRecordsPerPartition``); empty otherwise.
     """
     writer = _writer(target, projection, codec)  # first: it connects while the records come
     ranges = ranges_of(batches) if ranges_mode else ()
     parts = records_of_ranges(target, ranges) if ranges_mode else records_of_rows(batches)
-    yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
+    yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id, planned))
 
 
 def _slot_task(
@@ -190,19 +196,22 @@ def _apply_all(
     parts: Iterator[list[SourceRecord]],
     ranges: tuple[Range, ...],
     batch_id: int,
+    planned: Mapping[str, tuple[int, int]] | None = None,
 ) -> BatchOutcome:
-    """Apply ``parts`` chunk by chunk, then close each range at its end."""
+    """Apply ``parts`` chunk by chunk, then close each range at its end.
+
+    ``ranges``: the ranges the task read itself; ``planned``: the batch's ranges, of which
+    the task read those of the partitions its records came from.
+    """
     outcome = BatchOutcome()
     for records in _in_chunks(parts):
         # No sort: the source hands each partition's records over in offset order.
         outcome.merge(writer.apply(records, batch_id))
+    read = {position_field(t, p): (s, e) for t, p, s, e in ranges}
+    read.update({f: planned[f] for f in outcome.positions if planned and f in planned})
     # Every range was read in full: its position reaches the range's end even where the last
     # offsets held no record (a transaction marker), so Redis never looks behind Spark's plan.
-    short = {
-        position_field(t, p): (s, e)
-        for t, p, s, e in ranges
-        if outcome.positions.get(position_field(t, p), -1) < e
-    }
+    short = {f: (s, e) for f, (s, e) in read.items() if outcome.positions.get(f, -1) < e}
     if short:
         closing = writer.apply([], batch_id, covered=short)
         outcome.positions.update(closing.positions)
@@ -244,6 +253,9 @@ class RedisFoldSink:
             closer, a lookup processor's joiner).
         codec: The contracts (default: the installed contract sets, loaded on the driver).
         checkpoint: The query's checkpoint (scopes the batch ids of the generation's stats).
+        closes_ranges: The source hands over records (Spark's ``kafka``), and each batch's
+            ranges are read from the checkpoint's offsets log so that every partition's
+            position reaches its range's end, as with refold's ranges source.
     """
 
     def __init__(
@@ -254,8 +266,11 @@ class RedisFoldSink:
         codec: EventCodec | None = None,
         closer: DriverTask | None = None,
         checkpoint: Path | None = None,
+        closes_ranges: bool = False,
     ) -> None:
         self.target = target
+        self.checkpoint = checkpoint
+        self.closes_ranges = closes_ranges and checkpoint is not None
         self.projection = projection
         self.mirror = mirror
         self.closer = closer
@@ -278,6 +293,23 @@ class RedisFoldSink:
         raw = cast("list[bytes | None]", self._redis.hmget(self.target.keys.positions, fields))
         return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
 
+    def _close_unread(
+        self, planned: Mapping[str, tuple[int, int]], outcome: BatchOutcome, batch_id: int
+    ) -> None:
+        """Close the batch's non-empty ranges no task had a record of (transaction markers).
+
+        Driver side, rare. The envelope refolds a hole first if Redis lost writes below a
+        range's start, so moving such a position to the range's end never skips a record.
+        """
+        seen = outcome.positions
+        unread = {f: (s, e) for f, (s, e) in planned.items() if s < e and f not in seen}
+        if not unread:
+            return
+        closing = _writer(self.target, self.projection, self.codec).apply(
+            [], batch_id, covered=unread
+        )
+        outcome.merge(closing)
+
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch; idempotent per batch (re-execution changes nothing)."""
         started = time.perf_counter()
@@ -294,8 +326,11 @@ class RedisFoldSink:
             )
             tasks = df.sparkSession.range(0, slots, 1, slots) if planned else None
         else:
+            batch_plan = (
+                batch_ranges(cast("Path", self.checkpoint), batch_id) if self.closes_ranges else {}
+            )
             task = functools.partial(
-                _fold_task, self.target, self.projection, self.codec, batch_id, ranges
+                _fold_task, self.target, self.projection, self.codec, batch_id, ranges, batch_plan
             )
             tasks = df
         outcome = BatchOutcome()
@@ -319,6 +354,8 @@ class RedisFoldSink:
             )
         if self.target.slots:
             outcome.positions = self._generation_positions(outcome.positions)
+        elif self.closes_ranges:
+            self._close_unread(batch_plan, outcome, batch_id)
         self.last_outcome = outcome
         self.total.merge(outcome)
         if self.mirror is not None:

@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build_spark_session",
+    "check_kafka_connector",
+    "connector_jars",
     "is_local_master",
+    "kafka_connector_version",
     "package_archive",
     "ship_packages",
     "spark_conf",
@@ -46,6 +49,9 @@ _SKIPPED_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff
 _SKIPPED_SUFFIXES = (".pyc", ".pyo")
 # A fixed timestamp for every zip entry: the same code gives the same archive, byte for byte.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+# Where `make setup` puts Spark's Kafka connector (deploy/jars/spark/pom.xml).
+_CHECKOUT_JARS = Path(__file__).resolve().parents[2] / ".jars/spark"
+_CONNECTOR_PREFIX = "spark-sql-kafka-0-10_2.13-"
 
 
 def is_local_master(master: str) -> bool:
@@ -92,7 +98,57 @@ def spark_conf(app_name: str, spark: SparkSettings) -> dict[str, str]:
     if spark.cores_max is not None:
         # Without it one application takes every core of the cluster and the next one waits.
         conf["spark.cores.max"] = str(spark.cores_max)
+    jars = connector_jars(spark)
+    if jars:
+        # Local paths: Spark serves them to a cluster's executors itself.
+        conf["spark.jars"] = ",".join(str(j) for j in jars)
     return conf
+
+
+def connector_jars(spark: SparkSettings) -> list[Path]:
+    """The jars of ``spark.jars_dir`` (default ``.jars/spark`` of the checkout); may be none."""
+    folder = spark.jars_dir or _CHECKOUT_JARS
+    return sorted(folder.glob("*.jar")) if folder.is_dir() else []
+
+
+def kafka_connector_version(jars: Sequence[Path]) -> str | None:
+    """The version of Spark's Kafka connector among ``jars`` (None: it is not there)."""
+    for jar in jars:
+        if jar.name.startswith(_CONNECTOR_PREFIX) and jar.name.endswith(".jar"):
+            return jar.name[len(_CONNECTOR_PREFIX) : -len(".jar")]
+    return None
+
+
+def check_kafka_connector(spark: SparkSettings) -> None:
+    """Refuse the ``kafka`` source when its connector is missing or of another Spark version.
+
+    Under spark-submit the jars may come from ``--packages`` or ``--jars`` instead: nothing
+    is checked there (Spark itself names a missing data source).
+
+    Raises:
+        ProcessorConfigError: No connector jar, or one whose version is not PySpark's.
+    """
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    import pyspark
+
+    folder = spark.jars_dir or _CHECKOUT_JARS
+    found = kafka_connector_version(connector_jars(spark))
+    if found is None:
+        msg = (
+            f"source_format kafka needs Spark's Kafka connector, and {folder} holds no "
+            f"{_CONNECTOR_PREFIX}*.jar. Operator action: run `make setup` (it fetches it with "
+            "mvn from deploy/jars/pom.xml), set REFOLD_SPARK__JARS_DIR to a folder with it, "
+            "or use source_format refold_kafka_ranges."
+        )
+        raise ProcessorConfigError(msg)
+    if found != pyspark.__version__:
+        msg = (
+            f"Spark's Kafka connector in {folder} is {found}, but PySpark is "
+            f"{pyspark.__version__}: a connector must match its Spark. Operator action: set "
+            "spark.version in deploy/jars/pom.xml to PySpark's version and run `make setup`."
+        )
+        raise ProcessorConfigError(msg)
 
 
 def _submitted_conf() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The local broker's files: pinned versions agree, the configuration is a single KRaft node."""
+"""The JVM parts' files: pinned versions agree, the broker's configuration is one KRaft node."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from contracts.settings import SparkSettings
 from deploy.kafka_broker import BrokerError, KafkaBroker, jars_dir, kafka_version
+from processors.runtime.spark import connector_jars, kafka_connector_version
 
 ROOT = Path(__file__).resolve().parents[3]
 POM = "{http://maven.apache.org/POM/4.0.0}"
@@ -30,6 +32,15 @@ def test_compose_runs_the_kafka_version_the_pom_pins():
 
 def test_the_jars_make_setup_fetched_are_the_pinned_version():
     assert kafka_version(jars_dir()) == _pom_property("kafka.version")
+
+
+def test_spark_s_kafka_connector_is_pinned_to_the_installed_pyspark():
+    pyspark = pytest.importorskip("pyspark")
+    pinned = re.search(r'"pyspark==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert pinned is not None
+    assert _pom_property("spark.version") == pinned.group(1) == pyspark.__version__
+    fetched = kafka_connector_version(connector_jars(SparkSettings()))
+    assert fetched == pyspark.__version__
 
 
 def test_the_configuration_is_one_kraft_node_without_auto_creation(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from contracts.codec import EventCodec
 from contracts.processors import EventTime
 from contracts.registry import import_reference, processor_spec
-from processors.errors import ProcessorConfigError, ProcessorError
+from processors.errors import ProcessorConfigError
 from processors.fold.dataframe import (
     EventColumn,
     EventColumnsError,
@@ -21,7 +21,7 @@ from processors.fold.dataframe import (
     output_mode_of,
 )
 from processors.runtime import runner
-from processors.runtime.dataframe import parse_offset_log, refuse_lost_checkpoint
+from processors.runtime.dataframe import refuse_lost_checkpoint
 from processors.sales_native.projection import SalesNative
 from processors.sales_windows.projection import SalesWindows
 
@@ -155,17 +155,6 @@ def test_sales_native_is_registered_and_builds_its_processor():
     built = import_reference(spec.projection)(None)
     assert isinstance(built, SalesNative)
     assert (built.name, built.table, spec.tables) == ("sales_native", "per_minute", ("per_minute",))
-
-
-def test_the_offsets_log_gives_the_batch_end_as_position_fields():
-    text = (
-        'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}\n'
-        '{"orders": {"0": 389, "1": 426}, "more": {"10": 3}}\n'
-    )
-    assert parse_offset_log(text) == {"orders/0": 389, "orders/1": 426, "more/10": 3}
-    for broken in ("", "v1\n{}\n", "v1\n{}\nnot json", "v1\n{}\n[1]"):
-        with pytest.raises(ProcessorError):
-            parse_offset_log(broken)
 
 
 def test_a_generation_with_applied_batches_and_no_checkpoint_is_refused():

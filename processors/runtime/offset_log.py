@@ -1,0 +1,85 @@
+"""Spark's checkpoint offsets log, read by refold's sinks: where each micro-batch starts and ends.
+
+Spark writes a batch's entry (its planned source offsets) before it runs the batch, so a sink
+in ``foreachBatch`` can read the exact Kafka ranges of the batch it is applying, whatever the
+source: the DataFrame sink records the ends as positions, and the fold sink closes each range
+at its end when it reads Spark's JVM ``kafka`` source.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from contracts.layout import position_field
+from processors.errors import ProcessorError
+
+__all__ = ["batch_end_offsets", "batch_ranges", "batch_start_offsets", "parse_offset_log"]
+
+
+def parse_offset_log(text: str) -> dict[str, int]:
+    """The source end offsets in one file of a checkpoint's offsets log, as position fields.
+
+    Spark's format: a version line (``v1``), the batch metadata as JSON, then one line per
+    source with its end offset; a DataFrame processor has one source, the last line, which is
+    ``{"topic": {"partition": next offset}}``.
+
+    Raises:
+        ProcessorError: Not that format.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        if len(lines) < 3 or not lines[0].startswith("v"):
+            raise ValueError(lines[:1])
+        nested = json.loads(lines[-1])
+        return {
+            position_field(topic, int(partition)): int(offset)
+            for topic, partitions in nested.items()
+            for partition, offset in partitions.items()
+        }
+    except (ValueError, AttributeError, TypeError) as exc:
+        msg = f"not a Spark offsets log entry with a Kafka source's offsets: {exc!r}"
+        raise ProcessorError(msg) from exc
+
+
+def batch_end_offsets(checkpoint: Path, batch_id: int) -> dict[str, int]:
+    """Where batch ``batch_id`` ends, per partition: its entry in the checkpoint's offsets log.
+
+    Spark writes the entry before it runs the batch (the write-ahead log of the batch's
+    ranges), so it exists when ``foreachBatch`` runs, and a re-run batch reads the same.
+    """
+    return parse_offset_log((checkpoint / "offsets" / str(batch_id)).read_text())
+
+
+def batch_start_offsets(checkpoint: Path, batch_id: int) -> dict[str, int]:
+    """Where batch ``batch_id`` starts, per partition.
+
+    The previous batch's end, or for a checkpoint's first batch the Kafka source's initial
+    offsets (``sources/0/0``).
+
+    Raises:
+        ProcessorError: The entry is missing or not in Spark's format.
+    """
+    if batch_id > 0:
+        return batch_end_offsets(checkpoint, batch_id - 1)
+    # Spark's Kafka source writes a NUL byte, a version line, then the offsets as JSON.
+    initial = checkpoint / "sources" / "0" / "0"
+    try:
+        version, nested = initial.read_text().lstrip("\x00").splitlines()[:2]
+        if not version.startswith("v"):
+            raise ValueError(version)
+        return {
+            position_field(topic, int(partition)): int(offset)
+            for topic, partitions in json.loads(nested).items()
+            for partition, offset in partitions.items()
+        }
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        msg = f"no initial offsets of a Kafka source in {initial}: {exc!r}"
+        raise ProcessorError(msg) from exc
+
+
+def batch_ranges(checkpoint: Path, batch_id: int) -> dict[str, tuple[int, int]]:
+    """Each partition's ``[start, end)`` in batch ``batch_id`` (new partitions: left out)."""
+    ends = batch_end_offsets(checkpoint, batch_id)
+    starts = batch_start_offsets(checkpoint, batch_id)
+    return {f: (starts[f], end) for f, end in ends.items() if f in starts}
