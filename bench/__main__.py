@@ -80,12 +80,12 @@ _WEB_SHARE = 0.3
 
 def _order_state(topic: str, **extra: str) -> OrderStateOptions:
     """order_state's options on ``topic`` with the benchmark's settings."""
+    chosen: dict[str, str] = {"source_format": SOURCE_FORMAT} if SOURCE_FORMAT else {}
     return OrderStateOptions(
         topics=[topic],
         dead_letter_topic=f"{topic}.dlq",
         notifications_topic=f"{topic}.notifications",
-        **({"source_format": SOURCE_FORMAT} if SOURCE_FORMAT else {}),
-        **extra,
+        **{**chosen, **extra},
     )
 
 
