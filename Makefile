@@ -32,11 +32,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[spark,dev]'
 	@touch $(STAMP)
 
-$(JARS_STAMP): deploy/jars/pom.xml $(wildcard deploy/jars/*/pom.xml)
+# Spark's Kafka connector must be the installed PySpark's version: pyproject.toml pins it, and
+# it is handed to mvn from there (the one place), so the venv comes first.
+$(JARS_STAMP): $(STAMP) deploy/jars/pom.xml $(wildcard deploy/jars/*/pom.xml)
 	@command -v mvn >/dev/null || { echo "Maven is required to fetch Apache Kafka's jars (apt-get install -y maven)"; exit 1; }
 	@echo "fetching Apache Kafka's and Spark's Kafka connector jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
 	rm -rf $(JARS)
-	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir=$(CURDIR)/$(JARS)
+	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir=$(CURDIR)/$(JARS) \
+		-Dspark.version=$$($(BIN)/python -c 'import pyspark; print(pyspark.__version__)')
 	@touch $(JARS_STAMP)
 
 setup: $(DEPS) ## create .venv, install refold with Spark and dev tools, redis-server, chromium, and the Kafka broker's and Spark connector's jars (mvn)

@@ -34,11 +34,11 @@ def test_the_jars_make_setup_fetched_are_the_pinned_version():
     assert kafka_version(jars_dir()) == _pom_property("kafka.version")
 
 
-def test_spark_s_kafka_connector_is_pinned_to_the_installed_pyspark():
+def test_spark_s_kafka_connector_is_the_installed_pyspark_s_version():
     pyspark = pytest.importorskip("pyspark")
     pinned = re.search(r'"pyspark==([^"]+)"', (ROOT / "pyproject.toml").read_text())
     assert pinned is not None
-    assert _pom_property("spark.version") == pinned.group(1) == pyspark.__version__
+    assert pinned.group(1) == pyspark.__version__
     fetched = kafka_connector_version(connector_jars(SparkSettings()))
     assert fetched == pyspark.__version__
 
