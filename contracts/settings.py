@@ -3,8 +3,8 @@
 Environment names: ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_SPARK__*`` (nested with
 ``__``); each processor's own options are ``REFOLD_<PROCESSOR>__*`` (see
 :class:`contracts.processors.ProcessorOptions`). Secrets are ``SecretStr``: they print as
-``**********`` and reach clients only through :meth:`KafkaSettings.as_librdkafka` and
-:meth:`RedisSettings.client_kwargs`.
+``**********`` and reach clients only through :meth:`KafkaSettings.as_librdkafka` (and its
+Java form, :meth:`KafkaSettings.as_java_client`) and :meth:`RedisSettings.client_kwargs`.
 """
 
 from __future__ import annotations
@@ -43,6 +43,16 @@ class KafkaSettings(BaseModel):
             **self.client_properties,
             **{k: v.get_secret_value() for k, v in self.secret_properties.items()},
         }
+
+    def as_java_client(self) -> dict[str, str]:
+        """The same configuration for a Java client (Spark's ``kafka`` source).
+
+        Raises:
+            JavaClientConfigError: A setting with no Java equivalent refold can build.
+        """
+        from contracts.kafka.java_client import java_client_properties
+
+        return java_client_properties(self.as_librdkafka())
 
 
 class RedisSettings(BaseModel):

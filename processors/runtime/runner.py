@@ -31,6 +31,7 @@ import redis
 from contracts.codec import EventCodec
 from contracts.errors import RefoldError
 from contracts.kafka.admin import ensure_topics
+from contracts.kafka.java_client import JavaClientConfigError
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout, position_field
 from contracts.processors import EventTime, ProcessorSpec, SourceFormat, consumer_group
@@ -283,7 +284,14 @@ def _source(
         .option("startingOffsets", run.starting_offsets)
         .option("failOnDataLoss", "true")
     )
-    for key, value in kafka.as_librdkafka().items():
+    # Spark's JVM source takes Java client properties; refold's sources, librdkafka's.
+    try:
+        client = (
+            kafka.as_java_client() if options.source_format == "kafka" else kafka.as_librdkafka()
+        )
+    except JavaClientConfigError as exc:
+        raise ProcessorConfigError(str(exc)) from exc
+    for key, value in client.items():
         reader = reader.option(f"kafka.{key}", value)
     if options.source_format.startswith("refold_kafka") and options.max_tasks:
         reader = reader.option("maxTasks", str(options.max_tasks))
