@@ -50,7 +50,7 @@ run: $(DEPS) ## the demo: local stack, thirteen processors in one Spark app, ~13
 test: $(DEPS) ## unit + integration + spark tests (what CI runs)
 	$(PYTEST) tests/unit tests/integration tests/spark
 
-test-unit: $(STAMP) ## fast loop: pure logic only
+test-unit: $(DEPS) ## fast loop: pure logic only (and the pinned jars make setup fetched)
 	$(PYTEST) tests/unit
 
 test-integration: $(DEPS) ## real Apache Kafka broker + real redis-server

@@ -16,21 +16,18 @@ import pytest
 from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher
 from contracts.registry import processor_spec
-from contracts.settings import SparkSettings
+from contracts.settings import KafkaSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
 from deploy.simulators.orders import OrderSimulator
 from processors.errors import ProcessorConfigError
 from processors.order_state.config import OrderStateOptions
-from processors.runtime.spark import check_kafka_connector, connector_jars
+from processors.runtime.spark import check_kafka_connector
 from replay.plan import ToDatetime
 from replay.rebuild import plan_replay, run_rebuild
 from replay.snapshots import SnapshotStore
+from services.producer.publisher import EventPublisher
 
 from .conftest import oracle
-
-pytestmark = pytest.mark.skipif(
-    not connector_jars(SparkSettings()), reason="no Spark Kafka connector jars: run make setup"
-)
 
 
 def _snapshot(client, prefix: str) -> dict[bytes, bytes]:
@@ -104,6 +101,39 @@ def test_the_kafka_source_equals_refolds_source_through_an_older_redis_and_a_tim
     ranges = world.run_available_now(spark, generation="new", source_format="refold_kafka_ranges")
     assert ranges not in (live, result.generation)
     assert world.state(ranges) == expected
+
+
+def test_a_batch_of_transaction_markers_only_moves_the_positions_to_the_log_end(spark, world):
+    events = list(OrderSimulator(300, seed=31))
+    half = len(events) // 2
+    world.publisher().emit_many(events[:half])
+    transactional = EventPublisher(
+        KafkaSettings(
+            bootstrap_servers=world.kafka.bootstrap_servers,
+            client_properties={
+                "transactional.id": f"{world.topic.name}-tx",
+                "transaction.timeout.ms": "600000",
+            },
+        ),
+        topics=[world.topic],
+    )
+    producer = transactional.producer
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    transactional.emit_many(events[half:])  # acknowledged, not committed yet
+    live = world.run_available_now(spark, source_format="kafka")
+    assert world.state(live)[0] == oracle(events).states
+
+    # The commit appends one marker to every partition the transaction wrote: the next batch
+    # holds markers only, no record reaches a task, and the driver closes those ranges.
+    producer.commit_transaction(30)
+    transactional.close()
+    assert world.run_available_now(spark, source_format="kafka") == live
+    offsets = world.offsets()
+    ends = offsets.end_offsets([(world.topic.name, p) for p in range(world.topic.partitions)])
+    offsets.close()
+    assert world.reader().freshness() == ends
+    assert world.state(live) == (oracle(events).states, dict(oracle(events).aggregate))
 
 
 def test_a_missing_or_mismatched_connector_is_refused_with_what_to_do(tmp_path):

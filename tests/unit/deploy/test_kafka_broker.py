@@ -6,6 +6,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pyspark
 import pytest
 
 from contracts.settings import SparkSettings
@@ -35,7 +36,6 @@ def test_the_jars_make_setup_fetched_are_the_pinned_version():
 
 
 def test_spark_s_kafka_connector_is_the_installed_pyspark_s_version():
-    pyspark = pytest.importorskip("pyspark")
     pinned = re.search(r'"pyspark==([^"]+)"', (ROOT / "pyproject.toml").read_text())
     assert pinned is not None
     assert pinned.group(1) == pyspark.__version__
