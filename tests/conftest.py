@@ -43,6 +43,10 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         yield stack.bootstrap_servers, stack.redis_url
 
 
+_MADE_UP_SOURCES = ("orders", "changes", "crm", "durable", "pv", "se", "clicks")
+_MADE_UP_PARTITIONS = 16
+
+
 def _create_default_topics(bootstrap: str) -> None:
     """The topics the installed processors read and write under their default names.
 
@@ -55,7 +59,7 @@ def _create_default_topics(bootstrap: str) -> None:
     from contracts.kafka.admin import ensure_topics
     from contracts.processors import ProcessorOptions
     from contracts.registry import default_registry
-    from contracts.topics import dead_letter_spec, effects_spec
+    from contracts.topics import TopicSpec, dead_letter_spec, effects_spec
     from contracts.windows import windows_topic
 
     def load(ref: str) -> Any:
@@ -73,6 +77,17 @@ def _create_default_topics(bootstrap: str) -> None:
     config = {"bootstrap.servers": bootstrap}
     ensure_topics(config, [*declared, *(dead_letter_spec(n) for n in sorted(registry.processors))])
     ensure_topics(config, [effects_spec(t) for t in dict.fromkeys(outputs) if t not in known])
+    # The source topics of the tests that feed a writer records they make up: a writer commits
+    # its outputs with an offset per source partition, and Kafka keeps offsets only for
+    # partitions that exist (processors.runtime.output_transactions).
+    ensure_topics(
+        config,
+        [
+            TopicSpec(name, _MADE_UP_PARTITIONS, "(test)", ("(any)",))
+            for name in _MADE_UP_SOURCES
+            if name not in known
+        ],
+    )
 
 
 @pytest.fixture(scope="session")

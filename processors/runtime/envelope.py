@@ -11,8 +11,10 @@ Entities are not watched (it cost ~5 us per record): an entity must live on one 
 the producer SDK guarantees by keying every event with its aggregate id.
 
 Records that do not decode or that the fold rejects go to the dead-letter topic, with the reason
-and origin in headers, before the transaction commits: nothing is lost. A dead letter can be
-written twice if the process dies between the two steps (dead letters are at-least-once).
+and origin in headers. A batch's outputs (dead letters, the late side output, side effects) are
+committed in a Kafka transaction before its Redis transaction, with markers that make a
+re-folded batch skip what an earlier run committed (:mod:`processors.runtime.output_transactions`):
+a read_committed consumer sees each output once, and nothing is lost.
 
 Lifecycle: a FoldWriter is picklable before first use and opens its Redis client and dead-letter
 producer lazily, in the process that calls :meth:`apply` (a Spark executor's Python worker).
@@ -32,13 +34,11 @@ from typing import Any, cast
 
 import orjson
 import redis
-from confluent_kafka import Producer
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
 from contracts.codec import MAGIC, DecodedEvent, EventCodec
 from contracts.errors import DeserializationError
-from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import (
     BATCH_ID_FIELD,
     GenerationKeys,
@@ -88,6 +88,12 @@ from processors.fold.timers import (
 from processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
 from processors.runtime.dead_letter_log import summarise_letters
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
+from processors.runtime.output_transactions import (
+    Outbox,
+    OutputsFencedError,
+    OutputTransactions,
+    marker_group,
+)
 from processors.runtime.window_store import write_timers, write_windows
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]
@@ -149,6 +155,9 @@ class FoldTarget:
             partition id over all of them).
         code_fingerprint: The driver's code fingerprint: a Spark worker that loaded other code
             (the file edited under the running process) refuses to write ("": unchecked).
+        created_at: The generation's ``created_at`` (registry meta). It names the output
+            streams, so a generation number that gc frees and a new generation takes again
+            starts new streams and markers.
     """
 
     processor: str
@@ -166,6 +175,7 @@ class FoldTarget:
     event_time: EventTime | None = None
     topics: tuple[str, ...] = ()
     code_fingerprint: str = ""
+    created_at: str = ""
 
     @property
     def late_topic(self) -> str:
@@ -381,7 +391,7 @@ class FoldWriter:
             for topic, pk in target.partition_keys
         }
         self._redis: redis.Redis | None = None
-        self._producer: Producer | None = None
+        self._outputs: OutputTransactions | None = None
         self._has_effects = getattr(projection, "effects", None) is not None
         # A window processor counts events into buckets; an entity processor folds states.
         self._windows: WindowFold | None = (
@@ -408,10 +418,20 @@ class FoldWriter:
             self._redis = redis.Redis.from_url(self.target.redis_url)
         return self._redis
 
-    def _dead_letter_producer(self) -> Producer:
-        if self._producer is None:
-            self._producer = output_producer(dict(self.target.kafka))
-        return self._producer
+    @property
+    def outputs(self) -> OutputTransactions:
+        """The Kafka transactions of this writer's outputs (created on first use)."""
+        if self._outputs is None:
+            target = self.target
+            group = marker_group(
+                target.key_prefix,
+                target.processor,
+                target.generation,
+                self.slot,
+                target.created_at,
+            )
+            self._outputs = OutputTransactions(dict(target.kafka), group, self.slot)
+        return self._outputs
 
     def begin_task(self) -> None:
         """Forget what the last task learned (links, scanned partitions): a new task begins.
@@ -423,12 +443,7 @@ class FoldWriter:
         self._scanned.clear()
 
     def connect(self) -> None:
-        """Connect to Redis and start the producer's handshake now rather than at first use.
-
-        The idempotent producer's first flush waits for metadata and a producer id (~0.45 s on
-        the local broker); started before a task reads its records, that overlaps the read.
-        """
-        self._dead_letter_producer().poll(0)
+        """Connect to Redis now rather than at first use (overlapping the task's read)."""
         # Only a head start: apply() waits for an unreachable Redis.
         with contextlib.suppress(*REDIS_UNAVAILABLE):
             self.redis.ping()
@@ -501,6 +516,11 @@ class FoldWriter:
                         "positions changed during the batch; re-planning",
                         extra={"batch_id": batch_id, "generation": self.target.generation},
                     )
+                except OutputsFencedError:
+                    logger.warning(
+                        "another writer took the batch's output streams over; re-planning",
+                        extra={"batch_id": batch_id, "generation": self.target.generation},
+                    )
         msg = (
             f"{self.target.processor} g{self.target.generation}: positions changed "
             f"{_MAX_ATTEMPTS} times during one batch. Operator action: make sure only one "
@@ -553,6 +573,7 @@ class FoldWriter:
             if v is not None
         }
         _check_holes(records, applied_pos, covered)
+        outbox = Outbox()
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]] = []
         dead: list[_DeadLetter] = []
         new_pos: dict[str, int] = {}
@@ -577,7 +598,8 @@ class FoldWriter:
             )
         if self._lookups is not None:
             waiting = self._pending_lookups(pending, dead, outcome)
-            self._send_records(dead, late_out, batch_id, outcome)
+            self._send_records(dead, late_out, batch_id, outcome, outbox)
+            self._commit_outputs(outbox, new_pos)
             pipe.multi()
             if waiting:
                 pipe.zadd(keys.timers(PENDING_TIMERS), waiting)
@@ -587,7 +609,8 @@ class FoldWriter:
             return outcome
         if self._windows is not None:
             windows = self._count_windows(pending, dead, outcome)
-            self._send_records(dead, late_out, batch_id, outcome)
+            self._send_records(dead, late_out, batch_id, outcome, outbox)
+            self._commit_outputs(outbox, new_pos)
             pipe.multi()
             write_windows(pipe, keys, windows)
             self._write_positions(pipe, positions_key, new_pos, clocks, marks, [], batch_id)
@@ -630,12 +653,13 @@ class FoldWriter:
             if queue is not None:
                 queue.set(record.partition, entity, self._due(new))
         delta = self._delta(pipe, folded, dead, outcome)
-        self._send_records(dead, late_out, batch_id, outcome)
+        self._send_records(dead, late_out, batch_id, outcome, outbox)
         if folded.effects:
             to_send, outcome.suppressed = self._unsuppressed(pipe, folded.effects)
             if to_send:
-                self._send_effects(to_send)
+                self._send_effects(to_send, outbox)
                 outcome.effects = len(to_send)
+        self._commit_outputs(outbox, new_pos)
         pipe.multi()
         stored = {e: b for e, b in folded.encoded.items() if b is not None}
         if stored:
@@ -910,15 +934,27 @@ class FoldWriter:
         late_out: list[_DeadLetter],
         batch_id: int | None,
         outcome: BatchOutcome,
+        outbox: Outbox,
     ) -> None:
-        """Count and produce the dead letters and the late side output (before the commit)."""
+        """Count the dead letters and queue them and the late side output in ``outbox``."""
         outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
         outcome.rejected = sum(not d.timer for d in dead) - outcome.undecodable
         outcome.dead_letters = dict(Counter(d.reason for d in dead))
         if dead:
-            self._send_dead_letters(dead, batch_id)
+            self._send_dead_letters(dead, batch_id, outbox)
         if late_out:
-            self._send_dead_letters(late_out, batch_id, topic=self.target.late_topic)
+            self._send_dead_letters(late_out, batch_id, outbox, topic=self.target.late_topic)
+
+    def _commit_outputs(self, outbox: Outbox, new_pos: Mapping[str, int]) -> None:
+        """Commit the batch's outputs in Kafka (before Redis: see the module's docstring)."""
+        if not outbox:
+            return
+        ends: dict[tuple[str, int], int] = {}
+        for output in outbox.outputs:
+            tp = output.source
+            reached = new_pos.get(position_field(*tp), 0)
+            ends[tp] = max(ends.get(tp, 0), reached, output.offset + 1)
+        self.outputs.send(outbox, ends)
 
     def _take(
         self,
@@ -1270,8 +1306,10 @@ class FoldWriter:
         ]
         return send, len(effects) - len(send)
 
-    def _send_effects(self, effects: Sequence[tuple[SourceRecord, SideEffect]]) -> None:
-        """Produce side effects and wait for the acknowledgements (before the commit).
+    def _send_effects(
+        self, effects: Sequence[tuple[SourceRecord, SideEffect]], outbox: Outbox
+    ) -> None:
+        """Queue side effects in ``outbox``.
 
         Each with its origin id, each stream (source partition) in origin order (offset, then
         the record's own order): a consumer deduplicates per stream on it
@@ -1285,11 +1323,11 @@ class FoldWriter:
             index = stream[-1][0] + 1 if stream and stream[-1][1].offset == record.offset else 0
             oid = origin_id(self.target.processor, *record[:3], index, self.slot)
             stream.append((index, record, effect, oid))
-        sent = Deliveries(self._dead_letter_producer(), f"{len(effects)} side effects")
         for _index, record, effect, oid in heapq.merge(
             *streams.values(), key=lambda e: e[1].timestamp
         ):
-            sent.produce(
+            outbox.add(
+                record[:3],
                 effect.topic,
                 effect.payload if effect.payload is not None else orjson.dumps(effect.value),
                 effect.key.encode(),
@@ -1298,15 +1336,17 @@ class FoldWriter:
                     (ORIGIN_ID, oid.encode()),
                 ],
             )
-        sent.wait()
 
     def _send_dead_letters(
-        self, dead: Iterable[_DeadLetter], batch_id: int | None, topic: str | None = None
+        self,
+        dead: Iterable[_DeadLetter],
+        batch_id: int | None,
+        outbox: Outbox,
+        topic: str | None = None,
     ) -> None:
-        """Produce records with their reason and origin headers, and wait for the acks."""
+        """Queue records with their reason and origin headers in ``outbox``."""
         topic = topic or self.target.dlq_topic
         letters = list(dead)
-        sent = Deliveries(self._dead_letter_producer(), f"{len(letters)} records to {topic}")
         for letter in letters:
             record = letter.record
             headers = dead_letter_headers(
@@ -1320,7 +1360,7 @@ class FoldWriter:
             if letter.timer:  # the record was applied: the letter describes the timer
                 headers.append(("refold.timer", b"1"))
                 value = orjson.dumps({"timer": letter.detail})
-            sent.produce(topic, value, record.key, headers)
+            outbox.add(record[:3], topic, value, record.key, headers)
             logger.debug(
                 "to %s (%s): %s",
                 topic,
@@ -1333,7 +1373,6 @@ class FoldWriter:
                     "batch_id": batch_id,
                 },
             )
-        sent.wait()
         if letters:
             logger.warning(
                 "%s",

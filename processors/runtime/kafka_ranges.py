@@ -179,6 +179,8 @@ def _consumer(kafka: tuple[tuple[str, str], ...], slot: str) -> Consumer:
             # data; one fetch per broker is in flight, so the other partitions wait behind it.
             # 10 ms instead of 100 took reading 3k records over 8 partitions from ~50 to ~10 ms.
             "fetch.wait.max.ms": 10,
+            # Processors write their outputs in transactions: an aborted batch is never read.
+            "isolation.level": "read_committed",
             **dict(kafka),
         }
         consumer = _CONSUMERS[slot, kafka] = Consumer(routed(config))
@@ -239,7 +241,7 @@ def read_messages(
                     _finish(consumer, todo, tp)
                     continue
                 if offset > next_offset[tp] and next_offset[tp] == start:
-                    _on_gap(options, tp, start, offset)
+                    _on_gap(consumer, options, tp, start, offset)
                 next_offset[tp] = offset + 1
                 chunk.append(message)
                 if offset + 1 >= end:
@@ -261,14 +263,26 @@ def _finish(
         consumer.pause([TopicPartition(tp[0], tp[1])])
 
 
-def _on_gap(options: SourceOptions, tp: TopicPartitionKey, start: int, first: int) -> None:
-    # The first record is past the range start: records were deleted (retention) or compacted
-    # away. Spark's Kafka source fails the query here unless failOnDataLoss=false.
+def _on_gap(
+    consumer: Consumer, options: SourceOptions, tp: TopicPartitionKey, start: int, first: int
+) -> None:
+    """The first record is past the range start: a loss only if the log starts past it.
+
+    Inside the log, offsets without a record a reader gets are transaction markers, records of
+    aborted transactions (the reader is read_committed, librdkafka's default) or records
+    compaction removed: nothing is lost. Below the log start, records were deleted (retention):
+    Spark's Kafka source fails the query then unless failOnDataLoss=false.
+    """
+    log_start, _end = consumer.get_watermark_offsets(
+        TopicPartition(*tp), timeout=options.poll_timeout_s
+    )
+    if log_start <= start:
+        return
     if options.fail_on_data_loss:
         msg = (
-            f"refold_kafka: {tp[0]}/{tp[1]} offsets {start}..{first - 1} are no longer in "
-            "the log (retention or compaction). Operator action: set failOnDataLoss=false "
-            "to skip them, or rebuild from the earliest offset with `replay`."
+            f"refold_kafka: {tp[0]}/{tp[1]} offsets {start}..{log_start - 1} are no longer in "
+            "the log (retention). Operator action: set failOnDataLoss=false to skip them, or "
+            "rebuild from the earliest offset with `replay`."
         )
         raise RuntimeError(msg)
     logger.warning("%s/%d: skipping lost offsets %d..%d", tp[0], tp[1], start, first - 1)

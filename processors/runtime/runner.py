@@ -226,6 +226,7 @@ def resolve_run(
         processor=projection.name,
         generation=generation,
         code_fingerprint=fingerprints["code_fingerprint"],
+        created_at=registry.meta(generation).get("created_at", ""),
         redis_url=redis_settings.client_url(),
         key_prefix=redis_settings.key_prefix,
         kafka=tuple(sorted(kafka.as_librdkafka().items())),
@@ -284,6 +285,10 @@ def _source(
         .option("startingOffsets", run.starting_offsets)
         .option("failOnDataLoss", "true")
     )
+    if options.source_format == "kafka":
+        # Spark's source reads read_uncommitted by default: a processor's outputs are written
+        # in transactions, and the records of an aborted one must not be folded.
+        reader = reader.option("kafka.isolation.level", "read_committed")
     # Spark's JVM source takes Java client properties; refold's sources, librdkafka's.
     try:
         client = (

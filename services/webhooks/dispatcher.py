@@ -77,9 +77,9 @@ _CONSUMER_TUNING: Mapping[str, Any] = {
     "fetch.wait.max.ms": 250,
     "fetch.queue.backoff.ms": 10,  # the 1 s default throttles catching up on a backlog
     "queued.min.messages": 10_000,  # prefetch; a batch waiting out an outage holds little
-    # Insights are written by idempotent, non-transactional producers (a transaction would
-    # hide nothing): read_committed would only wait for the last stable offset.
-    "isolation.level": "read_uncommitted",
+    # Insights are a processor's outputs, written in Kafka transactions: the records of a
+    # batch that did not commit are never delivered.
+    "isolation.level": "read_committed",
 }
 # ... and the settings that keep the consumer passive, always applied last:
 _CONSUMER_REQUIRED: Mapping[str, Any] = {

@@ -271,7 +271,8 @@ def _known(browser: Any) -> dict[str, Any]:
     assert page["replays"]
     assert all(r["done"] != "" and r["total"] != "" for r in page["replays"]), page["replays"]
     partitions = _card(page, PROCESSOR)["partitions"]
-    assert partitions and all(p["end"] != "" for p in partitions), partitions
+    assert partitions
+    assert all(p["end"] != "" for p in partitions), partitions
     return page
 
 

@@ -136,10 +136,10 @@ def base_target(redis_url, kafka_bootstrap, make_topic, unique):
 
 
 @pytest.fixture
-def clients(base_target):
-    """One Redis client and one dead-letter producer for all examples (each handshake ~0.5 s)."""
+def client(base_target):
+    """One Redis client for all examples (each example's prefix has its own output streams)."""
     shared = FoldWriter(base_target, P)
-    yield shared.redis, shared._dead_letter_producer()
+    yield shared.redis
     shared.redis.close()
 
 
@@ -153,12 +153,11 @@ def clients(base_target):
 )
 @given(batches())
 def test_every_record_is_applied_or_dead_lettered_and_state_equals_the_oracle(
-    base_target, clients, records
+    base_target, client, records
 ):
-    client, producer = clients
     target = replace(base_target, key_prefix=f"{base_target.key_prefix}-{next(_EXAMPLE)}")
     writer = FoldWriter(target, P)
-    writer._redis, writer._producer = client, producer
+    writer._redis = client
 
     outcome = writer.apply(records)
 

@@ -1,0 +1,294 @@
+"""A batch's outputs in Kafka transactions, committed before its Redis transaction: exactly once.
+
+A fold writer's outputs (side effects, dead letters, the late side output) are caused by source
+records. They are collected in an :class:`Outbox` while the batch folds, then
+:meth:`OutputTransactions.send` writes them to Kafka in a transaction that also commits, as the
+consumer-group offsets of a *marker group*, how far each source partition's outputs are written
+(the batch's new positions). Only then does the writer commit its Redis transaction.
+
+Two commits, each atomic, in that order; what a crash between them leaves is repaired:
+
+- a crash before the Kafka commit: the transaction stays open until the writer's successor
+  starts a producer with the same ``transactional.id``, which aborts it. A ``read_committed``
+  consumer never sees its records; the batch is folded and sent again.
+- a crash after the Kafka commit, before the Redis one: the marker is ahead of Redis' applied
+  position. The batch is folded again (the fold is deterministic, DESIGN.md decision 9), and
+  the outputs of the records below the marker are dropped: they are in the log already.
+
+Fencing: one ``transactional.id`` per stream of outputs (a source partition, or the writer slot
+of a re-keyed processor: one writer at a time owns each, guarded in Redis). A zombie writer of
+the same stream is fenced by its successor's producer, so its transaction cannot commit, and the
+markers this writer remembers cannot be stale: a successor's commit would have fenced it first.
+
+The marker group is ``refold.outputs.<key prefix>.<processor>.g<N>.t<created at>[.s<slot>]``. It
+never has members; Kafka keeps its offsets while it is committed to (offsets.retention.minutes,
+7 days by default, after its last commit).
+
+Live client code; not picklable: built lazily where the writer applies (an executor process).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from contracts.kafka.logs import routed
+from contracts.kafka.outputs import DeadLetterError, output_producer
+from contracts.origin import Headers
+
+__all__ = ["Outbox", "OutputTransactions", "OutputsFencedError", "marker_group"]
+
+logger = logging.getLogger(__name__)
+
+SourceTP = tuple[str, int]
+# The broker may be away for a while (the acks wait up to 310 s the same way): each call waits.
+_TXN_TIMEOUT_S, _STEP_S = 310.0, 10.0
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+
+
+# Another producer of the stream started (a successor, or a concurrent writer).
+_FENCED = frozenset(
+    {
+        KafkaError._FENCED,  # noqa: SLF001 - librdkafka's public error names start with _
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    }
+)
+
+
+class OutputsFencedError(DeadLetterError):
+    """Another writer of the stream started a producer since this one: the batch is re-planned.
+
+    Nothing this writer sent in the failed transaction is committed; its markers are read again.
+    """
+
+
+def marker_group(
+    key_prefix: str, processor: str, generation: int, slot: int | None, created_at: str = ""
+) -> str:
+    """The consumer group whose offsets say how far a generation's outputs are committed.
+
+    ``created_at`` (the generation's, from its registry meta) tells apart two generations that
+    had the same number: gc frees the number of a generation it removes.
+    """
+    created = f".t{created_at}" if created_at else ""
+    suffix = "" if slot is None else f".s{slot}"
+    return f"refold.outputs.{key_prefix}.{processor}.g{generation}{created}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Output:
+    source: SourceTP
+    offset: int
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    headers: Headers
+
+
+@dataclass(slots=True)
+class Outbox:
+    """The outputs of one batch, in the order they are produced, with their source record."""
+
+    outputs: list[_Output] = field(default_factory=list)
+
+    def add(
+        self,
+        source: tuple[str, int, int],
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Headers,
+    ) -> None:
+        """Queue one output of the source record ``(topic, partition, offset)``."""
+        self.outputs.append(_Output((source[0], source[1]), source[2], topic, value, key, headers))
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+
+def _waiting(what: str, call: Callable[[float], object]) -> None:
+    """``call(timeout)``, again after each retriable error (a timeout: the broker is away).
+
+    librdkafka says a timed-out init, offsets send or commit may be called again; it logs every
+    _STEP_S and gives up after _TXN_TIMEOUT_S (nothing after it is committed then).
+    """
+    waited = 0.0
+    while True:
+        try:
+            call(_STEP_S)
+            return
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not error.retriable() or waited >= _TXN_TIMEOUT_S:
+                raise
+            waited += _STEP_S
+            logger.warning("%s waits for the broker (%.0fs): %s", what, waited, error.str())
+
+
+def _produce(producer: Producer, output: _Output) -> None:
+    """Queue one record of a transaction; commit_transaction waits for every acknowledgement.
+
+    No delivery callback: the commit fails when a record failed, and a fenced producer raises
+    at its next produce (a callback served then would run with that exception set).
+    """
+    while True:
+        try:
+            producer.produce(output.topic, output.value, output.key, headers=output.headers)
+        except BufferError:  # the local queue is full: let it drain
+            producer.poll(0.1)
+            continue
+        return
+
+
+class OutputTransactions:
+    """Sends a writer's outboxes in Kafka transactions, with the markers that make them once.
+
+    Args:
+        kafka: librdkafka settings (bootstrap servers, security).
+        group: The marker group (:func:`marker_group`).
+        slot: A re-keyed processor's writer slot: one stream for all its partitions; ``None``
+            for one stream per source partition.
+    """
+
+    def __init__(self, kafka: Mapping[str, str], group: str, slot: int | None) -> None:
+        self.kafka = dict(kafka)
+        self.group = group
+        self.slot = slot
+        self._producers: dict[str, Producer] = {}
+        self._marks: dict[SourceTP, int] = {}
+        self._consumer: Consumer | None = None
+
+    def _stream(self, tp: SourceTP) -> str:
+        """The ``transactional.id`` that owns the outputs of source partition ``tp``."""
+        return self.group if self.slot is not None else f"{self.group}.{tp[0]}.{tp[1]}"
+
+    def _producer(self, stream: str) -> Producer:
+        producer = self._producers.get(stream)
+        if producer is None:
+            producer = output_producer({**self.kafka, "transactional.id": stream})
+            # Aborts what a predecessor of this stream left open, and fences it.
+            _waiting(f"starting {stream}", producer.init_transactions)
+            self._producers[stream] = producer
+        return producer
+
+    def marks(self, tps: list[SourceTP]) -> dict[SourceTP, int]:
+        """How far each source partition's outputs are committed (0: none yet)."""
+        unknown = [TopicPartition(t, p) for t, p in tps if (t, p) not in self._marks]
+        deadline = time.monotonic() + _TXN_TIMEOUT_S
+        while unknown:
+            try:
+                found = self._group_consumer().committed(unknown, timeout=_TXN_TIMEOUT_S)
+            except KafkaException as exc:
+                # The group's coordinator moves or loads (a broker that just started).
+                if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                    msg = f"reading the output markers of {self.group} failed: {exc}"
+                    raise DeadLetterError(msg) from exc
+                time.sleep(0.2)
+                continue
+            for tp in found:
+                self._marks[tp.topic, tp.partition] = max(0, tp.offset)
+            unknown = []
+        return {tp: self._marks[tp] for tp in tps}
+
+    def send(self, outbox: Outbox, ends: Mapping[SourceTP, int]) -> int:
+        """Commit the outbox's outputs not committed yet, with ``ends`` as the new markers.
+
+        Args:
+            outbox: The batch's outputs.
+            ends: Per source partition with outputs, the batch's new position (exclusive).
+
+        Returns:
+            How many outputs were dropped because an earlier run committed them.
+
+        Raises:
+            DeadLetterError: Kafka did not take the transaction (nothing of it is visible to
+                a read_committed consumer; the batch is not committed and is folded again).
+        """
+        if not outbox.outputs:
+            return 0
+        marks = self.marks(sorted({o.source for o in outbox.outputs}))
+        streams: dict[str, list[_Output]] = defaultdict(list)
+        dropped = 0
+        for output in outbox.outputs:
+            if output.offset < marks[output.source]:
+                dropped += 1
+            else:
+                streams[self._stream(output.source)].append(output)
+        if dropped:
+            logger.info(
+                "%d outputs of %s were committed by an earlier run (crashed before its Redis "
+                "commit): not sent again",
+                dropped,
+                self.group,
+            )
+        for stream, outputs in streams.items():
+            self._commit(stream, outputs, ends)
+        return dropped
+
+    def _commit(self, stream: str, outputs: list[_Output], ends: Mapping[SourceTP, int]) -> None:
+        sources = sorted({o.source for o in outputs})
+        try:
+            producer = self._producer(stream)
+            producer.begin_transaction()
+            for output in outputs:
+                _produce(producer, output)
+            offsets = [TopicPartition(t, p, ends[t, p]) for t, p in sources]
+            metadata = self._group_consumer().consumer_group_metadata()
+            _waiting(
+                f"the markers of {stream}",
+                lambda timeout: producer.send_offsets_to_transaction(offsets, metadata, timeout),
+            )
+            _waiting(f"committing {len(outputs)} outputs of {stream}", producer.commit_transaction)
+        except KafkaException as exc:
+            self._forget(stream, sources)
+            msg = f"the transaction of {len(outputs)} outputs of {stream} failed: {exc}"
+            if exc.args[0].code() in _FENCED:
+                raise OutputsFencedError(msg) from exc
+            raise DeadLetterError(msg) from exc
+        for tp in sources:
+            self._marks[tp] = ends[tp]
+
+    def _group_consumer(self) -> Consumer:
+        """A client of the marker group: it reads the markers and never joins the group."""
+        if self._consumer is None:
+            self._consumer = Consumer(
+                routed(
+                    {
+                        **self.kafka,
+                        "group.id": self.group,
+                        "enable.auto.commit": False,
+                        "enable.auto.offset.store": False,
+                    }
+                )
+            )
+        return self._consumer
+
+    def _forget(self, stream: str, sources: list[SourceTP]) -> None:
+        """After a failure: a new producer (aborting what is open) and markers read again."""
+        producer = self._producers.pop(stream, None)
+        if producer is not None:
+            try:
+                producer.abort_transaction(10)
+            except KafkaException:
+                logger.debug("abort of %s failed; its successor aborts it", stream)
+        for tp in sources:
+            self._marks.pop(tp, None)
+
+    def close(self) -> None:
+        """Close the clients (an open transaction is aborted by the next writer)."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        self._producers.clear()

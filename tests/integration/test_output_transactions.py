@@ -1,0 +1,195 @@
+"""A processor's outputs in Kafka transactions: a read_committed reader sees each one once.
+
+order_state sends its status changes (an output stream) and its dead letters. A writer "dies" at
+each point between its two commits, and a new writer (its successor after a kill -9) applies the
+same records:
+
+1. after the Kafka commit, before the Redis one: the successor skips what was committed;
+2. after producing, before the Kafka commit: the successor's producer aborts the open
+   transaction (read_uncommitted sees its records, read_committed never does);
+3. a writer that goes on after its successor started is fenced: nothing of that transaction is
+   committed, and it re-plans the batch.
+
+Every time: each output once on the topics, and the state == a plain fold of the orders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from contracts.codec import EventCodec
+from deploy.simulators.orders import OrderSimulator
+from processors.fold.oracle import fold_all
+from processors.fold.projection import EventRejectedError, fold_one
+from processors.fold.records import SourceRecord
+from processors.order_state.projection import OrderStateProjection
+from processors.runtime.envelope import FoldTarget, FoldWriter
+from processors.runtime.kafka_ranges import SourceOptions, read_messages
+from processors.runtime.output_transactions import OutputTransactions, marker_group
+from services.reader.state_reader import StateReader
+from tests.support.chain import senders
+
+CODEC = EventCodec()
+
+
+class _KilledError(Exception):
+    """Where the test's writer stops, as a kill -9 would stop it."""
+
+
+def _records(count: int) -> tuple[list[tuple[str, dict[str, Any]]], list[SourceRecord]]:
+    """Order events on one partition of ``orders``, and three records that do not decode."""
+    events = list(OrderSimulator(count, seed=5))
+    records = [
+        SourceRecord("orders", 0, i, e["order_id"].encode(), CODEC.encode(t, e))
+        for i, (t, e) in enumerate(events)
+    ]
+    bad = [SourceRecord("orders", 0, len(records) + i, b"x", b"not avro") for i in range(3)]
+    return events, records + bad
+
+
+def _setup(target: FoldTarget, make_topic) -> tuple[FoldTarget, OrderStateProjection, str]:
+    changes = make_topic(partitions=2, prefix="changes")
+    projection = OrderStateProjection(changes_topic=changes)
+    return dataclasses.replace(target, topics=("orders",)), projection, changes
+
+
+def _assert_once(target: FoldTarget, changes: str, events, redis_url: str, sent: int) -> None:
+    kafka = dict(target.kafka)["bootstrap.servers"]
+    ids = senders(kafka, changes, "read_committed")
+    assert len(ids) == len(set(ids)) == sent
+    letters = senders(kafka, target.dlq_topic, "read_committed")
+    assert len(letters) == 3
+    reader = StateReader(redis.Redis.from_url(redis_url), "order_state", target.key_prefix)
+    states = dict(reader.scan("orders", target.generation))
+    assert states == fold_all(OrderStateProjection(), events).states
+
+
+def _changes(events) -> int:
+    """How many status changes order_state sends for ``events`` (a plain fold)."""
+    projection = OrderStateProjection(changes_topic="changes")
+    states: dict[str, Any] = {}
+    sent = 0
+    for event_type, data in events:
+        key = data["order_id"]
+        try:
+            new, _encoded, _contribution, effects = fold_one(
+                projection, states.get(key), event_type, data
+            )
+        except EventRejectedError:
+            continue
+        states[key] = new
+        sent += sum(e.topic == "changes" for e in effects)
+    return sent
+
+
+def test_a_crash_between_the_kafka_and_the_redis_commit_sends_nothing_twice(
+    target, make_topic, redis_url, monkeypatch
+):
+    target, projection, changes = _setup(target, make_topic)
+    events, records = _records(200)
+    first = FoldWriter(target, projection)
+    first.apply(records[:60])  # a batch that commits in full
+
+    def killed(self, outbox, new_pos):
+        committed(self, outbox, new_pos)
+        raise _KilledError
+
+    committed = FoldWriter._commit_outputs
+    monkeypatch.setattr(FoldWriter, "_commit_outputs", killed)
+    with pytest.raises(_KilledError):
+        first.apply(records[60:])  # outputs committed in Kafka, state not in Redis
+    monkeypatch.setattr(FoldWriter, "_commit_outputs", committed)
+
+    successor = FoldWriter(target, projection)
+    outcome = successor.apply(records[60:])
+    assert outcome.applied == len(events) - 60
+    _assert_once(target, changes, events, redis_url, sent=_changes(events))
+
+
+def test_a_crash_before_the_kafka_commit_is_aborted_by_the_successor(target, make_topic, redis_url):
+    target, projection, changes = _setup(target, make_topic)
+    events, records = _records(150)
+    kafka = dict(target.kafka)["bootstrap.servers"]
+    # What a writer leaves when it dies after producing, before committing: an open
+    # transaction of its stream (source partition orders/0) with records on the topic.
+    group = marker_group(target.key_prefix, target.processor, target.generation, None)
+    dying = Producer({"bootstrap.servers": kafka, "transactional.id": f"{group}.orders.0"})
+    dying.init_transactions(30)
+    dying.begin_transaction()
+    dying.produce(changes, b"half a batch", b"k", headers=[("refold.origin.id", b"dead")])
+    dying.flush(30)
+    assert senders(kafka, changes, "read_uncommitted") == [b"dead"]  # the premise
+
+    FoldWriter(target, projection).apply(records)
+    _assert_once(target, changes, events, redis_url, sent=_changes(events))
+    assert b"dead" in senders(kafka, changes, "read_uncommitted")
+
+
+def test_a_writer_fenced_by_another_re_plans_its_batch(target, make_topic, redis_url, caplog):
+    target, projection, changes = _setup(target, make_topic)
+    events, records = _records(150)
+    zombie = FoldWriter(target, projection)
+    zombie.apply(records[:50])
+    successor = FoldWriter(target, projection)
+    successor.apply(records[:100])
+    # The first writer goes on after its successor took its stream over: its transaction is
+    # fenced (nothing of it committed) and it re-plans, as after a WATCH conflict.
+    zombie.apply(records[50:])
+    assert "took the batch's output streams over" in caplog.text
+    successor.apply(records)
+    _assert_once(target, changes, events, redis_url, sent=_changes(events))
+
+
+def test_the_markers_say_how_far_each_source_partition_is_committed(kafka_bootstrap, unique):
+    group = marker_group(f"test-{unique}", "p", 3, None)
+    assert group == f"refold.outputs.test-{unique}.p.g3"
+    assert marker_group("x", "p", 3, 2) == "refold.outputs.x.p.g3.s2"
+    assert marker_group("x", "p", 3, 2, "1795") == "refold.outputs.x.p.g3.t1795.s2"
+    outputs = OutputTransactions({"bootstrap.servers": kafka_bootstrap}, group, None)
+    assert outputs.marks([("orders", 0), ("orders", 1)]) == {("orders", 0): 0, ("orders", 1): 0}
+    outputs.close()
+
+
+def test_a_range_that_starts_at_a_transaction_marker_or_an_aborted_record_issenders(
+    kafka_bootstrap, make_topic
+):
+    topic = make_topic(partitions=1, prefix="txn")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": topic})
+    producer.init_transactions(30)
+    for value, commit in ((b"a", True), (b"aborted", False), (b"b", True)):
+        producer.begin_transaction()
+        producer.produce(topic, value)
+        producer.flush(30)
+        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+    # offsets: a=0, marker=1, aborted=2, marker=3, b=4, marker=5
+    options = SourceOptions(kafka=(("bootstrap.servers", kafka_bootstrap),), topics=(topic,))
+    for start in (1, 2, 3):
+        read = [
+            m.value() for chunk in read_messages(options, ((topic, 0, start, 6),)) for m in chunk
+        ]
+        assert read == [b"b"]
+
+
+def test_a_range_below_the_log_start_is_a_data_loss(kafka_bootstrap, make_topic):
+    topic = make_topic(partitions=1, prefix="gone")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for value in (b"a", b"b", b"c"):
+        producer.produce(topic, value)
+    producer.flush(30)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 2)]).values():
+        future.result()
+    options = SourceOptions(kafka=(("bootstrap.servers", kafka_bootstrap),), topics=(topic,))
+    with pytest.raises(RuntimeError, match=r"offsets 0\.\.1 are no longer in the log"):
+        list(read_messages(options, ((topic, 0, 0, 3),)))
+    lenient = dataclasses.replace(options, fail_on_data_loss=False)
+    read = [m.value() for chunk in read_messages(lenient, ((topic, 0, 0, 3),)) for m in chunk]
+    assert read == [b"c"]
+    assert Counter(read) == Counter({b"c": 1})
