@@ -19,12 +19,33 @@ from deploy.local_stack import (
     LocalStackError,
 )
 from deploy.processes import tcp_port
+from deploy.stack_security import SCRAM_MECHANISM
 
 __all__ = ["main"]
 
 
 def _stack(args: argparse.Namespace) -> LocalStack:
-    return LocalStack(Path(args.state_dir) / "stack", args.kafka_port, args.redis_port)
+    secure = True if getattr(args, "secure", False) else None  # else: as first started
+    return LocalStack(
+        Path(args.state_dir) / "stack", args.kafka_port, args.redis_port, secure=secure
+    )
+
+
+def _security_lines(stack: LocalStack) -> str:
+    """How to reach a secured stack: settings to export, and where the secrets are (not them)."""
+    if stack.security is None:
+        return ""
+    kafka = stack.kafka_settings()
+    properties = json.dumps(kafka.client_properties, separators=(",", ":"))
+    return (
+        f"secured: SASL_SSL with {SCRAM_MECHANISM}, TLS (trust {stack.security.ca_file}), "
+        f"Redis ACL user {stack.redis_settings().username}\n"
+        f"         export REFOLD_KAFKA__CLIENT_PROPERTIES='{properties}' "
+        f"REFOLD_REDIS__USERNAME={stack.redis_settings().username}\n"
+        "         and the passwords (never printed) from "
+        f"{stack.security.credentials_file}: REFOLD_KAFKA__SECRET_PROPERTIES="
+        "'{\"sasl.password\": kafka_password}', REFOLD_REDIS__PASSWORD=redis_password\n"
+    )
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -41,7 +62,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         f"{stack.redis_url}\n"
         f"logs and pid files in {stack.state_dir}\n"
         f"use it:  export REFOLD_KAFKA__BOOTSTRAP_SERVERS={stack.bootstrap_servers} "
-        f"REFOLD_REDIS__URL={stack.redis_url}\nstop it: refold down"
+        f"REFOLD_REDIS__URL={stack.redis_url}\n{_security_lines(stack)}stop it: refold down"
     )
     return 0
 
@@ -66,6 +87,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"       Apache Kafka {server.version}, data {server.data_dir} "
                 f"({_size(server.disk_bytes)})"
             )
+    print(_security_lines(stack), end="")
     return 0 if any_running else 3
 
 
@@ -254,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=text)
         _add_stack_options(command, after_subcommand=True)
         command.set_defaults(func=func)
+        if name == "up":
+            command.add_argument(
+                "--secure",
+                action="store_true",
+                help="SASL/SCRAM on a TLS listener and a Redis ACL user, with a certificate "
+                "and passwords made under <state dir>/stack/secrets (a new stack only: the "
+                "broker's storage is formatted with the credential; it stays secured)",
+            )
     # `refold cluster up|down|status`: a local Spark standalone master + worker.
     from deploy.cluster import add_cluster_commands
 

@@ -18,6 +18,10 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deploy.stack_security import StackSecurity
 
 __all__ = [
     "KAFKA_JARS_ENV",
@@ -39,11 +43,7 @@ _PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs={log_dir}
 auto.create.topics.enable=false
 num.partitions=1
@@ -55,6 +55,12 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+"""
+_PLAINTEXT_LISTENERS = """\
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 """
 
 # Warnings and errors only, plus the line that says the server started; into the broker's log
@@ -136,11 +142,14 @@ class KafkaBroker:
         home: The broker's folder: ``server.properties``, ``log4j2.properties`` and ``data/``.
         port: The client listener.
         controller_port: The KRaft controller listener (chosen afresh at each start).
+        security: SASL/SCRAM on a TLS client listener (:mod:`deploy.stack_security`); ``None``
+            for a PLAINTEXT one.
     """
 
     home: Path
     port: int
     controller_port: int
+    security: StackSecurity | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -165,13 +174,26 @@ class KafkaBroker:
                 to do), or the format failed.
         """
         self.home.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(
-            _PROPERTIES.format(
-                port=self.port, controller_port=self.controller_port, log_dir=self.data_dir
-            )
-        )
+        ports = {"port": self.port, "controller_port": self.controller_port}
+        if self.security is None:
+            listeners = _PLAINTEXT_LISTENERS.format(**ports)
+        else:
+            self.security.ensure()
+            listeners = self.security.broker_properties(**ports)
+        # Only its owner reads it: the secured broker's holds its store passwords.
+        self.config_file.touch(mode=0o600)
+        self.config_file.chmod(0o600)
+        self.config_file.write_text(_PROPERTIES.format(log_dir=self.data_dir, **ports) + listeners)
         self.log_config_file.write_text(_LOG4J2)
         meta = self.data_dir / "meta.properties"
+        secured = self.home / "formatted-secured"  # the SCRAM credential is in the storage
+        if meta.is_file() and self.security is not None and not secured.is_file():
+            msg = (
+                f"Kafka's storage in {self.data_dir} was formatted without --secure, so it has "
+                "no SCRAM credential. Operator action: `refold down`, move the state directory "
+                "away and `refold up --secure` (a new, empty log), or `refold up` without it."
+            )
+            raise BrokerError(msg)
         if meta.is_file():
             if "cluster.id=" not in meta.read_text(errors="replace"):
                 msg = (
@@ -191,12 +213,16 @@ class KafkaBroker:
         # `--cluster-id=<id>` in one word: an id that starts with "-" would read as an option.
         command = [*self._java(), "kafka.tools.StorageTool", "format"]
         command += [f"--cluster-id={_cluster_id()}", "--config", str(self.config_file)]
+        if self.security is not None:
+            command += self.security.format_arguments()
         done = subprocess.run(  # noqa: S603 - fixed argv, no shell
             command, capture_output=True, text=True, timeout=_FORMAT_TIMEOUT_S, check=False
         )
         if done.returncode != 0:
             msg = f"formatting Kafka's storage in {self.data_dir} failed: {done.stderr[-2000:]}"
             raise BrokerError(msg)
+        if self.security is not None:
+            secured.touch()
 
     def command(self) -> list[str]:
         """The broker's command line (after :meth:`prepare`)."""

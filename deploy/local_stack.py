@@ -30,8 +30,18 @@ from typing import Literal
 
 from confluent_kafka.admin import AdminClient
 
-from deploy.kafka_broker import MAIN_CLASS, BrokerError, KafkaBroker, jars_dir, kafka_version
+from contracts.layout import DEFAULT_KEY_PREFIX
+from contracts.settings import KafkaSettings, RedisSettings
+from deploy.kafka_broker import (
+    MAIN_CLASS,
+    BrokerError,
+    KafkaBroker,
+    jars_dir,
+    java_binary,
+    kafka_version,
+)
 from deploy.processes import alive, terminate
+from deploy.stack_security import StackSecurity
 
 __all__ = [
     "DEFAULT_KAFKA_PORT",
@@ -122,6 +132,9 @@ class LocalStack:
             Redis' working directory.
         kafka_port: Loopback port of the broker.
         redis_port: Loopback port of redis-server.
+        redis_persistent: Redis appends every write to a file (AOF, fsynced every second).
+        secure: SASL/SCRAM on a TLS listener and a Redis ACL user (:mod:`deploy.stack_security`).
+            ``None``: as the state dir was first started (a secured stack stays secured).
     """
 
     def __init__(
@@ -131,8 +144,13 @@ class LocalStack:
         redis_port: int = DEFAULT_REDIS_PORT,
         *,
         redis_persistent: bool = True,
+        secure: bool | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        secrets = self.state_dir / "secrets"
+        if secure is None:
+            secure = (secrets / "credentials.json").is_file()
+        self.security = StackSecurity(secrets, java_binary()) if secure else None
         self.kafka_port = kafka_port
         self.redis_port = redis_port
         # Redis holds what the log cannot rebuild (API keys, webhook positions): by default it
@@ -175,8 +193,21 @@ class LocalStack:
     def _recorded_pid(self, name: ServerName) -> int | None:
         return self._recorded(name)[0]
 
+    def kafka_settings(self) -> KafkaSettings:
+        """Client settings for this stack's broker (with the credentials when secured)."""
+        if self.security is None:
+            return KafkaSettings(bootstrap_servers=self.bootstrap_servers)
+        return self.security.kafka_settings(self.bootstrap_servers)
+
+    def redis_settings(self, key_prefix: str = DEFAULT_KEY_PREFIX) -> RedisSettings:
+        """Client settings for this stack's redis-server (with the ACL user when secured)."""
+        if self.security is None:
+            return RedisSettings(url=self.redis_url, key_prefix=key_prefix)
+        return self.security.redis_settings(self.redis_url, key_prefix)
+
     def _broker(self, controller_port: int = 0) -> KafkaBroker:
-        return KafkaBroker(self.state_dir / "kafka", self.kafka_port, controller_port)
+        home = self.state_dir / "kafka"
+        return KafkaBroker(home, self.kafka_port, controller_port, self.security)
 
     def _command(self, name: ServerName) -> list[str]:
         if name == "kafka":
@@ -200,6 +231,7 @@ class LocalStack:
             "everysec",
             "--dir",
             str(self.state_dir),
+            *(self.security.redis_arguments() if self.security else []),
         ]
 
     def _program(self, name: ServerName) -> str:
@@ -248,6 +280,8 @@ class LocalStack:
                 log file is named in the message). Servers started by this call are stopped.
         """
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.security is not None:
+            self.security.ensure()
         missing: list[ServerName] = []
         for server in self.status():
             if server.running and missing_only:
@@ -309,7 +343,7 @@ class LocalStack:
 
     def _kafka_answers(self) -> bool:
         """The broker serves metadata with itself in it (the listener opens a bit earlier)."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        admin = AdminClient({**self.kafka_settings().as_librdkafka(), "log_level": 0})
         try:
             return bool(admin.list_topics(timeout=2).brokers)
         except Exception:  # not ready yet: KafkaException, timeouts

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from contracts.errors import RefoldError
+from contracts.kafka.credentials import AuthWatch, refused
 from contracts.topics import TopicSpec
 
 __all__ = ["delete_topics", "ensure_topics"]
+
+_CLIENT = "the admin client (topics)"
 
 
 def ensure_topics(
@@ -35,9 +39,16 @@ def ensure_topics(
         RefoldError: A topic exists with another partition count (keys would map elsewhere),
             or the broker refused to create one.
     """
-    admin = AdminClient(dict(kafka))
+    watch = AuthWatch()
+    config: dict[str, Any] = {**kafka, "error_cb": watch}
+    admin = AdminClient(config)
     wanted = {spec.name: spec for spec in specs}
-    existing = admin.list_topics(timeout=timeout).topics
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        if watch.failure is not None:
+            raise refused(_CLIENT, kafka, watch.failure) from exc
+        raise
     for name, spec in wanted.items():
         if (
             check_partitions

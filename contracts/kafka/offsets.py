@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from contracts.errors import RefoldError
+from contracts.kafka.credentials import AuthWatch, refused
 from contracts.kafka.logs import routed
 
 __all__ = ["LogOffsets", "OffsetsError", "TopicPartitionKey"]
@@ -59,6 +60,7 @@ _REQUIRED: Final[dict[str, Any]] = {
     "isolation.level": "read_committed",
 }
 _TIMEOUT_S: Final = 30.0
+_CLIENT: Final = "the offsets client (log ends, partitions)"
 # Local librdkafka events that it retries by itself; the call's deadline covers them.
 _TRANSIENT: Final = frozenset(
     {
@@ -90,8 +92,10 @@ class LogOffsets:
     """
 
     def __init__(self, config: Mapping[str, Any], timeout: float = _TIMEOUT_S) -> None:
-        self._admin_config: dict[str, Any] = dict(config)
-        self._config: dict[str, Any] = {**_TUNING, **config, **_REQUIRED}
+        # Every client of this reader tells it when Kafka refuses the login.
+        self._auth = AuthWatch()
+        self._admin_config: dict[str, Any] = {**config, "error_cb": self._auth}
+        self._config: dict[str, Any] = {**_TUNING, **config, **_REQUIRED, "error_cb": self._auth}
         self._timeout = timeout
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
@@ -135,6 +139,8 @@ class LogOffsets:
         try:
             metadata = self._metadata_client().list_topics(topic, timeout=self._timeout)
         except KafkaException as exc:
+            if self._auth.failure is not None:
+                raise refused(_CLIENT, self._config, self._auth.failure) from exc
             msg = f"cannot read metadata of topic {topic}: {exc}"
             raise OffsetsError(msg) from exc
         found = metadata.topics.get(topic)
@@ -203,6 +209,8 @@ class LogOffsets:
                 error = exc.args[0] if exc.args else None
                 retriable = isinstance(error, KafkaError) and error.retriable()
                 if not retriable or time.monotonic() > deadline:
+                    if self._auth.failure is not None:
+                        raise refused(_CLIENT, self._config, self._auth.failure) from exc
                     topics = sorted({t for t, _p in tps})
                     msg = f"cannot list offsets of {', '.join(topics)}: {exc}"
                     raise OffsetsError(msg) from exc

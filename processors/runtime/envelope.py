@@ -88,12 +88,7 @@ from processors.fold.timers import (
 from processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
 from processors.runtime.dead_letter_log import summarise_letters
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
-from processors.runtime.output_transactions import (
-    Outbox,
-    OutputsFencedError,
-    OutputTransactions,
-    marker_group,
-)
+from processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
 from processors.runtime.window_store import write_timers, write_windows
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]
@@ -430,7 +425,7 @@ class FoldWriter:
                 self.slot,
                 target.created_at,
             )
-            self._outputs = OutputTransactions(dict(target.kafka), group, self.slot)
+            self._outputs = OutputTransactions(dict(target.kafka), group)
         return self._outputs
 
     def begin_task(self) -> None:
@@ -514,11 +509,6 @@ class FoldWriter:
                 except redis.WatchError:
                     logger.warning(
                         "positions changed during the batch; re-planning",
-                        extra={"batch_id": batch_id, "generation": self.target.generation},
-                    )
-                except OutputsFencedError:
-                    logger.warning(
-                        "another writer took the batch's output streams over; re-planning",
                         extra={"batch_id": batch_id, "generation": self.target.generation},
                     )
         msg = (

@@ -2,23 +2,25 @@
 
 A fold writer's outputs (side effects, dead letters, the late side output) are caused by source
 records. They are collected in an :class:`Outbox` while the batch folds, then
-:meth:`OutputTransactions.send` writes them to Kafka in a transaction that also commits, as the
-consumer-group offsets of a *marker group*, how far each source partition's outputs are written
-(the batch's new positions). Only then does the writer commit its Redis transaction.
+:meth:`OutputTransactions.send` writes them to Kafka in one transaction that also commits, as
+the consumer-group offsets of a *marker group*, how far each source partition's outputs are
+written (the batch's new positions). Only then does the writer commit its Redis transaction.
 
 Two commits, each atomic, in that order; what a crash between them leaves is repaired:
 
-- a crash before the Kafka commit: the transaction stays open until the writer's successor
-  starts a producer with the same ``transactional.id``, which aborts it. A ``read_committed``
-  consumer never sees its records; the batch is folded and sent again.
+- a crash before the Kafka commit: the open transaction is aborted by the broker after
+  ``transaction.timeout.ms`` (60 s); a ``read_committed`` consumer never sees its records (it
+  waits for them until then); the batch is folded and sent again.
 - a crash after the Kafka commit, before the Redis one: the marker is ahead of Redis' applied
   position. The batch is folded again (the fold is deterministic, DESIGN.md decision 9), and
-  the outputs of the records below the marker are dropped: they are in the log already.
+  the outputs of the records below the marker are dropped: they are in the log already. The
+  markers are read at every batch that has outputs (a few ms), because any worker may have
+  committed some since.
 
-Fencing: one ``transactional.id`` per stream of outputs (a source partition, or the writer slot
-of a re-keyed processor: one writer at a time owns each, guarded in Redis). A zombie writer of
-the same stream is fenced by its successor's producer, so its transaction cannot commit, and the
-markers this writer remembers cannot be stale: a successor's commit would have fenced it first.
+One ``transactional.id`` per writer (a Python worker's, for one generation): Spark runs a
+partition's batches in whichever worker is free, so an id per partition would have the workers
+fence each other at every other batch. What fencing would add, a zombie writer's outputs,
+is a second copy with the same origin id, which refold's readers skip (contracts/origin.py).
 
 The marker group is ``refold.outputs.<key prefix>.<processor>.g<N>.t<created at>[.s<slot>]``. It
 never has members; Kafka keeps its offsets while it is committed to (offsets.retention.minutes,
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -41,7 +43,7 @@ from contracts.kafka.logs import routed
 from contracts.kafka.outputs import DeadLetterError, output_producer
 from contracts.origin import Headers
 
-__all__ = ["Outbox", "OutputTransactions", "OutputsFencedError", "marker_group"]
+__all__ = ["Outbox", "OutputTransactions", "marker_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,23 +57,6 @@ _COORDINATOR_MOVING = frozenset(
         KafkaError.COORDINATOR_NOT_AVAILABLE,
     }
 )
-
-
-# Another producer of the stream started (a successor, or a concurrent writer).
-_FENCED = frozenset(
-    {
-        KafkaError._FENCED,  # noqa: SLF001 - librdkafka's public error names start with _
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-    }
-)
-
-
-class OutputsFencedError(DeadLetterError):
-    """Another writer of the stream started a producer since this one: the batch is re-planned.
-
-    Nothing this writer sent in the failed transaction is committed; its markers are read again.
-    """
 
 
 def marker_group(
@@ -158,38 +143,34 @@ class OutputTransactions:
     Args:
         kafka: librdkafka settings (bootstrap servers, security).
         group: The marker group (:func:`marker_group`).
-        slot: A re-keyed processor's writer slot: one stream for all its partitions; ``None``
-            for one stream per source partition.
     """
 
-    def __init__(self, kafka: Mapping[str, str], group: str, slot: int | None) -> None:
+    def __init__(self, kafka: Mapping[str, str], group: str) -> None:
         self.kafka = dict(kafka)
         self.group = group
-        self.slot = slot
-        self._producers: dict[str, Producer] = {}
-        self._marks: dict[SourceTP, int] = {}
+        self.transactional_id = f"{group}.{uuid.uuid4().hex[:12]}"
+        self._producer: Producer | None = None
         self._consumer: Consumer | None = None
 
-    def _stream(self, tp: SourceTP) -> str:
-        """The ``transactional.id`` that owns the outputs of source partition ``tp``."""
-        return self.group if self.slot is not None else f"{self.group}.{tp[0]}.{tp[1]}"
-
-    def _producer(self, stream: str) -> Producer:
-        producer = self._producers.get(stream)
-        if producer is None:
-            producer = output_producer({**self.kafka, "transactional.id": stream})
-            # Aborts what a predecessor of this stream left open, and fences it.
-            _waiting(f"starting {stream}", producer.init_transactions)
-            self._producers[stream] = producer
-        return producer
+    def _transactional(self) -> Producer:
+        if self._producer is None:
+            producer = output_producer({**self.kafka, "transactional.id": self.transactional_id})
+            _waiting(f"starting {self.transactional_id}", producer.init_transactions)
+            self._producer = producer
+        return self._producer
 
     def marks(self, tps: list[SourceTP]) -> dict[SourceTP, int]:
-        """How far each source partition's outputs are committed (0: none yet)."""
-        unknown = [TopicPartition(t, p) for t, p in tps if (t, p) not in self._marks]
+        """How far each source partition's outputs are committed (0: none yet).
+
+        Waits while another writer's transaction holds offsets of the group open (until it
+        commits, or the broker aborts it).
+        """
         deadline = time.monotonic() + _TXN_TIMEOUT_S
-        while unknown:
+        while True:
             try:
-                found = self._group_consumer().committed(unknown, timeout=_TXN_TIMEOUT_S)
+                found = self._group_consumer().committed(
+                    [TopicPartition(t, p) for t, p in tps], timeout=_TXN_TIMEOUT_S
+                )
             except KafkaException as exc:
                 # The group's coordinator moves or loads (a broker that just started).
                 if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
@@ -197,10 +178,7 @@ class OutputTransactions:
                     raise DeadLetterError(msg) from exc
                 time.sleep(0.2)
                 continue
-            for tp in found:
-                self._marks[tp.topic, tp.partition] = max(0, tp.offset)
-            unknown = []
-        return {tp: self._marks[tp] for tp in tps}
+            return {(tp.topic, tp.partition): max(0, tp.offset) for tp in found}
 
     def send(self, outbox: Outbox, ends: Mapping[SourceTP, int]) -> int:
         """Commit the outbox's outputs not committed yet, with ``ends`` as the new markers.
@@ -219,13 +197,8 @@ class OutputTransactions:
         if not outbox.outputs:
             return 0
         marks = self.marks(sorted({o.source for o in outbox.outputs}))
-        streams: dict[str, list[_Output]] = defaultdict(list)
-        dropped = 0
-        for output in outbox.outputs:
-            if output.offset < marks[output.source]:
-                dropped += 1
-            else:
-                streams[self._stream(output.source)].append(output)
+        outputs = [o for o in outbox.outputs if o.offset >= marks[o.source]]
+        dropped = len(outbox.outputs) - len(outputs)
         if dropped:
             logger.info(
                 "%d outputs of %s were committed by an earlier run (crashed before its Redis "
@@ -233,32 +206,38 @@ class OutputTransactions:
                 dropped,
                 self.group,
             )
-        for stream, outputs in streams.items():
-            self._commit(stream, outputs, ends)
+        if outputs:
+            self._commit(outputs, ends)
         return dropped
 
-    def _commit(self, stream: str, outputs: list[_Output], ends: Mapping[SourceTP, int]) -> None:
+    def _commit(self, outputs: list[_Output], ends: Mapping[SourceTP, int]) -> None:
         sources = sorted({o.source for o in outputs})
+        what = f"{len(outputs)} outputs of {self.transactional_id}"
         try:
-            producer = self._producer(stream)
+            producer = self._transactional()
             producer.begin_transaction()
             for output in outputs:
                 _produce(producer, output)
             offsets = [TopicPartition(t, p, ends[t, p]) for t, p in sources]
             metadata = self._group_consumer().consumer_group_metadata()
             _waiting(
-                f"the markers of {stream}",
+                f"the markers of {what}",
                 lambda timeout: producer.send_offsets_to_transaction(offsets, metadata, timeout),
             )
-            _waiting(f"committing {len(outputs)} outputs of {stream}", producer.commit_transaction)
+            _waiting(f"committing {what}", producer.commit_transaction)
         except KafkaException as exc:
-            self._forget(stream, sources)
-            msg = f"the transaction of {len(outputs)} outputs of {stream} failed: {exc}"
-            if exc.args[0].code() in _FENCED:
-                raise OutputsFencedError(msg) from exc
+            self._abandon()
+            msg = f"the transaction of {what} failed: {exc}"
             raise DeadLetterError(msg) from exc
-        for tp in sources:
-            self._marks[tp] = ends[tp]
+
+    def _abandon(self) -> None:
+        """After a failure: abort what is open, and start a new producer next time."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.abort_transaction(10)
+            except KafkaException:
+                logger.debug("abort of %s failed; the broker aborts it", self.transactional_id)
 
     def _group_consumer(self) -> Consumer:
         """A client of the marker group: it reads the markers and never joins the group."""
@@ -275,20 +254,9 @@ class OutputTransactions:
             )
         return self._consumer
 
-    def _forget(self, stream: str, sources: list[SourceTP]) -> None:
-        """After a failure: a new producer (aborting what is open) and markers read again."""
-        producer = self._producers.pop(stream, None)
-        if producer is not None:
-            try:
-                producer.abort_transaction(10)
-            except KafkaException:
-                logger.debug("abort of %s failed; its successor aborts it", stream)
-        for tp in sources:
-            self._marks.pop(tp, None)
-
     def close(self) -> None:
         """Close the clients (an open transaction is aborted by the next writer)."""
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-        self._producers.clear()
+        self._producer = None

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.codec import EventCodec
 from contracts.errors import ContractError, EventTooLargeError, UnknownEventTypeError
+from contracts.kafka.credentials import is_refusal, refused
 from contracts.kafka.logs import routed
 from contracts.lock import PublishGate, default_publish_gate
 from contracts.registry import default_registry
@@ -146,6 +147,7 @@ class EventPublisher:
         self._producer: Producer | None = None
         # The latest client-level error (e.g. connection refused) and when (monotonic) it came.
         self._client_error: tuple[float, str] | None = None
+        self._refused = False  # the latest client error is Kafka refusing the login
 
     @property
     def producer(self) -> Producer:
@@ -159,6 +161,7 @@ class EventPublisher:
         # (reconnects), so they are reported, not raised; a call that then times out names
         # the latest one.
         self._client_error = (time.monotonic(), err.str())
+        self._refused = is_refusal(err)
         logger.warning("Kafka client error: %s", err.str())
 
     def _prepare(
@@ -356,6 +359,8 @@ class EventPublisher:
             at, error = self._client_error
             when = "during the call" if at >= started else f"{started - at:.0f}s before the call"
             msg += f" The Kafka client's latest error ({when}): {error}."
+            if self._refused:
+                msg = f"{refused('the producer', self._config, error)} {msg}"
         return msg
 
     @staticmethod

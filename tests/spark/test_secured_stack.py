@@ -1,0 +1,107 @@
+"""The spine and a replay on a secured stack: SASL/SCRAM over TLS, and a Redis ACL user.
+
+`refold up --secure` starts a private stack; events are published, order_state folds them (its
+process gets the credentials from the launcher's environment), the state is read through the ACL
+user and a replay rebuilds it: both equal the oracle. No password is in a log or in
+`refold status`, and wrong credentials get an error that names the client.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+from pydantic import SecretStr
+
+from contracts.commerce import ORDERS
+from contracts.kafka.admin import ensure_topics
+from contracts.kafka.credentials import KafkaCredentialsError
+from contracts.processors import ProcessLauncher
+from contracts.registry import processor_spec
+from contracts.settings import SparkSettings
+from deploy.local_stack import LocalStack, free_port
+from deploy.processes import ProcessorProcess
+from deploy.simulators.orders import OrderSimulator
+from processors.fold.oracle import fold_all
+from processors.order_state.config import OrderStateOptions
+from processors.order_state.projection import OrderStateProjection
+from replay.plan import ToEarliest
+from replay.rebuild import plan_replay, run_rebuild
+from services.producer.publisher import EventPublisher
+from services.reader.state_reader import StateReader
+from tests.support.waiting import assert_eventually
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "deploy.cli", "--state-dir", str(tmp_path), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_spine_and_a_replay_run_on_a_secured_stack(tmp_path, caplog):
+    ports = ["--kafka-port", str(free_port()), "--redis-port", str(free_port())]
+    up = _cli(tmp_path, *ports, "up", "--secure")
+    assert up.returncode == 0, up.stderr
+    stack = LocalStack(tmp_path / "stack", int(ports[1]), int(ports[3]))  # secured: as first up
+    try:
+        assert stack.security is not None
+        credentials = json.loads(stack.security.credentials_file.read_text())
+        secrets = [v for k, v in credentials.items() if k.endswith("password")]
+        assert "SASL_SSL" in up.stdout
+        kafka = stack.kafka_settings()
+        redis_settings = stack.redis_settings("secured")
+        # Without credentials, Redis refuses; with them, it answers.
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(stack.redis_url).set("x", 1)
+        client = redis.Redis.from_url(redis_settings.client_url())
+        assert client.acl_whoami() == b"refold"
+
+        # Wrong credentials: a clear error that names the client, without the password.
+        bad = SecretStr("not-the-password-42")
+        wrong = kafka.model_copy(update={"secret_properties": {"sasl.password": bad}})
+        with pytest.raises(KafkaCredentialsError, match="the admin client") as refused:
+            ensure_topics(wrong.as_librdkafka(), [ORDERS], timeout=10)
+        assert "user 'refold'" in str(refused.value)
+        assert bad.get_secret_value() not in str(refused.value)
+
+        ensure_topics(kafka.as_librdkafka(), [ORDERS])
+        events = list(OrderSimulator(600, seed=3))
+        publisher = EventPublisher(kafka, topics=[ORDERS])
+        publisher.emit_many(events)
+        publisher.close()
+        options = {"order_state": OrderStateOptions(max_offsets_per_trigger=2_000)}
+        launcher = ProcessLauncher(kafka, redis_settings, SparkSettings(), tmp_path, options)
+        reader = StateReader(client, "order_state", redis_settings.key_prefix)
+        want = fold_all(OrderStateProjection(), events).states
+        process = ProcessorProcess(
+            launcher.argv(["order_state"]), launcher.env(), tmp_path / "live.log"
+        ).start()
+        try:
+            assert_eventually(
+                lambda: reader.registry.live() is not None and dict(reader.scan("orders")) == want,
+                timeout=300,
+                alive=process.alive,
+                message=process.log_tail,
+            )
+            spec = processor_spec("order_state")
+            plan = plan_replay(spec, ToEarliest(), kafka, client, redis_settings.key_prefix)
+            assert plan.ready, plan.render()
+            rebuilt = run_rebuild(
+                plan, spec, kafka, redis_settings, state_dir=tmp_path, launcher=launcher
+            )
+            assert dict(reader.scan("orders", rebuilt.generation)) == want
+        finally:
+            process.stop()
+
+        status = _cli(tmp_path, "status")
+        assert status.returncode == 0, status.stderr
+        assert "secured: SASL_SSL" in status.stdout
+        logs = [p.read_text(errors="replace") for p in tmp_path.rglob("*.log")]
+        assert len(logs) >= 3  # the broker's, Redis', the processor's (and the rebuild's)
+        for text in [up.stdout, up.stderr, status.stdout, caplog.text, *logs]:
+            assert not any(secret in text for secret in secrets)
+    finally:
+        _cli(tmp_path, "down")
