@@ -249,6 +249,11 @@ class OutputTransactions:
                         "group.id": self.group,
                         "enable.auto.commit": False,
                         "enable.auto.offset.store": False,
+                        # Right after a transaction commits, its offsets are unstable for a
+                        # few ms (until the markers are written): the default 100 ms backoff
+                        # made a marker read ~110 ms, 10 ms makes it ~11 ms.
+                        "retry.backoff.ms": 10,
+                        "retry.backoff.max.ms": 50,
                     }
                 )
             )
