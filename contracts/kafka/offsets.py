@@ -1,12 +1,14 @@
 """Log offsets as every refold component reads them: partitions, log start, log end, time.
 
-Ends, starts and times are one batched ListOffsets through an AdminClient, read_committed as
-every refold reader reads: LATEST is the last stable offset, the high watermark (every record
-acknowledged with acks=all before the call) unless a transaction is open on the partition (a
-processor's outputs are written in transactions: :mod:`processors.runtime.output_transactions`),
-and a timestamp gives the first offset whose record time is at or after it. Partition metadata
-is read by a consumer that never subscribes (it honours ``allow.auto.create.topics=false``), and
-:meth:`LogOffsets.record_timestamp` reads one record's time (the monitor's lag in seconds).
+Ends, starts and times are one batched ListOffsets through an AdminClient: on Apache Kafka,
+LATEST under read_uncommitted is the high watermark, which counts every record acknowledged
+with acks=all before the call, and a timestamp gives the first offset whose record time is at
+or after it. refold's readers read read_committed (a processor's outputs are written in
+transactions: :mod:`processors.runtime.output_transactions`): a range planned up to the high
+watermark while a transaction is open is read once it commits or aborts, its aborted records
+skipped. Partition metadata is read by a consumer that never subscribes (it honours
+``allow.auto.create.topics=false``), and :meth:`LogOffsets.record_timestamp` reads one record's
+time (the monitor's lag in seconds).
 
 refold's first local broker, Tansu, answered LATEST and time lookups wrongly, so this module
 used to read ends from the fetch path and times by a binary search over records. On Kafka
@@ -57,7 +59,7 @@ _REQUIRED: Final[dict[str, Any]] = {
     "enable.partition.eof": True,
     # A misspelt topic is an error, never a new topic.
     "allow.auto.create.topics": False,
-    "isolation.level": "read_committed",
+    "isolation.level": "read_uncommitted",
 }
 _TIMEOUT_S: Final = 30.0
 _CLIENT: Final = "the offsets client (log ends, partitions)"
@@ -195,7 +197,7 @@ class LogOffsets:
             try:
                 futures = self._admin_client().list_offsets(
                     {TopicPartition(t, p): spec for t, p in tps},
-                    isolation_level=IsolationLevel.READ_COMMITTED,
+                    isolation_level=IsolationLevel.READ_UNCOMMITTED,
                     request_timeout=self._timeout,
                 )
                 return {

@@ -103,31 +103,37 @@ def test_the_kafka_source_equals_refolds_source_through_an_older_redis_and_a_tim
     assert world.state(ranges) == expected
 
 
-def test_a_batch_of_transaction_markers_only_moves_the_positions_to_the_log_end(spark, world):
+def test_aborted_records_are_never_folded_and_a_batch_of_markers_moves_the_positions(spark, world):
     events = list(OrderSimulator(300, seed=31))
     half = len(events) // 2
     world.publisher().emit_many(events[:half])
-    transactional = EventPublisher(
-        KafkaSettings(
-            bootstrap_servers=world.kafka.bootstrap_servers,
-            client_properties={
-                "transactional.id": f"{world.topic.name}-tx",
-                "transaction.timeout.ms": "600000",
-            },
-        ),
-        topics=[world.topic],
-    )
-    producer = transactional.producer
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    transactional.emit_many(events[half:])  # acknowledged, not committed yet
+
+    def transactional(name: str) -> EventPublisher:
+        publisher = EventPublisher(
+            KafkaSettings(
+                bootstrap_servers=world.kafka.bootstrap_servers,
+                client_properties={"transactional.id": f"{world.topic.name}-{name}"},
+            ),
+            topics=[world.topic],
+        )
+        publisher.producer.init_transactions(30)
+        publisher.producer.begin_transaction()
+        return publisher
+
+    committed = transactional("committed")
+    committed.emit_many(events[half:])
+    committed.producer.commit_transaction(30)
+    committed.close()
     live = world.run_available_now(spark, source_format="kafka")
     assert world.state(live)[0] == oracle(events).states
 
-    # The commit appends one marker to every partition the transaction wrote: the next batch
-    # holds markers only, no record reaches a task, and the driver closes those ranges.
-    producer.commit_transaction(30)
-    transactional.close()
+    # Records of an aborted transaction (orders of the same ids: folded, they would change the
+    # states) and its markers: the source reads read_committed, so the next batch holds no
+    # record, and the driver closes its ranges at the log end.
+    aborted = transactional("aborted")
+    aborted.emit_many(list(OrderSimulator(100, seed=32)))
+    aborted.producer.abort_transaction(30)
+    aborted.close()
     assert world.run_available_now(spark, source_format="kafka") == live
     offsets = world.offsets()
     ends = offsets.end_offsets([(world.topic.name, p) for p in range(world.topic.partitions)])
