@@ -46,6 +46,7 @@ def ensure_topics(
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
+        admin.poll(0)  # serves the error callbacks: a refused login is one
         if watch.failure is not None:
             raise refused(_CLIENT, kafka, watch.failure) from exc
         raise

@@ -141,6 +141,7 @@ class LogOffsets:
         try:
             metadata = self._metadata_client().list_topics(topic, timeout=self._timeout)
         except KafkaException as exc:
+            self._metadata_client().poll(0)  # serves the error callbacks (a refused login)
             if self._auth.failure is not None:
                 raise refused(_CLIENT, self._config, self._auth.failure) from exc
             msg = f"cannot read metadata of topic {topic}: {exc}"
@@ -207,6 +208,8 @@ class LogOffsets:
                 # A new client each time: after a broker was fenced (it stopped answering its
                 # controller, e.g. paused), one client kept failing with FENCED_LEADER_EPOCH on
                 # its old metadata instead of refreshing it (seen with librdkafka 2.16).
+                if self._admin is not None:
+                    self._admin.poll(0)  # serves the error callbacks (a refused login)
                 self._admin = None
                 error = exc.args[0] if exc.args else None
                 retriable = isinstance(error, KafkaError) and error.retriable()

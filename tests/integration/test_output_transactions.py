@@ -166,7 +166,7 @@ def test_the_markers_say_how_far_each_source_partition_is_committed(kafka_bootst
     outputs.close()
 
 
-def test_a_range_that_starts_at_a_transaction_marker_or_an_aborted_record_issenders(
+def test_a_range_that_starts_at_a_transaction_marker_or_an_aborted_record_is_read(
     kafka_bootstrap, make_topic
 ):
     topic = make_topic(partitions=1, prefix="txn")

@@ -112,7 +112,11 @@ def test_aborted_records_are_never_folded_and_a_batch_of_markers_moves_the_posit
         publisher = EventPublisher(
             KafkaSettings(
                 bootstrap_servers=world.kafka.bootstrap_servers,
-                client_properties={"transactional.id": f"{world.topic.name}-{name}"},
+                client_properties={
+                    "transactional.id": f"{world.topic.name}-{name}",
+                    # The publisher's message.timeout.ms is longer than the 60 s default.
+                    "transaction.timeout.ms": "600000",
+                },
             ),
             topics=[world.topic],
         )
