@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, json_lines=False)
     settings = ReplaySettings()
     try:
-        client = redis.Redis.from_url(settings.redis.url)
+        client = redis.Redis.from_url(settings.redis.client_url())
         return _HANDLERS[args.command](args, settings, client)
     except ReplayInterruptedError as exc:
         print(f"replay: {exc}", file=sys.stderr)

@@ -345,7 +345,7 @@ def run_rebuild(
             "was changed. Plan it with plan_replay(), or use --to-earliest."
         )
         raise PlanError(msg)
-    client = redis.Redis.from_url(redis_settings.url)
+    client = redis.Redis.from_url(redis_settings.client_url())
     registry = GenerationRegistry(client, StateLayout(spec.name, redis_settings.key_prefix))
     store = SnapshotStore(registry)
     seed = store.get(plan.seed.generation, plan.seed.snapshot) if plan.seed is not None else None
