@@ -205,27 +205,44 @@ class WindowCloser(DriverTask):
         if watermark is None:
             return 0
         emitted = 0
-        suppress_until = self._live_watermark()
+        suppress = self._suppression()
         while True:
-            fired = self._close_some(watermark, suppress_until)
+            fired = self._close_some(watermark, suppress)
             if fired is None:
                 break
             emitted += fired
         self._expire(watermark)
         return emitted
 
-    def _live_watermark(self) -> int | None:
-        """While this generation is being built: the live one's watermark (closed there)."""
-        status = self.redis.hget(self.layout.generations, str(self.keys.generation))
-        if status not in (b"building", "building"):
-            return None
-        raw_live = self.redis.get(self.layout.alias)
-        if raw_live is None or int(cast("bytes", raw_live)) == self.keys.generation:
-            return None
-        live = self.layout.generation(int(cast("bytes", raw_live)))
-        return generation_watermark(self.redis, live, self.lateness_ms)
+    def _suppression(self) -> tuple[int, GenerationKeys | None] | None:
+        """What not to emit again: a watermark, and the generation whose timers tell.
 
-    def _close_some(self, watermark: int, suppress_until: int | None) -> int | None:
+        While this generation is being built: windows up to the live one's watermark (the live
+        one closes them). After its flip: windows up to the watermark of the generation it
+        replaced, except those whose close timer that one still holds (it never emitted them);
+        its closer may have been ahead of this one's at the flip.
+        """
+        generation = self.keys.generation
+        status = self.redis.hget(self.layout.generations, str(generation))
+        if status in (b"building", "building"):
+            raw_live = self.redis.get(self.layout.alias)
+            if raw_live is None or int(cast("bytes", raw_live)) == generation:
+                return None
+            live = self.layout.generation(int(cast("bytes", raw_live)))
+            watermark = generation_watermark(self.redis, live, self.lateness_ms)
+            return None if watermark is None else (watermark, None)
+        raw = cast("bytes | None", self.redis.hget(self.keys.meta, "replay_of"))
+        if not raw or int(raw) == generation:
+            return None
+        if self.redis.hget(self.layout.generations, raw) is None:  # gone (gc)
+            return None
+        replaced = self.layout.generation(int(raw))
+        watermark = generation_watermark(self.redis, replaced, self.lateness_ms)
+        return None if watermark is None else (watermark, replaced)
+
+    def _close_some(
+        self, watermark: int, suppress: tuple[int, GenerationKeys | None] | None
+    ) -> int | None:
         """One chunk of due timers: read, emit, settle (None: nothing was due).
 
         The buckets are read in one pipeline and the results emitted (acknowledged) before the
@@ -243,13 +260,34 @@ class WindowCloser(DriverTask):
         windows = [decode_timer(m) for m in due]
         buckets, distinct = self._read(windows)
         results = self._results(windows, buckets, distinct)
-        send = [r for r in results if suppress_until is None or r["end"] > suppress_until]
+        send = results if suppress is None else self._not_emitted(results, due, windows, suppress)
         self.suppressed += len(results) - len(send)
         if send:
             self._emit(send)
         self._settle(timers, due, windows, buckets)
         self.done += len(send)
         return len(send)
+
+    def _not_emitted(
+        self,
+        results: list[dict[str, Any]],
+        due: list[bytes],
+        windows: list[tuple[str, int, str]],
+        suppress: tuple[int, GenerationKeys | None],
+    ) -> list[dict[str, Any]]:
+        """The results another generation has not emitted (see :meth:`_suppression`)."""
+        until, other = suppress
+        pending: set[tuple[str, int, str]] = set()
+        if other is not None:
+            candidates = [(m, w) for m, w in zip(due, windows, strict=True) if w[1] <= until]
+            if candidates:
+                members: list[Any] = [m for m, _w in candidates]  # bytes, as stored
+                scores = self.redis.zmscore(other.timers(CLOSE_TIMERS), members)
+                held = zip(candidates, scores, strict=True)
+                pending = {w for (_m, w), score in held if score is not None}
+        return [
+            r for r in results if r["end"] > until or (r["window"], r["end"], r["group"]) in pending
+        ]
 
     def _read(
         self, windows: Sequence[tuple[str, int, str]]
