@@ -1,10 +1,13 @@
 """Records produced to an output topic, and the wait until the broker acknowledged each one.
 
-Every output of a processor (dead letters, the late side output, side effects, closed windows,
-failed lookups) and of the webhook dispatcher (its dead letters) is produced before the state
-that caused it is committed, and only counts as sent once acknowledged (``acks=all``,
-idempotent producer): at least once, never lost. One owner for the producer's settings and for
-the wait. The records' headers are :mod:`contracts.origin`'s.
+Every output of a processor and of the webhook dispatcher (its dead letters) is produced
+before the state that caused it is committed, and only counts as sent once acknowledged
+(``acks=all``, idempotent producer): never lost. A fold writer's outputs (dead letters, late
+records, side effects) go through this producer in Kafka transactions
+(:mod:`processors.runtime.output_transactions`: exactly once for a read_committed reader);
+closed windows, failed lookups and the dispatcher's dead letters through :class:`Deliveries`
+(at least once). One owner for the producer's settings and for the wait. The records' headers
+are :mod:`contracts.origin`'s.
 
 Live client code (a producer, its delivery callbacks); not picklable: build it where it is used
 (on the driver, or in each executor process).
