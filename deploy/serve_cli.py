@@ -12,11 +12,14 @@ import argparse
 import os
 import sys
 
+import redis
 from fastapi import APIRouter, Depends, FastAPI
 from pydantic import ValidationError
 
 from contracts.cli_parser import CommandParser
 from contracts.logconfig import configure_logging
+from contracts.settings import RedisSettings
+from contracts.store.credentials import RedisCredentialsError, redis_refused
 from replay.api import admin_router, plan_router
 from services.api.app import create_app
 from services.api.config import ServeSettings
@@ -75,6 +78,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _redis_login_refused(settings: RedisSettings) -> RedisCredentialsError | None:
+    """Redis refusing the services' login, found before they start.
+
+    An outage is no reason not to start: the routes answer 503 until Redis is back.
+    """
+    client = redis.Redis.from_url(settings.client_url(), socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        return redis_refused("the HTTP services", client, exc)
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
@@ -83,9 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None:  # the workers read their settings from the environment
             os.environ[f"REFOLD_SERVE__{option.upper()}"] = str(value)
     try:
-        serve = ServeSettings().serve
+        settings = ServeSettings()
     except ValidationError as exc:
         print(f"refold serve: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    serve = settings.serve
+    refused = _redis_login_refused(settings.redis)
+    if refused is not None:
+        print(f"refold serve: {refused}", file=sys.stderr)
         return 2
     import uvicorn
 

@@ -24,6 +24,7 @@ from contracts.layout import StateLayout
 from contracts.logconfig import configure_logging
 from contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
 from contracts.registry import default_registry, processor_spec, with_fallback
+from contracts.store.credentials import redis_refused
 from contracts.store.generations import GenerationRegistry, checkpoint_root
 from replay.config import ReplaySettings
 from replay.deploy_gate import check_deploy, deployed_fingerprints
@@ -555,6 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     except ReplayInterruptedError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return exc.exit_code
+    except redis.AuthenticationError as exc:
+        print(f"replay: {redis_refused('replay', client, exc)}", file=sys.stderr)
+        return 1
     except (RefoldError, redis.RedisError) as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return 1

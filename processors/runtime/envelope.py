@@ -54,6 +54,7 @@ from contracts.origin import (
     parse_origin_id,
 )
 from contracts.processors import EventTime
+from contracts.store.credentials import raise_if_refused
 from processors.errors import (
     REDIS_UNAVAILABLE,
     SinkConflictError,
@@ -483,6 +484,7 @@ class FoldWriter:
             except _HoleError as hole:
                 outcome.merge(self._refill(hole.ranges, batch_id))
             except REDIS_UNAVAILABLE as exc:
+                raise_if_refused(exc, f"the processor {self.target.processor}", self.redis)
                 outage = outage or _Outage(self.target)
                 outage.wait(exc)
 

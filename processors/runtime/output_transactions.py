@@ -31,11 +31,14 @@ Live client code; not picklable: built lazily where the writer applies (an execu
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -48,15 +51,23 @@ __all__ = ["Outbox", "OutputTransactions", "marker_group"]
 logger = logging.getLogger(__name__)
 
 SourceTP = tuple[str, int]
+_T = TypeVar("_T")
 # The broker may be away for a while (the acks wait up to 310 s the same way): each call waits.
 _TXN_TIMEOUT_S, _STEP_S = 310.0, 10.0
-_COORDINATOR_MOVING = frozenset(
+# A call still running this long after its own timeout is stuck (see _bounded).
+_GRACE_S = 5.0
+# Errors of a marker read that pass: the coordinator moves or loads, or the call timed out.
+_COORDINATOR_WAITS = frozenset(
     {
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError._TIMED_OUT,  # noqa: SLF001 - librdkafka's public error names start with _
     }
 )
+# Clients left behind after librdkafka wedged (see _bounded): never closed or collected, since
+# closing a wedged client may block too. At most a few per broker restart.
+_LEFT: list[object] = []
 
 
 def marker_group(
@@ -103,16 +114,52 @@ class Outbox:
         return len(self.outputs)
 
 
+class _StuckError(Exception):
+    """A transactional call of librdkafka did not return after its timeout (see _bounded)."""
+
+
+def _bounded(call: Callable[[float], _T], timeout: float) -> _T:
+    """``call(timeout)`` on a helper thread; :class:`_StuckError` when it outlives the timeout.
+
+    librdkafka 2.x may block a transactional call for good, whatever its timeout, after the
+    broker it cached as the group coordinator went away (confluentinc/librdkafka#5456, #5511:
+    a restarted broker left send_offsets_to_transaction waiting for ever, and the processor
+    with it). A C call cannot be interrupted: the caller leaves the thread blocked (it holds no
+    lock and no GIL) and replaces the producer (OutputTransactions.send).
+    """
+    outcome: list[tuple[_T | None, BaseException | None]] = []
+
+    def _run() -> None:
+        try:
+            outcome.append((call(timeout), None))
+        except BaseException as exc:  # handed to the caller's thread as is
+            outcome.append((None, exc))
+
+    worker = threading.Thread(target=_run, name="refold-output-transaction", daemon=True)
+    worker.start()
+    worker.join(timeout + _GRACE_S)
+    if not outcome:
+        msg = f"no return {timeout + _GRACE_S:.0f}s after a call with a {timeout:.0f}s timeout"
+        raise _StuckError(msg)
+    value, error = outcome[0]
+    if error is not None:
+        raise error
+    return cast("_T", value)
+
+
 def _waiting(what: str, call: Callable[[float], object]) -> None:
     """``call(timeout)``, again after each retriable error (a timeout: the broker is away).
 
     librdkafka says a timed-out init, offsets send or commit may be called again; it logs every
     _STEP_S and gives up after _TXN_TIMEOUT_S (nothing after it is committed then).
+
+    Raises:
+        _StuckError: The call did not return at all (:func:`_bounded`).
     """
     waited = 0.0
     while True:
         try:
-            call(_STEP_S)
+            _bounded(call, _STEP_S)
             return
         except KafkaException as exc:
             error = exc.args[0]
@@ -166,16 +213,23 @@ class OutputTransactions:
         commits, or the broker aborts it).
         """
         deadline = time.monotonic() + _TXN_TIMEOUT_S
+        wanted = [TopicPartition(t, p) for t, p in tps]
         while True:
+            consumer = self._group_consumer()
             try:
-                found = self._group_consumer().committed(
-                    [TopicPartition(t, p) for t, p in tps], timeout=_TXN_TIMEOUT_S
-                )
-            except KafkaException as exc:
-                # The group's coordinator moves or loads (a broker that just started).
-                if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                found = _bounded(functools.partial(consumer.committed, wanted), _STEP_S)
+            except (KafkaException, _StuckError) as exc:
+                # The group's coordinator moves or loads (a broker that just started), an open
+                # transaction holds the offsets (librdkafka retries until the timeout), or this
+                # client kept a coordinator that is gone (librdkafka#5511): a new client asks
+                # for the coordinator again.
+                error = exc.args[0] if isinstance(exc, KafkaException) else None
+                waits = error is None or error.code() in _COORDINATOR_WAITS
+                if not waits or time.monotonic() > deadline:
                     msg = f"reading the output markers of {self.group} failed: {exc}"
                     raise DeadLetterError(msg) from exc
+                _LEFT.append(consumer)
+                self._consumer = None
                 time.sleep(0.2)
                 continue
             return {(tp.topic, tp.partition): max(0, tp.offset) for tp in found}
@@ -196,19 +250,38 @@ class OutputTransactions:
         """
         if not outbox.outputs:
             return 0
-        marks = self.marks(sorted({o.source for o in outbox.outputs}))
-        outputs = [o for o in outbox.outputs if o.offset >= marks[o.source]]
-        dropped = len(outbox.outputs) - len(outputs)
-        if dropped:
-            logger.info(
-                "%d outputs of %s were committed by an earlier run (crashed before its Redis "
-                "commit): not sent again",
-                dropped,
-                self.group,
-            )
-        if outputs:
-            self._commit(outputs, ends)
-        return dropped
+        deadline = time.monotonic() + _TXN_TIMEOUT_S
+        while True:
+            marks = self.marks(sorted({o.source for o in outbox.outputs}))
+            outputs = [o for o in outbox.outputs if o.offset >= marks[o.source]]
+            dropped = len(outbox.outputs) - len(outputs)
+            if dropped:
+                logger.info(
+                    "%d outputs of %s were committed by an earlier run (crashed before its "
+                    "Redis commit): not sent again",
+                    dropped,
+                    self.group,
+                )
+            if not outputs:
+                return dropped
+            try:
+                self._commit(outputs, ends)
+            except _StuckError as exc:
+                # The stuck producer is left as it is: the next one, with the same
+                # transactional.id, fences it and aborts its open transaction (or completes
+                # it, if it was committing: the markers read again then drop its outputs).
+                _LEFT.append(self._producer)
+                self._producer = None
+                if time.monotonic() > deadline:
+                    msg = f"the outputs of {self.transactional_id} were not committed: {exc}"
+                    raise DeadLetterError(msg) from exc
+                logger.warning(
+                    "%s: %s; sending the batch's outputs again with a new producer",
+                    self.transactional_id,
+                    exc,
+                )
+                continue
+            return dropped
 
     def _commit(self, outputs: list[_Output], ends: Mapping[SourceTP, int]) -> None:
         sources = sorted({o.source for o in outputs})

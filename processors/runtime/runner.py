@@ -37,6 +37,7 @@ from contracts.layout import StateLayout, position_field
 from contracts.processors import EventTime, ProcessorSpec, SourceFormat, consumer_group
 from contracts.registry import default_registry, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from contracts.store.credentials import raise_if_refused
 from contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
@@ -448,6 +449,7 @@ def run_processor(
     event_time = None if spec is None else spec.event_time
     _check_event_time(projection, event_time, keying)
     client = redis.Redis.from_url(redis_settings.client_url())
+    who = f"the processor {projection.name}"
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
     following = options.generation == "live" and not options.available_now
     wait_s = options.lease_wait_s
@@ -465,6 +467,8 @@ def run_processor(
                 event_time,
             ),
             redis_settings,
+            client,
+            who,
         )
         lease = GenerationLease(registry, picked.generation)
         lease.acquire(wait_s)
@@ -513,7 +517,7 @@ def run_processor(
         if outcome in ("stopped", "caught_up"):
             return run.generation
         if outcome == "retired":
-            live = _until_redis_answers(registry.live, redis_settings)
+            live = _until_redis_answers(registry.live, redis_settings, client, who)
             if live is not None and not archive:
                 # Raises when the new live generation was built by other code: this process
                 # stops rather than fold it with its old code (an accepted change at start
@@ -521,6 +525,8 @@ def run_processor(
                 _until_redis_answers(
                     functools.partial(check_follow, registry, projection, run.generation, live),
                     redis_settings,
+                    client,
+                    who,
                 )
                 options = dataclasses.replace(options, accept_code_change=False)
             # The rebuild's processor still holds the new generation until it has stopped.
@@ -548,14 +554,22 @@ def run_processor(
 _REDIS_START_WAIT_S = 300.0
 
 
-def _until_redis_answers(call: Callable[[], _T], redis_settings: RedisSettings) -> _T:
-    """Run ``call``, waiting (bounded) while Redis is unreachable."""
+def _until_redis_answers(
+    call: Callable[[], _T], redis_settings: RedisSettings, client: redis.Redis, who: str
+) -> _T:
+    """Run ``call``, waiting (bounded) while Redis is unreachable.
+
+    Raises:
+        RedisCredentialsError: Redis refused ``client``'s login (``who`` in the message).
+        ProcessorConfigError: Redis did not answer within the start budget.
+    """
     deadline = time.monotonic() + _REDIS_START_WAIT_S
     delay = 0.5
     while True:
         try:
             return call()
         except REDIS_UNAVAILABLE as exc:
+            raise_if_refused(exc, who, client)
             if time.monotonic() > deadline:
                 msg = (
                     f"Redis at {redis_settings.url} unreachable for {_REDIS_START_WAIT_S:.0f}s: "

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.errors import RefoldError
+from contracts.store.credentials import redis_refused
 
 __all__ = ["ApiError", "error_body", "install_error_handlers"]
 
@@ -110,7 +111,11 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
 
 
-async def _redis_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _redis_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, redis.AuthenticationError):  # a setting to fix, not an outage to wait
+        refused = redis_refused("the HTTP services", request.app.state.context.redis, exc)
+        logger.error("%s", refused)
+        return JSONResponse(error_body(refused.code, str(refused)), 500)
     logger.warning("Redis did not answer: %s", exc)
     msg = (
         f"Redis did not answer ({type(exc).__name__}: {exc}). Operator action: check that Redis "

@@ -50,6 +50,7 @@ from contracts.kafka.logs import routed
 from contracts.kafka.offsets import LogOffsets, OffsetsError
 from contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
 from contracts.layout import WebhookKeys
+from contracts.store.credentials import raise_if_refused
 from contracts.topics import TopicSpec
 from services.webhooks.config import WebhookSettings
 from services.webhooks.delivery import AttemptResult, RetryPolicy, WebhookSender
@@ -200,6 +201,7 @@ class WebhookDispatcher:
         try:
             lease.acquire(_LEASE_WAIT_S)
         except redis.RedisError as exc:
+            raise_if_refused(exc, f"the webhook dispatcher {settings.name}", self._redis)
             msg = (
                 f"{settings.name}: Redis unreachable ({exc}). Operator action: check "
                 "REFOLD_REDIS__URL."

@@ -7,7 +7,9 @@ same records:
 1. after the Kafka commit, before the Redis one: the successor skips what was committed;
 2. after producing, before the Kafka commit: the broker aborts the open transaction after its
    timeout (read_uncommitted sees its records, read_committed never does);
-3. two writers take turns, as Spark's Python workers do: each reads the markers.
+3. two writers take turns, as Spark's Python workers do: each reads the markers;
+4. a call to the group coordinator never returns (librdkafka's bug after a broker restart):
+   the writer leaves that client and sends the batch again with a new one.
 
 Every time: each output once on the topics, and the state == a plain fold of the orders.
 """
@@ -15,6 +17,7 @@ Every time: each output once on the topics, and the state == a plain fold of the
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import Counter
 from typing import Any
 
@@ -31,6 +34,7 @@ from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
 from processors.runtime.envelope import FoldTarget, FoldWriter
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
+from processors.runtime import output_transactions
 from processors.runtime.output_transactions import OutputTransactions, marker_group
 from services.reader.state_reader import StateReader
 from tests.support.chain import senders
@@ -154,6 +158,46 @@ def test_writers_that_take_turns_send_each_output_once(target, make_topic, redis
     first.apply(records[50:])
     second.apply(records)
     _assert_once(target, changes, events, redis_url, sent=_changes(events))
+
+
+def _sends_the_markers(call) -> bool:
+    return getattr(call, "__qualname__", "").startswith("OutputTransactions._commit")
+
+
+def _reads_the_markers(call) -> bool:
+    return getattr(getattr(call, "func", None), "__name__", "") == "committed"
+
+
+@pytest.mark.parametrize("hangs", [_sends_the_markers, _reads_the_markers])
+def test_a_kafka_call_that_never_returns_is_left_and_the_batch_sent_once(
+    target, make_topic, redis_url, monkeypatch, hangs
+):
+    # librdkafka 2.x can block a call to the group coordinator for good after the broker it
+    # cached as coordinator restarted (a broker kill -9 in test_faults met it, in
+    # send_offsets_to_transaction and in the marker consumer's committed()). Here the first
+    # such call "hangs", after the batch's records were produced into the transaction.
+    target, projection, changes = _setup(target, make_topic)
+    events, records = _records(150)
+    monkeypatch.setattr(output_transactions, "_GRACE_S", 0.2)
+    bounded = output_transactions._bounded
+    hung: list[object] = []
+    gate = threading.Event()
+
+    def hangs_once(call, timeout):
+        if not hung and hangs(call):
+            hung.append(call)
+            return bounded(lambda _t: gate.wait(), 0.1)
+        return bounded(call, timeout)
+
+    monkeypatch.setattr(output_transactions, "_bounded", hangs_once)
+    writer = FoldWriter(target, projection)
+    outcome = writer.apply(records)
+    assert hung  # the premise: the call was made, and left
+    assert outcome.applied == len(events)
+    # A left producer's open transaction was aborted by its successor (same transactional.id),
+    # so a read_committed reader sees each output once, at once.
+    _assert_once(target, changes, events, redis_url, sent=_changes(events))
+    gate.set()  # ends the left thread
 
 
 def test_the_markers_say_how_far_each_source_partition_is_committed(target, make_topic):

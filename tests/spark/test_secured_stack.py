@@ -2,8 +2,9 @@
 
 `refold up --secure` starts a private stack; events are published, order_state folds them (its
 process gets the credentials from the launcher's environment), the state is read through the ACL
-user and a replay rebuilds it: both equal the oracle. No password is in a log or in
-`refold status`, and wrong credentials get an error that names the client.
+user and a replay rebuilds it, reading with Spark's JVM `kafka` source: both equal the oracle. No
+password is in a log or in `refold status`, and wrong credentials (Kafka's or Redis') get an
+error that names the client.
 """
 
 from __future__ import annotations
@@ -41,6 +42,33 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
 
+def _refused_by_redis(tmp_path: Path, kafka, wrong) -> None:
+    """A wrong Redis password: the services, replay and a processor each say who was refused."""
+    launcher = ProcessLauncher(kafka, wrong, SparkSettings(), tmp_path, {})
+    env = launcher.env()
+    secret = wrong.password.get_secret_value()
+    commands = {
+        "the HTTP services": [sys.executable, "-m", "deploy.serve_cli", "--port", "1"],
+        "replay": [sys.executable, "-m", "replay", "status", "--processor", "order_state"],
+    }
+    for who, command in commands.items():
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode in (1, 2), done.stderr
+        assert f"refused the credentials of {who} (user 'refold')" in done.stderr, done.stderr
+        assert secret not in done.stderr + done.stdout
+    # A processor stops at once with the reason, instead of waiting as for an outage.
+    process = ProcessorProcess(
+        launcher.argv(["order_state"]), env, tmp_path / "refused.log"
+    ).start()
+    try:
+        assert_eventually(lambda: not process.alive(), timeout=120, message=process.log_tail)
+        log = process.log_tail()
+        assert "refused the credentials of the processor order_state" in log, log
+        assert secret not in log
+    finally:
+        process.stop()
+
+
 def test_the_spine_and_a_replay_run_on_a_secured_stack(tmp_path, caplog):
     ports = ["--kafka-port", str(free_port()), "--redis-port", str(free_port())]
     up = _cli(tmp_path, *ports, "up", "--secure")
@@ -68,6 +96,7 @@ def test_the_spine_and_a_replay_run_on_a_secured_stack(tmp_path, caplog):
         assert bad.get_secret_value() not in str(refused.value)
 
         ensure_topics(kafka.as_librdkafka(), [ORDERS])
+        _refused_by_redis(tmp_path, kafka, redis_settings.model_copy(update={"password": bad}))
         events = list(OrderSimulator(600, seed=3))
         publisher = EventPublisher(kafka, topics=[ORDERS])
         publisher.emit_many(events)
@@ -89,8 +118,12 @@ def test_the_spine_and_a_replay_run_on_a_secured_stack(tmp_path, caplog):
             spec = processor_spec("order_state")
             plan = plan_replay(spec, ToEarliest(), kafka, client, redis_settings.key_prefix)
             assert plan.ready, plan.render()
+            # The rebuild reads with Spark's own JVM `kafka` source: SASL/SCRAM over TLS
+            # through the translated Java client properties.
+            jvm = {"order_state": OrderStateOptions(source_format="kafka")}
+            rebuilder = ProcessLauncher(kafka, redis_settings, SparkSettings(), tmp_path, jvm)
             rebuilt = run_rebuild(
-                plan, spec, kafka, redis_settings, state_dir=tmp_path, launcher=launcher
+                plan, spec, kafka, redis_settings, state_dir=tmp_path, launcher=rebuilder
             )
             assert dict(reader.scan("orders", rebuilt.generation)) == want
         finally:
