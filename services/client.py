@@ -226,9 +226,14 @@ class InvalidRequestError(ClientError):
 class InvalidEventsError(InvalidRequestError):
     """422 on ingest: events do not meet their contracts; nothing of the request was sent.
 
-    ``errors`` holds one entry per refused event: ``{"index", "type", "code", "fields",
-    "problems"}``.
+    ``errors`` holds one entry per refused event, up to the server's ``max_reported_errors``:
+    ``{"index", "type", "code", "fields", "problems"}``; :attr:`errors_omitted` counts the rest.
     """
+
+    @property
+    def errors_omitted(self) -> int:
+        """Refused events beyond those described in ``errors``."""
+        return int(self.details.get("errors_omitted", 0))
 
 
 class UnauthenticatedError(ClientError):

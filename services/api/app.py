@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
+from services.api.body_limit import BodyLimit
 from services.api.config import ServeSettings
 from services.api.context import ServiceContext
 from services.api.errors import install_error_handlers
@@ -64,6 +65,7 @@ def create_app(
     )
     app.state.context = shared
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=shared.settings.serve.max_request_bytes)
     for router in (ingest_router(), query_router(), monitor_router(), dashboard_router(), *routers):
         app.include_router(router)
     return app

@@ -38,6 +38,10 @@ class HttpSettings(BaseModel):
         page_size: Default page size of a scan; ``max_page_size`` its upper bound.
         max_batch_keys: Most keys one batch get may ask for.
         max_ingest_events: Most events one ingest request may carry.
+        max_request_bytes: Largest request body, on every route (413 ``REQUEST_TOO_LARGE``
+            before anything parses it). 4 MiB holds 10,000 events of ~400 bytes as JSON.
+        max_reported_errors: Refused events an ingest answer describes in full; the rest are
+            counted (``errors_omitted``).
         stall_after_s: ``/health`` reports a processor as stalled when records wait on one of
             its partitions and its position there has not moved for this long.
         ssl_certfile: TLS certificate (PEM) to serve HTTPS directly; usually TLS ends at a
@@ -61,6 +65,8 @@ class HttpSettings(BaseModel):
     max_page_size: int = Field(default=1_000, ge=1)
     max_batch_keys: int = Field(default=1_000, ge=1)
     max_ingest_events: int = Field(default=10_000, ge=1)
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_reported_errors: int = Field(default=100, ge=1)
     stall_after_s: float = Field(default=60.0, gt=0)
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None

@@ -95,7 +95,10 @@ def ingest_router() -> APIRouter:
         response_model=IngestResponse,
         dependencies=[Depends(require("ingest"))],
         responses={
-            413: {"description": "more events than max_ingest_events"},
+            413: {
+                "description": "more events than max_ingest_events, or a body over "
+                "max_request_bytes"
+            },
             422: {"description": "an event breaks its contract: nothing of the request was sent"},
             503: {"description": "not acknowledged in time; the body says which events"},
         },
@@ -114,12 +117,17 @@ def ingest_router() -> APIRouter:
         publisher = context.publisher()
         refused = publisher.check(events)
         if refused:
-            errors = [_refusal(i, events[i][0], exc) for i, exc in refused]
+            # The first refusals in full, the rest counted: a batch of 10,000 bad events once
+            # answered 90 MB of errors.
+            cap = context.settings.serve.max_reported_errors
+            errors = [_refusal(i, events[i][0], exc) for i, exc in refused[:cap]]
             named = "; ".join(f"#{e['index']} {'; '.join(e['problems'])}" for e in errors[:5])
             msg = f"{len(refused)} of {len(events)} events refused, nothing was sent: {named}" + (
-                f"; and {len(errors) - 5} more (see errors)" if len(errors) > 5 else ""
+                f"; and {len(refused) - 5} more (see errors)" if len(refused) > 5 else ""
             )
-            raise ApiError(422, "EVENT_INVALID", msg, errors=errors)
+            raise ApiError(
+                422, "EVENT_INVALID", msg, errors=errors, errors_omitted=len(refused) - len(errors)
+            )
         timeout = context.settings.serve.ingest_timeout_s
         # One publish call at a time (see ServiceContext.publish_lock); a request does not wait
         # for the lock longer than for the broker, so an outage cannot pile requests up.
