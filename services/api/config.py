@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from limits import parse
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from contracts.settings import StackSettings
@@ -42,6 +43,9 @@ class HttpSettings(BaseModel):
             before anything parses it). 4 MiB holds 10,000 events of ~400 bytes as JSON.
         max_reported_errors: Refused events an ingest answer describes in full; the rest are
             counted (``errors_omitted``).
+        ingest_rate_limit: Requests one API key may make to ingest routes, e.g.
+            ``100/second`` or ``5000 per minute`` (429 ``RATE_LIMITED`` over it; ``""``: none).
+        query_rate_limit: The same for query routes.
         stall_after_s: ``/health`` reports a processor as stalled when records wait on one of
             its partitions and its position there has not moved for this long.
         ssl_certfile: TLS certificate (PEM) to serve HTTPS directly; usually TLS ends at a
@@ -67,10 +71,19 @@ class HttpSettings(BaseModel):
     max_ingest_events: int = Field(default=10_000, ge=1)
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_reported_errors: int = Field(default=100, ge=1)
+    ingest_rate_limit: str = "1000/second"
+    query_rate_limit: str = "10000/second"
     stall_after_s: float = Field(default=60.0, gt=0)
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     topics: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("ingest_rate_limit", "query_rate_limit")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        if value.strip():
+            parse(value)  # a ValueError says what the limits library reads
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> HttpSettings:

@@ -19,6 +19,7 @@ from contracts.kafka.offsets import LogOffsets, OffsetsError
 from contracts.registry import default_registry
 from contracts.topics import TopicSpec
 from services.api.config import ServeSettings
+from services.api.rate_limits import RateLimits
 from services.producer.publisher import EventPublisher
 
 __all__ = ["ServiceContext", "get_context"]
@@ -50,6 +51,7 @@ class ServiceContext:
     publish_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _offsets_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _closed: bool = field(default=False, init=False)
+    _rate_limits: RateLimits | None = field(default=None, init=False)
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> ServiceContext:
@@ -80,6 +82,14 @@ class ServiceContext:
                 if self._publisher is None:
                     self._publisher = EventPublisher(self.settings.kafka, topics=self.topics)
         return self._publisher
+
+    def rate_limits(self) -> RateLimits:
+        """The per-key request limits (counted in Redis)."""
+        if self._rate_limits is None:
+            serve = self.settings.serve
+            rates = {"ingest": serve.ingest_rate_limit, "query": serve.query_rate_limit}
+            self._rate_limits = RateLimits(self.redis, self.key_prefix, rates)
+        return self._rate_limits
 
     @contextmanager
     def offsets(self) -> Iterator[LogOffsets]:

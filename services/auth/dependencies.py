@@ -213,6 +213,8 @@ def require(scope: Scope) -> Callable[..., Awaitable[ApiKey | None]]:
                 required_scope=scope,
                 scopes=list(key.scopes),
             )
+        if scope != "admin":
+            await run_in_threadpool(context.rate_limits().check, scope, key.id)
         return key
 
     return _require

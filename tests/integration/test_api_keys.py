@@ -42,10 +42,16 @@ def store(client, prefix) -> ApiKeyStore:
     return ApiKeyStore(client, prefix)
 
 
-def _app(redis_url: str, prefix: str, auth: str = "keys", kafka: str | None = None) -> TestClient:
+def _app(
+    redis_url: str,
+    prefix: str,
+    auth: str = "keys",
+    kafka: str | None = None,
+    **serve: str,
+) -> TestClient:
     settings = ServeSettings(
         redis=RedisSettings(url=redis_url, key_prefix=prefix),
-        serve=HttpSettings(auth=auth),
+        serve=HttpSettings(auth=auth, **serve),
         **({"kafka": KafkaSettings(bootstrap_servers=kafka)} if kafka else {}),
     )
     app = FastAPI()
@@ -70,6 +76,30 @@ def api(redis_url, prefix) -> TestClient:
 
 def _bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+def test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_other_keys_go_on(
+    store, redis_url, prefix
+):
+    api = _app(redis_url, prefix, ingest_rate_limit="3/minute", query_rate_limit="")
+    busy, other = store.add("busy", ["ingest", "query"]), store.add("other", ["ingest"])
+    answers = [api.get("/ingest", headers=_bearer(busy)).status_code for _ in range(4)]
+    assert answers == [200, 200, 200, 429]
+    refused = api.get("/ingest", headers=_bearer(busy))
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["code"] == "RATE_LIMITED"
+    assert error["limit"] == "3 per 1 minute"
+    assert "REFOLD_SERVE__INGEST_RATE_LIMIT" in error["message"]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert api.get("/ingest", headers=_bearer(other)).status_code == 200  # its own count
+    assert api.get("/query", headers=_bearer(busy)).status_code == 200  # no query limit set
+    assert api.get("/admin", headers=_bearer(store.add("ops", ["admin"]))).status_code == 200
+    # The counts live in Redis, under the service's prefix: every worker shares them.
+    assert any(
+        store_key.startswith(f"{prefix}:ratelimit".encode())
+        for store_key in redis.Redis.from_url(redis_url).scan_iter(match=f"{prefix}:ratelimit*")
+    )
 
 
 def test_store_round_trip(store, client, prefix):

@@ -32,9 +32,9 @@ from processors.fold.oracle import fold_all
 from processors.fold.projection import EventRejectedError, fold_one
 from processors.fold.records import SourceRecord
 from processors.order_state.projection import OrderStateProjection
+from processors.runtime import output_transactions
 from processors.runtime.envelope import FoldTarget, FoldWriter
 from processors.runtime.kafka_ranges import SourceOptions, read_messages
-from processors.runtime import output_transactions
 from processors.runtime.output_transactions import OutputTransactions, marker_group
 from services.reader.state_reader import StateReader
 from tests.support.chain import senders
