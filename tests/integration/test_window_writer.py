@@ -332,3 +332,52 @@ def test_decimal_measures_are_exact_in_any_order_and_reported_in_the_user_s_unit
     headers = dict(letters[0].headers())
     assert headers["refold.reason"] == b"rejected"
     assert b"measure 'amount' is 'n/a', not a number" in headers["refold.error"]
+
+
+def test_after_a_flip_the_new_generation_emits_only_the_windows_the_old_one_did_not(
+    target, redis_url, kafka_bootstrap, make_topic
+):
+    # A replay's flip: g1 emitted the windows its watermark passed after the first half of the
+    # log, then folded the rest without closing again (the flip came first); g2, the rebuild,
+    # folded it all. g2's closer emits what g1 still held and what neither closed, and never
+    # again what g1 emitted. A generation closed alone (g3, into its own topic) is the reference.
+    events = list(OrderSimulator(400, seed=21, anomaly_rate=0))
+    records = _records(events, partitions=2)
+    kafka = {"bootstrap.servers": kafka_bootstrap}
+    results_topic, reference_topic = (make_topic(partitions=1, prefix=p) for p in ("win", "ref"))
+    client = redis.Redis.from_url(redis_url)
+    first, second, third = (_windows_target(target, g) for g in (1, 2, 3))
+    registry = GenerationRegistry(client, StateLayout("sales_windows", first.key_prefix))
+    assert registry.create({"topics": ["orders"]}, live=True) == 1
+
+    def closer(generation: int, topic: str) -> WindowCloser:
+        layout = first.layout
+        return WindowCloser(
+            layout, generation, FOLD, EVENT_TIME.lateness_ms, redis_url, kafka, topic
+        )
+
+    half = len(records) // 2
+    FoldWriter(first, FOLD).apply(records[:half], batch_id=0)
+    by_first = closer(1, results_topic).close()
+    FoldWriter(first, FOLD).apply(records[half:], batch_id=1)
+    assert registry.create({"topics": ["orders"], "replay_of": 1}) == 2
+    FoldWriter(second, FOLD).apply(records, batch_id=0)
+    registry.flip(2)
+    after_flip = closer(2, results_topic)
+    by_second = after_flip.close()
+    assert registry.create({"topics": ["orders"]}) == 3
+    FoldWriter(third, FOLD).apply(records, batch_id=0)
+    registry.flip(3, record_replaced=False)
+    by_reference = closer(3, reference_topic).close()
+
+    def emitted(topic: str) -> list[tuple[str, int, str]]:
+        results = [_result(m.value()) for m in _consume(kafka_bootstrap, topic)]
+        return [(r["window"], r["end"], r["group"]) for r in results]
+
+    both, reference = emitted(results_topic), emitted(reference_topic)
+    assert by_first > 0  # the premise: each closed some
+    assert by_second > 0
+    assert after_flip.suppressed == by_first  # what g1 emitted, g2 did not emit again
+    assert len(both) == len(set(both)) == by_first + by_second  # no window twice
+    assert len(reference) == by_reference
+    assert set(both) == set(reference)  # none missing
