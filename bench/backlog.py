@@ -11,10 +11,10 @@ import itertools
 from collections.abc import Iterable, Iterator
 
 from confluent_kafka import Producer
-from tqdm import tqdm
 
 from contracts.codec import EventCodec
 from contracts.commerce import ORDERS
+from contracts.progress import progress_bar
 from contracts.topics import TopicSpec
 from contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
 from deploy.simulators.clickstream import ClickstreamSimulator
@@ -74,7 +74,7 @@ def _send(
     """Produce ``(topic, key, value)`` records; waits until the broker acknowledged them all."""
     producer = _producer(bootstrap)
     count = 0
-    with tqdm(total=total, unit="ev", desc=desc, dynamic_ncols=True) as bar:
+    with progress_bar(total=total, unit="ev", desc=desc) as bar:
         for topic, key, value in records:
             while True:
                 try:

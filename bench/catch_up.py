@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from tqdm import tqdm
-
+from contracts.progress import progress_bar
 from contracts.store.generations import GenerationRegistry
 from deploy.processes import ProcessorProcess
 
@@ -266,7 +265,7 @@ def run_catch_up(runs: Sequence[Run], desc: str) -> CatchUp:
             run.process.start()
         memory = _Memory(tuple(run.process.pid for run in runs))
         sampled = pss_sampled = 0.0
-        with tqdm(total=total, unit="ev", desc=desc, dynamic_ncols=True) as bar:
+        with progress_bar(total=total, unit="ev", desc=desc) as bar:
             while True:
                 now = time.monotonic()
                 for one in progress.values():

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import redis
-from tqdm import tqdm
 
 from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher
+from contracts.progress import progress_bar
 from contracts.registry import processor_spec
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.store.generations import GenerationRegistry
@@ -70,7 +70,7 @@ def measure_rebuild(
     samples: list[tuple[float, int]] = []
     thread = threading.Thread(target=_read_alias, daemon=True)
     thread.start()
-    with tqdm(total=plan.total_events, unit="ev", desc="rebuild", dynamic_ncols=True) as bar:
+    with progress_bar(total=plan.total_events, unit="ev", desc="rebuild") as bar:
 
         def _progress(progress: RebuildProgress) -> None:
             samples.append((time.monotonic(), progress.done))

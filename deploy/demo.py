@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from tqdm import tqdm
 
 from contracts.kafka.admin import ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
 from contracts.processors import ProcessLauncher
+from contracts.progress import progress_bar
 from contracts.registry import default_registry, processor_spec
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import GenerationRegistry
@@ -113,7 +113,7 @@ def wait_until_caught_up(
     ends = offsets.end_offsets(tps)
     total = sum(ends.values())
     started = time.monotonic()
-    with tqdm(total=total, unit="ev", desc=desc, dynamic_ncols=True) as bar:
+    with progress_bar(total=total, unit="ev", desc=desc) as bar:
         while True:
             gen = generation
             if gen is None:
@@ -404,7 +404,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
         )
         publisher = EventPublisher(kafka)
         started = time.monotonic()
-        with tqdm(total=len(events), unit="ev", desc="producing", dynamic_ncols=True) as bar:
+        with progress_bar(total=len(events), unit="ev", desc="producing") as bar:
             tokens = publisher.emit_many(events, on_progress=bar.update)
         publisher.close()
         produced_s = time.monotonic() - started
@@ -441,9 +441,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
             plan = plan_replay(spec, ToEarliest(), kafka, client, redis_settings.key_prefix)
             print(plan.render())
             print(f"readers keep seeing generation {reader.live_generation()} meanwhile")
-            with tqdm(
-                total=plan.total_events, unit="ev", desc="rebuilding", dynamic_ncols=True
-            ) as bar:
+            with progress_bar(total=plan.total_events, unit="ev", desc="rebuilding") as bar:
 
                 def _progress(progress: RebuildProgress) -> None:
                     bar.total = progress.total

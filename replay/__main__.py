@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import redis
-from tqdm import tqdm
 
 from contracts.cli_parser import CommandParser
 from contracts.errors import RefoldError
@@ -23,6 +22,7 @@ from contracts.kafka.offsets import LogOffsets
 from contracts.layout import StateLayout
 from contracts.logconfig import configure_logging
 from contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
+from contracts.progress import progress_bar
 from contracts.registry import default_registry, processor_spec, with_fallback
 from contracts.store.credentials import redis_refused
 from contracts.store.generations import GenerationRegistry, checkpoint_root
@@ -318,12 +318,11 @@ def _plan_one(
             )
             print(f"\ndry run: nothing changed. {verdict}")
         return 0
-    with tqdm(
+    with progress_bar(
         total=plan.total_events,
         unit="ev",
         desc=f"rebuilding {spec.name}",
-        disable=args.no_progress,
-        dynamic_ncols=True,
+        shown=not args.no_progress,
     ) as bar:
         announced = False
 

@@ -42,6 +42,7 @@ from contracts.codec import MAGIC, EventCodec
 from contracts.errors import DeserializationError, RefoldError
 from contracts.kafka.offsets import LogOffsets, TopicPartitionKey
 from contracts.layout import StateLayout
+from contracts.progress import progress_bar
 from contracts.registry import default_registry, import_reference
 from contracts.store.generations import GenerationRegistry
 from contracts.topics import dead_letter_topic
@@ -216,7 +217,7 @@ def backfill(
         finally:
             probe.close()
         total = sum(max(0, applied.get(tp, 0) - starts[tp]) for tp in tps)
-        bar = tqdm(total=total, unit="ev", desc="backfill", disable=not progress, leave=False)
+        bar = progress_bar(total=total, unit="ev", desc="backfill", shown=progress, leave=False)
         with bar:
             for topic, partition in tps:
                 end = applied.get((topic, partition))
@@ -297,8 +298,8 @@ def compact(
             for t, d, path in store.date_dirs()
             if (wanted is None or t in wanted) and date_from <= d <= date_to
         ]
-        for _event_type, _date, directory in tqdm(
-            dirs, unit="dir", desc="compact", disable=not progress, leave=False
+        for _event_type, _date, directory in progress_bar(
+            dirs, unit="dir", desc="compact", shown=progress, leave=False
         ):
             result.files_removed += len(store.apply_rule(directory))  # repair first
             by_partition: dict[TopicPartitionKey, list[tuple[Coverage, Path]]] = defaultdict(list)
@@ -330,8 +331,8 @@ def archive_status(
     tables: dict[str, TableStatus] = {}
     problems: list[str] = []
     dirs = list(store.date_dirs())
-    for event_type, date, directory in tqdm(
-        dirs, unit="dir", desc="status", disable=not progress, leave=False
+    for event_type, date, directory in progress_bar(
+        dirs, unit="dir", desc="status", shown=progress, leave=False
     ):
         table = tables.setdefault(event_type, TableStatus(first=date))
         files = store.files(directory)
