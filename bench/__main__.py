@@ -246,7 +246,7 @@ def _applications(stack: LocalStack, state: Path, ends: Mapping[str, int]) -> di
 
 
 def _latency(
-    stack: LocalStack, state: Path, rate: int, seconds: float, trigger: str
+    stack: LocalStack, state: Path, rate: int, seconds: float, trigger: str, warmup: float
 ) -> LatencyResult:
     topic = "bench.latency"
     ensure_topics(
@@ -278,7 +278,7 @@ def _latency(
             registry,
             live,
             rate=rate,
-            seconds=3,
+            seconds=warmup,
             seed=1,
             order_prefix="warm-",
         )
@@ -467,6 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=5_000, help="latency run: events/s")
     parser.add_argument("--latency-seconds", type=float, default=30.0)
     parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=3.0,
+        help="latency run: seconds of the same rate before the measured ones (not counted)",
+    )
+    parser.add_argument(
         "--trigger", default="100 milliseconds", help="processing-time trigger of the latency run"
     )
     parser.add_argument("--skip-latency", action="store_true")
@@ -551,7 +557,12 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 results["latency"] = _latency(
-                    stack, state, args.rate, args.latency_seconds, args.trigger
+                    stack,
+                    state,
+                    args.rate,
+                    args.latency_seconds,
+                    args.trigger,
+                    args.warmup_seconds,
                 )
     base, latency = results.get("baseline"), results.get("latency")
     table = _table(
