@@ -213,13 +213,6 @@ class KafkaBroker:
         # `--cluster-id=<id>` in one word: an id that starts with "-" would read as an option.
         command = [*self._java(), "kafka.tools.StorageTool", "format"]
         command += [f"--cluster-id={_cluster_id()}", "--config", str(self.config_file)]
-        # Transactions of version 1 (Kafka 4.x formats version 2 by default). With version 2, a
-        # broker killed while it wrote a committed transaction's markers came back with that
-        # transaction stuck in PrepareCommit for good (the last stable offset of its topics
-        # stuck, every read_committed reader and the processor's marker reads waiting; seen in
-        # 1 of 3 broker kill -9s under a processor, like KAFKA-19999). Version 1 is the
-        # protocol refold's transactions were designed and tested on (librdkafka 2.x speaks it).
-        command += ["--feature", "transaction.version=1"]
         if self.security is not None:
             command += self.security.format_arguments()
         done = subprocess.run(  # noqa: S603 - fixed argv, no shell
