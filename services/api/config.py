@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from limits import parse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from contracts.settings import StackSettings
+from services.api.rate_limits import parse_rate
 
 __all__ = ["AuthMode", "HttpSettings", "ServeSettings"]
 
@@ -81,8 +81,7 @@ class HttpSettings(BaseModel):
     @field_validator("ingest_rate_limit", "query_rate_limit")
     @classmethod
     def _rate(cls, value: str) -> str:
-        if value.strip():
-            parse(value)  # a ValueError says what the limits library reads
+        parse_rate(value)  # a ValueError says what the limits library reads
         return value
 
     @model_validator(mode="after")
