@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest
-# The JVM parts (Apache Kafka's broker, Spark's Kafka connector), fetched with mvn from deploy/jars/pom.xml by coordinates.
+# The JVM parts (Apache Kafka's broker, Spark's Kafka connector, HDFS for a test), fetched with mvn from deploy/jars/pom.xml by coordinates.
 JARS := .jars
 JARS_STAMP := $(JARS)/.fetched
 DEPS := $(STAMP) $(JARS_STAMP)
@@ -33,13 +33,17 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # Spark's Kafka connector must be the installed PySpark's version: pyproject.toml pins it, and
-# it is handed to mvn from there (the one place), so the venv comes first.
+# it is handed to mvn from there (the one place), so the venv comes first. Likewise the HDFS
+# minicluster and the Hadoop client PySpark ships.
+PYSPARK_HADOOP_VERSION := import pathlib, pyspark; jars = pathlib.Path(pyspark.__file__).parent / 'jars'; \
+	print(next(jars.glob('hadoop-client-api-*.jar')).stem.removeprefix('hadoop-client-api-'))
 $(JARS_STAMP): $(STAMP) deploy/jars/pom.xml $(wildcard deploy/jars/*/pom.xml)
 	@command -v mvn >/dev/null || { echo "Maven is required to fetch Apache Kafka's jars (apt-get install -y maven)"; exit 1; }
-	@echo "fetching Apache Kafka's and Spark's Kafka connector jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
+	@echo "fetching Apache Kafka's, Spark's Kafka connector's and HDFS minicluster's jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
 	rm -rf $(JARS)
 	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir=$(CURDIR)/$(JARS) \
-		-Dspark.version=$$($(BIN)/python -c 'import pyspark; print(pyspark.__version__)')
+		-Dspark.version=$$($(BIN)/python -c 'import pyspark; print(pyspark.__version__)') \
+		-Dhadoop.version=$$($(BIN)/python -c "$(PYSPARK_HADOOP_VERSION)")
 	@touch $(JARS_STAMP)
 
 setup: $(DEPS) ## create .venv, install refold with Spark and dev tools, redis-server, chromium, and the Kafka broker's and Spark connector's jars (mvn)

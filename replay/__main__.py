@@ -25,7 +25,8 @@ from contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
 from contracts.progress import progress_bar
 from contracts.registry import default_registry, processor_spec, with_fallback
 from contracts.store.credentials import redis_refused
-from contracts.store.generations import GenerationRegistry, checkpoint_root
+from contracts.store.generations import GenerationRegistry
+from processors.runtime.checkpoints import checkpoint_root
 from replay.config import ReplaySettings
 from replay.deploy_gate import check_deploy, deployed_fingerprints
 from replay.errors import PlanError, ReplayInterruptedError
@@ -450,8 +451,9 @@ def _cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Re
         processor_spec(args.processor),
         client,
         settings.redis.key_prefix,
-        checkpoint_root(settings.state_dir),
+        checkpoint_root(settings.state_dir, settings.spark),
         execute=args.execute,
+        spark=settings.spark,
     )
     if not removed:
         print(f"{args.processor}: no retired or abandoned generations")

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from contracts.processors import settings_env
 from contracts.registry import processor_spec
 from contracts.settings import StackSettings
-from contracts.store.generations import checkpoint_root
+from processors.runtime.checkpoints import checkpoint_root
 from replay.generations_admin import collect_garbage, rollback
 from replay.plan import (
     ByDuration,
@@ -238,8 +238,9 @@ def admin_router(settings: StackSettings) -> APIRouter:
             processor_spec(name),
             control.client,
             settings.redis.key_prefix,
-            checkpoint_root(settings.state_dir),
+            checkpoint_root(settings.state_dir, settings.spark),
             execute=execute,
+            spark=settings.spark,
         )
         return {
             "processor": name,

@@ -7,11 +7,9 @@ processor code.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import redis
@@ -19,6 +17,7 @@ import redis
 from contracts.kafka.offsets import LogOffsets
 from contracts.layout import GenerationKeys, StateLayout
 from contracts.processors import ProcessorSpec
+from contracts.settings import SparkSettings
 from contracts.store.generations import (
     GenerationInfo,
     GenerationRegistry,
@@ -27,6 +26,7 @@ from contracts.store.generations import (
     processors_in_redis,
     starting_positions,
 )
+from processors.runtime.checkpoints import remove_generation_checkpoints
 from replay.errors import ReplayError
 
 __all__ = [
@@ -182,9 +182,10 @@ def collect_garbage(
     spec: ProcessorSpec,
     client: redis.Redis,
     key_prefix: str,
-    checkpoint_root: Path,
+    checkpoint_root: str,
     *,
     execute: bool,
+    spark: SparkSettings | None = None,
 ) -> list[tuple[int, int]]:
     """Remove retired and abandoned generations: their Redis keys, entry and Spark checkpoint.
 
@@ -204,10 +205,7 @@ def collect_garbage(
         if execute:
             removed = _unlink_pattern(client, registry.keys(info.generation).pattern())
             client.hdel(registry.layout.generations, str(info.generation))
-            for path in (checkpoint_root / spec.name).glob(f"g{info.generation}"):
-                shutil.rmtree(path, ignore_errors=True)
-            for path in (checkpoint_root / spec.name).glob(f"g{info.generation}-reset*"):
-                shutil.rmtree(path, ignore_errors=True)
+            remove_generation_checkpoints(checkpoint_root, spec.name, info.generation, spark)
         done.append((info.generation, removed))
     return done
 

@@ -45,11 +45,13 @@ from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.store.generations import (
     GenerationRegistry,
     Positions,
-    checkpoint_dir,
+)
+from contracts.store.lease import BuilderLease
+from processors.runtime.checkpoints import (
+    checkpoint_location,
     checkpoint_root,
     remove_stale_checkpoint,
 )
-from contracts.store.lease import BuilderLease
 from replay.errors import PlanError, RebuildError, ReplayInterruptedError
 from replay.interrupts import InterruptedBySignalError, InterruptGuard
 from replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan
@@ -374,8 +376,12 @@ def run_rebuild(
             offsets = LogOffsets(kafka.as_librdkafka())
         try:
             guard.check()
+            launcher = launcher or ProcessLauncher(
+                kafka, redis_settings, SparkSettings(), state_dir
+            )
+            root = checkpoint_root(launcher.state_dir, launcher.spark)
             remove_stale_checkpoint(
-                checkpoint_dir(checkpoint_root(state_dir), spec.name, generation)
+                checkpoint_location(root, spec.name, generation), launcher.spark
             )
             if seed is not None:
                 copied = store.seed(seed, generation)
@@ -387,7 +393,7 @@ def run_rebuild(
                     spec,
                     plan,
                     generation,
-                    launcher or ProcessLauncher(kafka, redis_settings, SparkSettings(), state_dir),
+                    launcher,
                     log_path,
                 )
                 guard.on_repeat = functools.partial(_kill_group, process.pid)

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import redis
@@ -44,12 +42,9 @@ __all__ = [
     "GenerationRegistry",
     "Positions",
     "applied_records",
-    "checkpoint_dir",
-    "checkpoint_root",
     "describe_runner",
     "is_abandoned",
     "processors_in_redis",
-    "remove_stale_checkpoint",
     "starting_positions",
 ]
 
@@ -124,31 +119,6 @@ def describe_runner(
             by = "?"
         return f"waiting for code {meta.get('code_fingerprint', '?')} ({by} refused it)"
     return "-" if status == "retired" else "not running"
-
-
-def checkpoint_root(state_dir: Path) -> Path:
-    """Where processors started with ``state_dir`` keep their Spark checkpoints."""
-    return state_dir / "checkpoints"
-
-
-def remove_stale_checkpoint(path: Path) -> None:
-    """Remove what is at a new generation's checkpoint path before its first run.
-
-    A generation number repeats when Redis lost the registry while the state directory
-    survived; Spark resuming that checkpoint would skip records the generation never folded.
-    """
-    if path.exists():
-        logger.warning("removing stale checkpoint %s of a new generation", path)
-        shutil.rmtree(path)
-
-
-def checkpoint_dir(root: Path, processor: str, generation: int, epoch: int = 0) -> Path:
-    """A generation's Spark checkpoint directory.
-
-    ``<root>/<processor>/g<N>``, or ``g<N>-reset<E>`` after ``E`` in-place resets.
-    """
-    name = f"g{generation}" if epoch == 0 else f"g{generation}-reset{epoch}"
-    return root / processor / name
 
 
 @dataclass(frozen=True, slots=True)

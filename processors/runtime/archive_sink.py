@@ -479,7 +479,7 @@ class ArchiveSink:
         self,
         plan: ArchivePlan,
         mirror: ConsumerGroupMirror | None = None,
-        checkpoint: Path | None = None,
+        checkpoint: str | Path | None = None,
     ) -> None:
         self.plan = plan
         self.target = plan.target
@@ -527,7 +527,11 @@ class ArchiveSink:
 
 
 def start_archive_query(
-    source: DataFrame, sink: ArchiveSink, query_name: str, checkpoint: Path, trigger_interval: str
+    source: DataFrame,
+    sink: ArchiveSink,
+    query_name: str,
+    checkpoint: str | Path,
+    trigger_interval: str,
 ) -> StreamingQuery:
     """Wire the ranges source -> ``foreachBatch`` archive sink (no logic here)."""
     if "start_offset" not in source.columns:

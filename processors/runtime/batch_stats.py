@@ -17,6 +17,7 @@ from pathlib import Path
 import redis
 
 from contracts.store.stats import ProcessorStats
+from processors.runtime.checkpoints import checkpoint_files
 from processors.runtime.envelope import FoldTarget
 from processors.runtime.window_store import generation_watermark
 
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 _SOCKET_TIMEOUT_S = 2.0
 
 
-def checkpoint_id(checkpoint: Path | None) -> str:
+def checkpoint_id(checkpoint: str | Path | None) -> str:
     """The query id in a Spark checkpoint's ``metadata`` file ("" when there is none).
 
     Spark writes the file when a query first starts on the checkpoint and keeps it while the
@@ -39,7 +40,8 @@ def checkpoint_id(checkpoint: Path | None) -> str:
     if checkpoint is None:
         return ""
     try:
-        found = json.loads((checkpoint / "metadata").read_text()).get("id", "")
+        metadata = f"{checkpoint}/metadata"
+        found = json.loads(checkpoint_files(metadata).read_text(metadata)).get("id", "")
     except (OSError, ValueError, AttributeError):
         return ""
     return str(found)
@@ -56,7 +58,7 @@ class BatchStatsRecorder:
             when unknown (tests), which scopes them to the stats hash as a whole.
     """
 
-    def __init__(self, target: FoldTarget, checkpoint: Path | None = None) -> None:
+    def __init__(self, target: FoldTarget, checkpoint: str | Path | None = None) -> None:
         self.target = target
         self.checkpoint = checkpoint
         self._redis: redis.Redis | None = None

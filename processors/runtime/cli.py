@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -35,10 +34,10 @@ from contracts.processors import (
 )
 from contracts.registry import Registry, default_registry, import_reference, with_fallback
 from contracts.settings import StackSettings
-from contracts.store.generations import checkpoint_root
 from contracts.topics import TopicSpec
 from processors.errors import ProcessorConfigError
 from processors.fold.projection import Projection
+from processors.runtime.checkpoints import checkpoint_root
 from processors.runtime.code_identity import build_fingerprints
 from processors.runtime.runner import (
     GenerationChoice,
@@ -197,37 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _checkpoint_root(settings: ProcessSettings) -> Path:
-    """Where checkpoints live: ``REFOLD_SPARK__CHECKPOINT_URL`` (a path or ``file://`` URL).
-
-    Raises:
-        ProcessorConfigError: Another scheme. The runner inspects and removes checkpoint
-            directories itself (stale checkpoints, in-place resets), which it does through the
-            local file system only so far.
-    """
-    url = settings.spark.checkpoint_url
-    if not url:
-        return checkpoint_root(settings.state_dir)
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return Path(url)
-    if scheme == "file":
-        return Path(rest)
-    msg = (
-        f"REFOLD_SPARK__CHECKPOINT_URL={url}: only local paths and file:// URLs are supported "
-        "so far. Operator action: mount the shared storage (NFS, a CSI volume) at the same "
-        "path on the driver hosts and give that path."
-    )
-    raise ProcessorConfigError(msg)
-
-
 def _jobs(args: argparse.Namespace, settings: ProcessSettings) -> list[ProcessorJob]:
     registry = default_registry()
     names = list(dict.fromkeys(args.names))
     if len(names) > 1 and isinstance(args.generation, int):
         msg = "--generation N names one generation of one processor; run it alone"
         raise ProcessorConfigError(msg)
-    root = _checkpoint_root(settings)
+    root = checkpoint_root(settings.state_dir, settings.spark)
     base = RunOptions(
         generation=args.generation,
         checkpoint_root=root,

@@ -352,7 +352,7 @@ class DataFrameSink:
         self,
         target: FoldTarget,
         table: str,
-        checkpoint: Path,
+        checkpoint: str | Path,
         mirror: ConsumerGroupMirror | None = None,
     ) -> None:
         self.target = target

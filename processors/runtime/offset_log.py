@@ -13,6 +13,7 @@ from pathlib import Path
 
 from contracts.layout import position_field
 from processors.errors import ProcessorError
+from processors.runtime.checkpoints import checkpoint_files
 
 __all__ = ["batch_end_offsets", "batch_ranges", "batch_start_offsets", "parse_offset_log"]
 
@@ -42,16 +43,18 @@ def parse_offset_log(text: str) -> dict[str, int]:
         raise ProcessorError(msg) from exc
 
 
-def batch_end_offsets(checkpoint: Path, batch_id: int) -> dict[str, int]:
+def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, int]:
     """Where batch ``batch_id`` ends, per partition: its entry in the checkpoint's offsets log.
 
     Spark writes the entry before it runs the batch (the write-ahead log of the batch's
     ranges), so it exists when ``foreachBatch`` runs, and a re-run batch reads the same.
     """
-    return parse_offset_log((checkpoint / "offsets" / str(batch_id)).read_text())
+    return parse_offset_log(
+        checkpoint_files(str(checkpoint)).read_text(f"{checkpoint}/offsets/{batch_id}")
+    )
 
 
-def batch_start_offsets(checkpoint: Path, batch_id: int) -> dict[str, int]:
+def batch_start_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, int]:
     """Where batch ``batch_id`` starts, per partition.
 
     The previous batch's end, or for a checkpoint's first batch the Kafka source's initial
@@ -63,9 +66,11 @@ def batch_start_offsets(checkpoint: Path, batch_id: int) -> dict[str, int]:
     if batch_id > 0:
         return batch_end_offsets(checkpoint, batch_id - 1)
     # Spark's Kafka source writes a NUL byte, a version line, then the offsets as JSON.
-    initial = checkpoint / "sources" / "0" / "0"
+    initial = f"{checkpoint}/sources/0/0"
     try:
-        version, nested = initial.read_text().lstrip("\x00").splitlines()[:2]
+        version, nested = (
+            checkpoint_files(initial).read_text(initial).lstrip("\x00").splitlines()[:2]
+        )
         if not version.startswith("v"):
             raise ValueError(version)
         return {
@@ -78,7 +83,7 @@ def batch_start_offsets(checkpoint: Path, batch_id: int) -> dict[str, int]:
         raise ProcessorError(msg) from exc
 
 
-def batch_ranges(checkpoint: Path, batch_id: int) -> dict[str, tuple[int, int]]:
+def batch_ranges(checkpoint: str | Path, batch_id: int) -> dict[str, tuple[int, int]]:
     """Each partition's ``[start, end)`` in batch ``batch_id`` (new partitions: left out)."""
     ends = batch_end_offsets(checkpoint, batch_id)
     starts = batch_start_offsets(checkpoint, batch_id)

@@ -265,7 +265,7 @@ class RedisFoldSink:
         mirror: ConsumerGroupMirror | None = None,
         codec: EventCodec | None = None,
         closer: DriverTask | None = None,
-        checkpoint: Path | None = None,
+        checkpoint: str | Path | None = None,
         closes_ranges: bool = False,
     ) -> None:
         self.target = target
@@ -327,7 +327,7 @@ class RedisFoldSink:
             tasks = df.sparkSession.range(0, slots, 1, slots) if planned else None
         else:
             batch_plan = (
-                batch_ranges(cast("Path", self.checkpoint), batch_id) if self.closes_ranges else {}
+                batch_ranges(cast("str", self.checkpoint), batch_id) if self.closes_ranges else {}
             )
             task = functools.partial(
                 _fold_task, self.target, self.projection, self.codec, batch_id, ranges, batch_plan

@@ -188,5 +188,5 @@ def test_snapshot_seed_diff_reset_and_gc_cover_every_state_kind(target, redis_ur
     # ... and gone with its generation at gc.
     registry.flip(second)
     assert registry.status(first) == "retired"
-    collect_garbage(spec, client, chosen.key_prefix, tmp_path, execute=True)
+    collect_garbage(spec, client, chosen.key_prefix, str(tmp_path), execute=True)
     assert list(client.scan_iter(match=registry.keys(first).pattern())) == []

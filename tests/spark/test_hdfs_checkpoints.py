@@ -1,0 +1,86 @@
+"""Checkpoints on shared storage: a processor on HDFS (Hadoop's minicluster) is killed and resumes.
+
+The processor's Spark checkpoints live at an ``hdfs://`` URL (``REFOLD_SPARK__CHECKPOINT_URL``),
+and refold reads them there through Hadoop's own client: the query id (stats), and with Spark's
+``kafka`` source each batch's ranges from the offsets log. A ``kill -9`` mid-stream, then a
+restart from the checkpoint in HDFS: the state equals the oracle, nothing lost or applied
+twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from contracts.layout import StateLayout
+from contracts.settings import SparkSettings
+from contracts.store.stats import ProcessorStats
+from deploy.demo import wait_until_caught_up
+from deploy.simulators.orders import OrderSimulator
+from processors.runtime.checkpoints import (
+    checkpoint_location,
+    has_batches,
+    remove_generation_checkpoints,
+)
+from tests.support.mini_hdfs import mini_hdfs
+
+from .conftest import oracle
+
+
+@pytest.fixture(scope="module")
+def hdfs(tmp_path_factory):
+    with mini_hdfs(tmp_path_factory.mktemp("hdfs")) as url:
+        yield url
+
+
+def test_a_processor_killed_on_hdfs_checkpoints_resumes_from_them_exactly(world, hdfs):
+    root = f"{hdfs}/refold/checkpoints"
+    options = world.launcher.options["order_state"].model_copy(update={"source_format": "kafka"})
+    world.launcher = dataclasses.replace(
+        world.launcher,
+        spark=SparkSettings(checkpoint_url=root),
+        options={"order_state": options},
+    )
+    events = list(OrderSimulator(2500, seed=43))
+    half = len(events) // 2
+    world.publisher().emit_many(events[:half])
+    reader = world.reader()
+
+    def applied() -> int:
+        live = reader.registry.live()
+        return sum(reader.freshness(live).values()) if live is not None else 0
+
+    first = world.processor(name="first").start()
+    deadline = time.monotonic() + 240
+    while applied() < half // 2:
+        assert first.alive(), first.log_tail()
+        assert time.monotonic() < deadline, "processor made no progress"
+        time.sleep(0.05)
+    first.kill()  # SIGKILL, mid-stream
+    live = reader.registry.live()
+    assert live is not None
+    checkpoint = checkpoint_location(root, "order_state", live)
+    assert has_batches(checkpoint)  # read through Hadoop's client, in HDFS
+    assert not (world.state_dir / "checkpoints").exists()
+
+    world.publisher().emit_many(events[half:])
+    second = world.processor(name="second").start()
+    try:
+        offsets = world.offsets()
+        wait_until_caught_up(reader, offsets, [world.topic.name], timeout=240, alive=second.alive)
+        offsets.close()
+    finally:
+        second.stop()
+    log = (world.state_dir / "logs" / "second.log").read_text()
+    assert f"resuming from checkpoint {checkpoint}" in log
+    expected = oracle(events)
+    assert world.state() == (expected.states, dict(expected.aggregate))
+    assert reader.registry.live() == live
+    stats = ProcessorStats(world.client, StateLayout("order_state", world.redis.key_prefix))
+    assert stats.read(live).checkpoint_id  # the query id, from the checkpoint in HDFS
+
+    # What `replay gc` does with a collected generation's checkpoints.
+    assert remove_generation_checkpoints(root, "order_state", live) == 1
+    assert not has_batches(checkpoint)
