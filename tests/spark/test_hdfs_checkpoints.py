@@ -10,6 +10,8 @@ twice.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import time
 
 import pytest
@@ -19,11 +21,7 @@ from contracts.settings import SparkSettings
 from contracts.store.stats import ProcessorStats
 from deploy.demo import wait_until_caught_up
 from deploy.simulators.orders import OrderSimulator
-from processors.runtime.checkpoints import (
-    checkpoint_location,
-    has_batches,
-    remove_generation_checkpoints,
-)
+from processors.runtime.checkpoints import checkpoint_location, has_batches
 from tests.support.mini_hdfs import mini_hdfs
 
 from .conftest import oracle
@@ -81,6 +79,14 @@ def test_a_processor_killed_on_hdfs_checkpoints_resumes_from_them_exactly(world,
     stats = ProcessorStats(world.client, StateLayout("order_state", world.redis.key_prefix))
     assert stats.read(live).checkpoint_id  # the query id, from the checkpoint in HDFS
 
-    # What `replay gc` does with a collected generation's checkpoints.
-    assert remove_generation_checkpoints(root, "order_state", live) == 1
+    # What `replay gc` does with a collected generation's checkpoints, in a process without a
+    # Spark application (as `replay gc` is): through a JVM of its own.
+    gc = (
+        "import sys; from processors.runtime.checkpoints import remove_generation_checkpoints; "
+        "print(remove_generation_checkpoints(sys.argv[1], 'order_state', int(sys.argv[2])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", gc, root, str(live)], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "1", done.stderr
     assert not has_batches(checkpoint)
