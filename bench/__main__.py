@@ -15,9 +15,9 @@ One run, on a private local stack, over the same pre-produced order events:
    (Spark's own window, a DataFrame processor) against order_state, and the Redis memory per
    window bucket, HyperLogLog and row
    (``bench/windows.py``; ``python -m bench windows`` runs this part alone, on its own backlog).
-Parts run alone, each on a private stack of its own: ``python -m bench archive``, ``webhooks`` and
+Parts run alone, each on a private stack of its own: ``python -m bench archive``, ``webhooks``,
 ``serving`` (the HTTP services: single-key reads against Redis, batched ingest against the SDK;
-``bench/serving.py``).
+``bench/serving.py``) and ``realtime`` (Spark's real-time mode against micro-batches).
 Prints a table and writes ``bench/results/latest.json``.
 """
 
@@ -524,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.webhooks import main as webhooks_main
 
         return webhooks_main(given[1:])
+    if given[:1] == ["realtime"]:  # Spark's real-time mode against micro-batches, alone
+        from bench.realtime import main as realtime_main
+
+        return realtime_main(given[1:])
     if given[:1] == ["serving"]:  # the HTTP services: reads and ingest against Redis and the SDK
         from bench.serving import main as serving_main
 
