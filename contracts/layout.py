@@ -68,6 +68,7 @@ __all__ = [
     "ApiKeyKeys",
     "GenerationKeys",
     "GenerationStatus",
+    "IngestKeys",
     "StateLayout",
     "WebhookKeys",
     "parse_position_field",
@@ -385,3 +386,19 @@ class ApiKeyKeys:
     def registry(self) -> str:
         """Hash of every API key: key id -> JSON record (never the key itself, its SHA-256)."""
         return f"{self.prefix}:{{auth}}:api_keys"
+
+
+@dataclass(frozen=True, slots=True)
+class IngestKeys:
+    """The keys of HTTP ingest (``services.ingest``): one per idempotency key in use.
+
+    Scoped by the caller's API key id (``-`` with authentication off), so two clients never
+    share a key by accident; the client's key is hashed into the name (it may be any text up
+    to 255 characters). The hash tag ``{ingest}`` keeps them apart from any processor's keys.
+    """
+
+    prefix: str = DEFAULT_KEY_PREFIX
+
+    def idempotency(self, caller: str, key_sha256: str) -> str:
+        """The record of one idempotency key of ``caller`` (its SHA-256, hex)."""
+        return f"{self.prefix}:{{ingest}}:idempotency:{caller}:{key_sha256}"

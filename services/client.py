@@ -12,9 +12,11 @@ For downstream apps that would rather speak HTTP than Kafka and Redis::
         print(order.value, order.generation, order.positions)
 
 Every failure raises a :class:`ClientError` subclass carrying the server's ``code``, the HTTP
-``status`` and the decoded ``body`` (see the class list below). Nothing is retried by the
-client: an ingest retried after :class:`NotAcknowledgedError` may write an event twice (see
-``services.errors.PublishError``), so the caller decides.
+``status`` and the decoded ``body`` (see the class list below). Only ingest is retried: each
+request carries an ``Idempotency-Key`` (the caller's, or a new one), and a 503, no answer at
+all, or 409 ``IDEMPOTENCY_KEY_IN_USE`` is retried with the same key (``attempts``, default 3),
+so the service produces what the first attempt did not, and nothing twice. Queries are not
+retried.
 
 Lifecycle: one client per process is enough; its ``httpx.Client`` pools connections and may be
 shared between threads. Close it (or use it as a context manager) when done; a client given
@@ -23,6 +25,7 @@ in ``http_client`` is left open for its owner.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -31,6 +34,7 @@ from urllib.parse import quote
 
 import httpx
 import orjson
+import tenacity
 
 __all__ = [
     "Aggregate",
@@ -41,6 +45,7 @@ __all__ = [
     "Entity",
     "ForbiddenError",
     "GoneError",
+    "IdempotencyConflictError",
     "IngestResult",
     "InvalidEventsError",
     "InvalidRequestError",
@@ -81,11 +86,16 @@ class IngestResult:
         accepted: Events written (all of the request's).
         deliveries: Where each was written, in request order.
         consistency_token: Pass it to a query to read these writes (``consistency_token=``).
+        idempotency_key: The request's ``Idempotency-Key`` (send it again to retry it).
+        replayed: The answer is the one recorded for an earlier request with this key: that
+            request produced the events, this one produced nothing.
     """
 
     accepted: int
     deliveries: tuple[Delivery, ...]
     consistency_token: str
+    idempotency_key: str = ""
+    replayed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +333,33 @@ class ServerError(ClientError):
     """Any other 5xx: a failure of the service (its logs say more)."""
 
 
+class IdempotencyConflictError(ClientError):
+    """409 on ingest: the ``Idempotency-Key`` is taken.
+
+    ``IDEMPOTENCY_KEY_REUSED``: it was used for other events (use a new key for new events);
+    ``IDEMPOTENCY_KEY_IN_USE``: a request with it still runs (:meth:`RefoldClient.ingest`
+    retries that).
+    """
+
+
+def _retried(exc: BaseException) -> bool:
+    """An ingest failure its retry with the same key may cure."""
+    if isinstance(exc, IdempotencyConflictError):
+        return exc.code == "IDEMPOTENCY_KEY_IN_USE"
+    return isinstance(exc, ServiceUnavailableError | UnreachableError)
+
+
+def _retry_wait(state: tenacity.RetryCallState) -> float:
+    """``Retry-After`` when the service gave one (at most 30 s), else 0.5 s, 1 s, 2 s... (5 s)."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    after = exc.retry_after if isinstance(exc, ServiceUnavailableError) else None
+    if after is None and isinstance(exc, IdempotencyConflictError):
+        after = 1.0
+    if after is not None:
+        return min(after, 30.0)
+    return float(min(0.5 * 2 ** (state.attempt_number - 1), 5.0))
+
+
 def _error(response: httpx.Response, invalid: type[InvalidRequestError]) -> ClientError:
     """The error of a non-2xx answer."""
     status = response.status_code
@@ -350,6 +387,8 @@ def _error(response: httpx.Response, invalid: type[InvalidRequestError]) -> Clie
         cls = GoneError
     elif status in (409, 504) and isinstance(error, dict) and "positions" in error:
         cls = ConsistencyTimeoutError
+    elif status == 409 and code.startswith("IDEMPOTENCY_KEY_"):
+        cls = IdempotencyConflictError
     elif status == 503:
         cls = NotAcknowledgedError if code == "PUBLISH_FAILED" else ServiceUnavailableError
     elif status >= 500:
@@ -449,11 +488,24 @@ class RefoldClient:
 
     # --- ingest --------------------------------------------------------------------------------
 
-    def ingest(self, events: Iterable[tuple[str, Mapping[str, Any]]]) -> IngestResult:
+    def ingest(
+        self,
+        events: Iterable[tuple[str, Mapping[str, Any]]],
+        *,
+        idempotency_key: str | None = None,
+        attempts: int = 3,
+    ) -> IngestResult:
         """Send events, each ``(record name, fields)``; all are validated before any is sent.
+
+        The request is retried with the same ``Idempotency-Key`` when the service answers 503,
+        does not answer, or still runs an earlier attempt: what an attempt wrote is not written
+        again (see ``services.ingest.idempotency`` for the one case it cannot know).
 
         Args:
             events: E.g. ``[("OrderPlaced", {"order_id": "o-1", ...})]``.
+            idempotency_key: The request's key (1-255 printable characters); default a new
+                UUID. Give your own to retry across processes (store it with the events).
+            attempts: Tries in all (1: no retry). Waits ``Retry-After``, else 0.5 s, 1 s...
 
         Returns:
             Where each was written, and the consistency token of the whole request.
@@ -461,19 +513,37 @@ class RefoldClient:
         Raises:
             InvalidEventsError: Some event breaks its contract (``errors`` names every field);
                 nothing was sent.
-            NotAcknowledgedError: The broker did not acknowledge some events in time
-                (``unacknowledged``, ``retry_after``); the others are written.
+            NotAcknowledgedError: After the last attempt, the broker had still not acknowledged
+                some events (``unacknowledged``, ``retry_after``); the others are written.
+            IdempotencyConflictError: The key was used for other events.
             UnauthenticatedError: No valid key.
             ForbiddenError: The key lacks the ``ingest`` scope.
             ClientError: Any other failure.
         """
         payload = {"events": [{"type": t, "event": dict(e)} for t, e in events]}
-        body, _ = self._call("POST", "/v1/events", payload=payload, invalid=InvalidEventsError)
+        key = idempotency_key or uuid.uuid4().hex
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(max(1, attempts)),
+            retry=tenacity.retry_if_exception(_retried),
+            wait=_retry_wait,
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                body, response = self._call(
+                    "POST",
+                    "/v1/events",
+                    payload=payload,
+                    invalid=InvalidEventsError,
+                    headers={"Idempotency-Key": key},
+                )
         deliveries = tuple(_delivery(d) for d in body.get("deliveries", ()))
         return IngestResult(
             int(body.get("accepted", len(deliveries))),
             deliveries,
             str(body.get("consistency_token", "")),
+            key,
+            response.headers.get("Idempotent-Replayed") == "true",
         )
 
     # --- query ---------------------------------------------------------------------------------
@@ -730,6 +800,7 @@ class RefoldClient:
         payload: Any = None,
         wait_ms: int | None = None,
         invalid: type[InvalidRequestError] = InvalidRequestError,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[dict[str, Any], httpx.Response]:
         """Send a request; the decoded JSON object of a 2xx answer, else its error raised."""
         url = f"{self.base_url}{path}"
@@ -740,7 +811,7 @@ class RefoldClient:
                 url,
                 params=params or None,
                 content=None if payload is None else orjson.dumps(payload),
-                headers={**_JSON, **self._headers},
+                headers={**_JSON, **self._headers, **(headers or {})},
                 timeout=timeout,
             )
         except httpx.TimeoutException as exc:

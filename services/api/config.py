@@ -43,6 +43,8 @@ class HttpSettings(BaseModel):
             before anything parses it). 4 MiB holds 10,000 events of ~400 bytes as JSON.
         max_reported_errors: Refused events an ingest answer describes in full; the rest are
             counted (``errors_omitted``).
+        idempotency_horizon_s: How long ingest remembers an ``Idempotency-Key`` and what its
+            request produced (a retry within it is answered, not produced again).
         ingest_rate_limit: Requests one API key may make to ingest routes, e.g.
             ``100/second`` or ``5000 per minute`` (429 ``RATE_LIMITED`` over it; ``""``: none).
         query_rate_limit: The same for query routes.
@@ -71,6 +73,7 @@ class HttpSettings(BaseModel):
     max_ingest_events: int = Field(default=10_000, ge=1)
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_reported_errors: int = Field(default=100, ge=1)
+    idempotency_horizon_s: float = Field(default=24 * 3600.0, gt=0)
     ingest_rate_limit: str = "1000/second"
     query_rate_limit: str = "10000/second"
     stall_after_s: float = Field(default=60.0, gt=0)

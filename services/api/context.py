@@ -20,6 +20,7 @@ from contracts.registry import default_registry
 from contracts.topics import TopicSpec
 from services.api.config import ServeSettings
 from services.api.rate_limits import RateLimits
+from services.ingest.idempotency import IdempotencyStore
 from services.producer.publisher import EventPublisher
 
 __all__ = ["ServiceContext", "get_context"]
@@ -52,6 +53,7 @@ class ServiceContext:
     _offsets_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _closed: bool = field(default=False, init=False)
     _rate_limits: RateLimits | None = field(default=None, init=False)
+    _idempotency: IdempotencyStore | None = field(default=None, init=False)
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> ServiceContext:
@@ -82,6 +84,17 @@ class ServiceContext:
                 if self._publisher is None:
                     self._publisher = EventPublisher(self.settings.kafka, topics=self.topics)
         return self._publisher
+
+    def idempotency(self) -> IdempotencyStore:
+        """The records of ingest's idempotency keys (in Redis)."""
+        if self._idempotency is None:
+            serve = self.settings.serve
+            # A request holds its key while it waits for the publish lock and for the broker.
+            pending_s = 2 * serve.ingest_timeout_s + 30
+            self._idempotency = IdempotencyStore(
+                self.redis, self.key_prefix, serve.idempotency_horizon_s, pending_s
+            )
+        return self._idempotency
 
     def rate_limits(self) -> RateLimits:
         """The per-key request limits (counted in Redis)."""

@@ -6,26 +6,37 @@ events go through the producer SDK (acks=all, idempotent, keyed by their aggrega
 answer gives each event's delivery position and one consistency token for the request. When the
 broker does not acknowledge in time the answer is 503 with ``Retry-After``, listing the events
 that were not acknowledged and the positions of those that were (which are in the log).
+
+With an ``Idempotency-Key`` header, retries of a request are answered, not produced again
+(:mod:`services.ingest.idempotency`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends
+import redis
+from fastapi import APIRouter, Body, Depends, Header
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.errors import ContractError, EventValidationError
 from services.api.context import ServiceContext, get_context
 from services.api.errors import ApiError
-from services.auth import require
+from services.auth import ApiKey, require
 from services.consistency import encode_token, positions_after
 from services.errors import PublishError
+from services.ingest.idempotency import body_sha256
 
 __all__ = ["Delivery", "EventBatch", "EventIn", "IngestResponse", "ingest_router"]
 
+logger = logging.getLogger(__name__)
+
 _RETRY_AFTER_S = 5  # the broker did not answer within the timeout: try again a little later
+_IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,255}")
 _FIELD = re.compile(r"^([\w.\[\]]+) is ")  # "commerce.OrderPlaced.amount is ..."
 
 
@@ -86,6 +97,142 @@ def _refusal(index: int, event_type: str, exc: ContractError) -> dict[str, Any]:
     }
 
 
+def _response(deliveries: list[Delivery]) -> IngestResponse:
+    return IngestResponse(
+        accepted=len(deliveries),
+        deliveries=deliveries,
+        consistency_token=encode_token(
+            positions_after((d.topic, d.partition, d.offset) for d in deliveries)
+        ),
+    )
+
+
+def _send(context: ServiceContext, events: list[tuple[str, dict[str, Any]]]) -> list[Delivery]:
+    """Publish validated events, one call at a time; where each went.
+
+    Raises:
+        ApiError: 503 ``INGEST_BUSY``: earlier requests still wait for the broker; nothing sent.
+        PublishError: Not acknowledged in time (some events may be written).
+    """
+    timeout = context.settings.serve.ingest_timeout_s
+    # One publish call at a time (see ServiceContext.publish_lock); a request does not wait
+    # for the lock longer than for the broker, so an outage cannot pile requests up.
+    if not context.publish_lock.acquire(timeout=timeout):
+        msg = (
+            f"the service is still waiting for the broker on earlier requests after "
+            f"{timeout:g}s; nothing of this request was sent. Retry later."
+        )
+        raise ApiError(503, "INGEST_BUSY", msg, headers={"Retry-After": str(_RETRY_AFTER_S)})
+    try:
+        tokens = context.publisher().emit_many(events, timeout=timeout, validated=True)
+    finally:
+        context.publish_lock.release()
+    return [Delivery(topic=t.topic, partition=t.partition, offset=t.offset) for t in tokens]
+
+
+def _not_acknowledged(
+    exc: PublishError, deliveries: list[Delivery | None], indices: list[int]
+) -> ApiError:
+    """The 503 of a publish that timed out; ``indices``: each sent event's index in the request."""
+    delivered = [(d.topic, d.partition, d.offset) for d in deliveries if d is not None]
+    return ApiError(
+        503,
+        exc.code,
+        str(exc),
+        headers={"Retry-After": str(_RETRY_AFTER_S)},
+        unacknowledged=[
+            {"index": indices[u.index], "type": u.event_type, "error": u.error}
+            for u in exc.unacknowledged
+        ],
+        deliveries=[None if d is None else d.model_dump() for d in deliveries],
+        consistency_token=encode_token(positions_after(delivered)),
+    )
+
+
+def _merge(deliveries: list[Delivery | None], indices: list[int], sent: Sequence[Any]) -> None:
+    """Put the deliveries of the events sent (``indices`` in the request) into ``deliveries``."""
+    for index, delivery in zip(indices, sent, strict=True):
+        if isinstance(delivery, Delivery):
+            deliveries[index] = delivery
+        elif delivery is not None:  # PublishError.delivered: (topic, partition, offset)
+            deliveries[index] = Delivery(
+                topic=delivery[0], partition=delivery[1], offset=delivery[2]
+            )
+
+
+def _publish(context: ServiceContext, events: list[tuple[str, dict[str, Any]]]) -> IngestResponse:
+    """Without an idempotency key: send every event."""
+    indices = list(range(len(events)))
+    try:
+        return _response(_send(context, events))
+    except PublishError as exc:
+        deliveries: list[Delivery | None] = [None] * len(events)
+        _merge(deliveries, indices, exc.delivered)
+        raise _not_acknowledged(exc, deliveries, indices) from exc
+
+
+def _publish_once(
+    context: ServiceContext,
+    events: list[tuple[str, dict[str, Any]]],
+    key: str,
+    caller: str,
+) -> IngestResponse | JSONResponse:
+    """With an idempotency key: send what no earlier request with the key has delivered."""
+    if _IDEMPOTENCY_KEY.fullmatch(key) is None:
+        msg = "Idempotency-Key must be 1 to 255 printable ASCII characters"
+        raise ApiError(400, "IDEMPOTENCY_KEY_INVALID", msg)
+    store = context.idempotency()
+    try:
+        claim = store.claim(caller, key, body_sha256(events))
+    except redis.RedisError as exc:
+        msg = f"idempotency keys cannot be checked now (Redis: {exc}); nothing was sent"
+        raise ApiError(503, "IDEMPOTENCY_UNAVAILABLE", msg, headers={"Retry-After": "1"}) from exc
+    if claim.outcome not in ("new", "resumed"):
+        if not claim.same_body:
+            msg = (
+                "this Idempotency-Key was used for a request with other events: use a new key "
+                "for new events"
+            )
+            raise ApiError(409, "IDEMPOTENCY_KEY_REUSED", msg)
+        if claim.outcome == "done" and claim.response is not None:
+            return JSONResponse(claim.response, headers={"Idempotent-Replayed": "true"})
+        msg = "a request with this Idempotency-Key is still running: retry when it is done"
+        raise ApiError(409, "IDEMPOTENCY_KEY_IN_USE", msg, headers={"Retry-After": "1"})
+    deliveries: list[Delivery | None] = [
+        None if d is None else Delivery(**d) for d in claim.deliveries
+    ] or [None] * len(events)
+    missing = [i for i, d in enumerate(deliveries) if d is None]
+    try:
+        sent = _send(context, [events[i] for i in missing])
+    except PublishError as exc:
+        _merge(deliveries, missing, exc.delivered)
+        _record(store.keep_partial, caller, key, [_dumped(d) for d in deliveries])
+        raise _not_acknowledged(exc, deliveries, missing) from exc
+    except ApiError:  # nothing was sent: the key is as it was
+        if claim.outcome == "new":
+            _record(store.release, caller, key)
+        else:
+            _record(store.keep_partial, caller, key, [_dumped(d) for d in deliveries])
+        raise
+    _merge(deliveries, missing, sent)
+    done = [d for d in deliveries if d is not None]
+    response = _response(done)
+    _record(store.finish, caller, key, [d.model_dump() for d in done], response.model_dump())
+    return response
+
+
+def _dumped(delivery: Delivery | None) -> dict[str, Any] | None:
+    return None if delivery is None else delivery.model_dump()
+
+
+def _record(call: Callable[..., None], *args: Any) -> None:
+    """Update a key's record; if Redis fails now, the claim expires and a retry sends again."""
+    try:
+        call(*args)
+    except redis.RedisError:
+        logger.exception("could not record an idempotency key's outcome")
+
+
 def ingest_router() -> APIRouter:
     """The ingest route."""
     router = APIRouter(tags=["ingest"])
@@ -93,8 +240,12 @@ def ingest_router() -> APIRouter:
     @router.post(
         "/v1/events",
         response_model=IngestResponse,
-        dependencies=[Depends(require("ingest"))],
         responses={
+            400: {"description": "an Idempotency-Key that is not 1-255 printable characters"},
+            409: {
+                "description": "the Idempotency-Key is in use by a running request, or was "
+                "used for other events"
+            },
             413: {
                 "description": "more events than max_ingest_events, or a body over "
                 "max_request_bytes"
@@ -106,7 +257,15 @@ def ingest_router() -> APIRouter:
     def ingest(
         body: Annotated[EventBatch | EventIn, Body()],
         context: Annotated[ServiceContext, Depends(get_context)],
-    ) -> IngestResponse:
+        caller: Annotated[ApiKey | None, Depends(require("ingest"))],
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                description="the same key on every retry of a request: it is produced once "
+                f"(kept for idempotency_horizon_s, default {24 * 3600} s)"
+            ),
+        ] = None,
+    ) -> IngestResponse | JSONResponse:
         """Validate and publish one event or a batch."""
         items = [body] if isinstance(body, EventIn) else body.events
         limit = context.settings.serve.max_ingest_events
@@ -114,8 +273,7 @@ def ingest_router() -> APIRouter:
             msg = f"{len(items)} events in one request; at most {limit} (send several requests)"
             raise ApiError(413, "TOO_MANY_EVENTS", msg)
         events = [(item.type, item.event) for item in items]
-        publisher = context.publisher()
-        refused = publisher.check(events)
+        refused = context.publisher().check(events)
         if refused:
             # The first refusals in full, the rest counted: a batch of 10,000 bad events once
             # answered 90 MB of errors.
@@ -128,45 +286,8 @@ def ingest_router() -> APIRouter:
             raise ApiError(
                 422, "EVENT_INVALID", msg, errors=errors, errors_omitted=len(refused) - len(errors)
             )
-        timeout = context.settings.serve.ingest_timeout_s
-        # One publish call at a time (see ServiceContext.publish_lock); a request does not wait
-        # for the lock longer than for the broker, so an outage cannot pile requests up.
-        if not context.publish_lock.acquire(timeout=timeout):
-            msg = (
-                f"the service is still waiting for the broker on earlier requests after "
-                f"{timeout:g}s; nothing of this request was sent. Retry later."
-            )
-            raise ApiError(503, "INGEST_BUSY", msg, headers={"Retry-After": str(_RETRY_AFTER_S)})
-        try:
-            try:
-                tokens = publisher.emit_many(events, timeout=timeout, validated=True)
-            except PublishError as exc:
-                delivered = [d for d in exc.delivered if d is not None]
-                raise ApiError(
-                    503,
-                    exc.code,
-                    str(exc),
-                    headers={"Retry-After": str(_RETRY_AFTER_S)},
-                    unacknowledged=[
-                        {"index": u.index, "type": u.event_type, "error": u.error}
-                        for u in exc.unacknowledged
-                    ],
-                    deliveries=[
-                        None if d is None else {"topic": d[0], "partition": d[1], "offset": d[2]}
-                        for d in exc.delivered
-                    ],
-                    consistency_token=encode_token(positions_after(delivered)),
-                ) from exc
-        finally:
-            context.publish_lock.release()
-        return IngestResponse(
-            accepted=len(tokens),
-            deliveries=[
-                Delivery(topic=t.topic, partition=t.partition, offset=t.offset) for t in tokens
-            ],
-            consistency_token=encode_token(
-                positions_after((t.topic, t.partition, t.offset) for t in tokens)
-            ),
-        )
+        if idempotency_key is None:
+            return _publish(context, events)
+        return _publish_once(context, events, idempotency_key, "-" if caller is None else caller.id)
 
     return router

@@ -18,6 +18,7 @@ from services.client import (
     Entity,
     ForbiddenError,
     GoneError,
+    IdempotencyConflictError,
     IngestResult,
     InvalidEventsError,
     InvalidRequestError,
@@ -74,10 +75,13 @@ def test_ingest_sends_events_and_parses_deliveries():
     )
     with server.client() as client:
         result = client.ingest([("OrderPlaced", {"order_id": "o-1"}), ("OrderPaid", {"n": 1})])
-    assert result == IngestResult(
-        2, (Delivery("orders", 1, 40), Delivery("orders", 0, 9)), "v1.abc"
-    )
     (request,) = server.requests
+    assert result == IngestResult(
+        2,
+        (Delivery("orders", 1, 40), Delivery("orders", 0, 9)),
+        "v1.abc",
+        request.headers["Idempotency-Key"],  # a new key for each call without one
+    )
     assert (request.method, str(request.url)) == ("POST", "http://refold.test/v1/events")
     assert request.headers["Authorization"] == "Bearer rfk_k"
     assert request.headers["Content-Type"] == "application/json"
@@ -273,13 +277,49 @@ def test_not_acknowledged_carries_the_events_and_retry_after():
         {"Retry-After": "5"},
     )
     with pytest.raises(NotAcknowledgedError) as info:
-        server.client().ingest([("OrderPlaced", {}), ("OrderPaid", {})])
+        server.client().ingest([("OrderPlaced", {}), ("OrderPaid", {})], attempts=1)
     error = info.value
     assert error.unacknowledged == unacknowledged
     assert error.deliveries == (Delivery("orders", 2, 5), None)
     assert error.consistency_token == TOKEN
     assert error.retry_after == 5.0
     assert isinstance(error, ServiceUnavailableError)
+
+
+def test_ingest_is_retried_with_the_same_key_until_it_is_answered():
+    answers = iter(
+        [
+            httpx.Response(503, json=_error("PUBLISH_FAILED"), headers={"Retry-After": "0"}),
+            httpx.Response(409, json=_error("IDEMPOTENCY_KEY_IN_USE")),
+            httpx.Response(503, json=_error("INGEST_BUSY"), headers={"Retry-After": "0"}),
+            httpx.Response(
+                200,
+                json={"accepted": 1, "deliveries": [], "consistency_token": TOKEN},
+                headers={"Idempotent-Replayed": "true"},
+            ),
+        ]
+    )
+    server = _Server(lambda _request: next(answers))
+    with server.client() as client:
+        result = client.ingest([("OrderPlaced", {})], idempotency_key="k-1", attempts=4)
+    assert [r.headers["Idempotency-Key"] for r in server.requests] == ["k-1"] * 4
+    assert (result.idempotency_key, result.replayed) == ("k-1", True)
+
+
+def test_ingest_gives_up_after_its_attempts_and_never_retries_a_refusal():
+    server = _answer(503, _error("PUBLISH_FAILED"), {"Retry-After": "0"})
+    with pytest.raises(NotAcknowledgedError):
+        server.client().ingest([("OrderPlaced", {})], attempts=2)
+    assert len(server.requests) == 2
+    reused = _answer(409, _error("IDEMPOTENCY_KEY_REUSED"))
+    with pytest.raises(IdempotencyConflictError) as info:
+        reused.client().ingest([("OrderPlaced", {})], idempotency_key="k-1")
+    assert info.value.code == "IDEMPOTENCY_KEY_REUSED"
+    assert len(reused.requests) == 1
+    invalid = _answer(422, _error("EVENT_INVALID", errors=[]))
+    with pytest.raises(InvalidEventsError):
+        invalid.client().ingest([("OrderPlaced", {})])
+    assert len(invalid.requests) == 1
 
 
 def test_too_many_events_is_an_invalid_request_not_invalid_events():
