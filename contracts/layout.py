@@ -145,7 +145,7 @@ class GenerationKeys:
 
     @property
     def stats(self) -> str:
-        """Hash of processing stats, written by the driver after each micro-batch.
+        """Hash of processing stats: counts in the engines' transactions, batches by the driver.
 
         Not state (see :meth:`is_state_key`): snapshots and ``replay diff`` leave it out; gc
         removes it with the generation (:meth:`pattern`) and an in-place reset deletes it, as

@@ -1,7 +1,10 @@
 """Processing stats of a generation: what its micro-batches did, for ``/metrics`` and dashboards.
 
-Written by the Spark driver after each micro-batch (:meth:`ProcessorStats.record_batch`), read
-by the services (:meth:`ProcessorStats.read`). One hash per generation,
+What the records did (``events``, ``duplicates``, ``effects``, ``dead:<reason>``) is counted in
+the transaction that applies them (:func:`count_outcome`: exact through kill -9s and re-run
+batches). What the batches did (their count, durations, the watermark) is written by the Spark
+driver after each micro-batch (:meth:`ProcessorStats.record_batch`, best effort). Read by the
+services (:meth:`ProcessorStats.read`). One hash per generation,
 :attr:`contracts.layout.GenerationKeys.stats`:
 
 =====================  ===========================================================================
@@ -39,17 +42,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import redis
 
 from contracts.layout import StateLayout
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
 
 __all__ = [
     "DURATION_BOUNDS_MS",
     "BatchStats",
     "ProcessorStats",
     "batch_increments",
+    "count_outcome",
+    "outcome_increments",
     "parse_stats",
 ]
 
@@ -120,6 +128,40 @@ class BatchStats:
     def mean_duration_ms(self) -> float | None:
         """Mean batch duration (None before the first batch)."""
         return self.duration_sum_ms / self.batches if self.batches else None
+
+
+def outcome_increments(
+    events: int,
+    duplicates: int,
+    effects: int,
+    dead_letters: Mapping[str, int],
+) -> list[tuple[str, int]]:
+    """The counters of what records did: applied, re-sent, outputs, dead letters (pure).
+
+    Zeros are left out.
+    """
+    pairs = [("events", events), ("duplicates", duplicates), ("effects", effects)]
+    pairs += [(_DEAD + reason, n) for reason, n in sorted(dead_letters.items())]
+    return [(name, amount) for name, amount in pairs if amount]
+
+
+def count_outcome(
+    pipe: Pipeline,
+    stats_key: str,
+    *,
+    events: int = 0,
+    duplicates: int = 0,
+    effects: int = 0,
+    dead_letters: Mapping[str, int] | None = None,
+) -> None:
+    """Queue a transaction's counts on ``pipe``, inside its ``MULTI``.
+
+    The engines count their records this way, in the transaction that applies them and moves
+    their positions, so the counts are exact: a transaction that does not commit counts nothing,
+    one that commits counts once, and a Redis that lost writes lost their counts with them.
+    """
+    for name, amount in outcome_increments(events, duplicates, effects, dead_letters or {}):
+        pipe.hincrby(stats_key, name, amount)
 
 
 def batch_increments(

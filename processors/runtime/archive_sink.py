@@ -45,6 +45,7 @@ from contracts.errors import DeserializationError
 from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import BATCH_ID_FIELD, position_field
 from contracts.origin import dead_letter_headers
+from contracts.store.stats import count_outcome
 from processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
@@ -206,8 +207,15 @@ class _Writer:
         )
         return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
 
-    def commit(self, moves: Mapping[str, tuple[int | None, int]], batch_id: int) -> None:
+    def commit(
+        self,
+        moves: Mapping[str, tuple[int | None, int]],
+        batch_id: int,
+        outcome: ArchiveOutcome | None = None,
+    ) -> None:
         """Move each position from its expected value to its end, in one guarded transaction.
+
+        ``outcome``'s counts (archived, dead letters) are counted in the same transaction.
 
         Raises:
             SinkConflictError: A position is neither where this task found it nor at its end
@@ -245,6 +253,13 @@ class _Writer:
                     )
                     for name, (_expected, end) in moves.items():
                         pipe.set(keys.guard(name), end)
+                    if outcome is not None:
+                        count_outcome(
+                            pipe,
+                            keys.stats,
+                            events=outcome.archived,
+                            dead_letters=outcome.dead_letters,
+                        )
                     pipe.execute()
                     return
                 except redis.WatchError:
@@ -405,7 +420,7 @@ def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) 
         outcome.dead_letters = dict(Counter(exc.reason for _record, exc in dead))
         _send_dead_letters(writer, dead, batch_id)
     moves = {position_field(t, p): (applied.get(position_field(t, p)), e) for t, p, _b, e in todo}
-    _redis_call(plan.target, lambda: writer.commit(moves, batch_id))
+    _redis_call(plan.target, lambda: writer.commit(moves, batch_id, outcome))
     outcome.positions = {f: end for f, (_expected, end) in moves.items()}
     return outcome
 
@@ -521,9 +536,7 @@ class ArchiveSink:
                     "processor": self.target.processor,
                 },
             )
-            self.stats.record(
-                batch_id, started, events=outcome.archived, dead_letters=outcome.dead_letters
-            )
+            self.stats.record(batch_id, started)
 
 
 def start_archive_query(

@@ -2,8 +2,10 @@
 
 Every ``foreachBatch`` sink (fold, archive, DataFrame) ends its batch with
 :meth:`BatchStatsRecorder.record`: one Lua call of :class:`contracts.store.stats.ProcessorStats`
-that counts the batch once per checkpoint and batch id. The stats feed ``/metrics`` and the
-dashboard; they are best effort, so a failure to write them is logged and never fails a batch.
+that counts the batch (its duration, the watermark) once per checkpoint and batch id; what its
+records did was counted in the transactions that applied them. The batch stats feed
+``/metrics`` and the dashboard; they are best effort, so a failure to write them is logged and
+never fails a batch.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import redis
@@ -86,25 +87,15 @@ class BatchStatsRecorder:
             return None
         return generation_watermark(store.client, self.target.keys, event_time.lateness_ms)
 
-    def record(
-        self,
-        batch_id: int,
-        started: float,
-        *,
-        events: int,
-        duplicates: int = 0,
-        effects: int = 0,
-        dead_letters: Mapping[str, int] | None = None,
-    ) -> None:
-        """Count batch ``batch_id`` (never raises: a failure is logged as a warning).
+    def record(self, batch_id: int, started: float) -> None:
+        """Count batch ``batch_id``: its duration and the watermark (never raises).
+
+        What its records did was counted in the transactions that applied them
+        (:func:`contracts.store.stats.count_outcome`); a failure here is logged as a warning.
 
         Args:
             batch_id: Spark's batch id.
             started: ``time.perf_counter()`` when ``foreachBatch`` began.
-            events: Records applied.
-            duplicates: Records skipped as re-sent by their upstream.
-            effects: Outputs produced.
-            dead_letters: Dead letters by reason.
         """
         duration_ms = (time.perf_counter() - started) * 1000
         try:
@@ -112,10 +103,10 @@ class BatchStatsRecorder:
             store.record_batch(
                 self.target.generation,
                 batch_id,
-                events,
-                duplicates,
-                effects,
-                dead_letters or {},
+                0,
+                0,
+                0,
+                {},
                 duration_ms,
                 self._watermark(store),
                 checkpoint_id=self._scope(),

@@ -40,6 +40,7 @@ from contracts.errors import DeserializationError
 from contracts.kafka.outputs import Deliveries, output_producer
 from contracts.layout import BATCH_ID_FIELD
 from contracts.origin import dead_letter_headers
+from contracts.store.stats import count_outcome
 from processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
@@ -309,16 +310,18 @@ class TableUpsert:
             if stored is not None and int(stored) >= batch_id:
                 pipe.unwatch()
                 return None
+            applied = sum(
+                max(0, positions[f] - int(old))
+                for f, old in zip(fields, before, strict=True)
+                if old is not None
+            )
             pipe.multi()
             for key, value in rows:
                 pipe.set(keys.table(self.table, key), value)
             pipe.hset(keys.positions, mapping={**dict(positions.items()), BATCH_ID_FIELD: batch_id})
+            count_outcome(pipe, keys.stats, events=applied)
             pipe.execute()
-        return sum(
-            max(0, positions[f] - int(old))
-            for f, old in zip(fields, before, strict=True)
-            if old is not None
-        )
+        return applied
 
 
 @dataclass(slots=True)
@@ -395,8 +398,9 @@ class DataFrameSink:
                 },
             )
         if applied or rows:  # not Spark's no-data batches (a watermark's state eviction)
-            # Its dead letters are counted by the decode tasks, which report nothing back.
-            self.stats.record(batch_id, started, events=applied)
+            # Its records were counted in the upsert's transaction; its dead letters are not
+            # counted (the decode tasks report nothing back).
+            self.stats.record(batch_id, started)
 
 
 # -- the query and the runner's checks (driver) --------------------------------------------

@@ -55,6 +55,7 @@ from contracts.origin import (
 )
 from contracts.processors import EventTime
 from contracts.store.credentials import raise_if_refused
+from contracts.store.stats import count_outcome
 from processors.errors import (
     REDIS_UNAVAILABLE,
     SinkConflictError,
@@ -596,6 +597,7 @@ class FoldWriter:
             if waiting:
                 pipe.zadd(keys.timers(PENDING_TIMERS), waiting)
             self._write_positions(pipe, positions_key, new_pos, clocks, marks, [], batch_id)
+            self._count(pipe, outcome)
             pipe.execute()
             outcome.positions = new_pos
             return outcome
@@ -606,6 +608,7 @@ class FoldWriter:
             pipe.multi()
             write_windows(pipe, keys, windows)
             self._write_positions(pipe, positions_key, new_pos, clocks, marks, [], batch_id)
+            self._count(pipe, outcome)
             pipe.execute()
             outcome.positions = new_pos
             return outcome
@@ -668,9 +671,21 @@ class FoldWriter:
             if amount:
                 pipe.hincrby(aggregate_key, name, amount)
         self._write_positions(pipe, positions_key, new_pos, clocks, marks, links, batch_id)
+        self._count(pipe, outcome)
         pipe.execute()
         outcome.positions = new_pos
         return outcome
+
+    def _count(self, pipe: Pipeline, outcome: BatchOutcome) -> None:
+        """The outcome's counts, in the transaction (exact stats: see contracts.store.stats)."""
+        count_outcome(
+            pipe,
+            self.target.keys.stats,
+            events=outcome.applied,
+            duplicates=outcome.duplicates,
+            effects=outcome.effects,
+            dead_letters=outcome.dead_letters,
+        )
 
     def _write_positions(
         self,

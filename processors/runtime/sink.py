@@ -389,11 +389,4 @@ class RedisFoldSink:
                     "processor": self.target.processor,
                 },
             )
-            self.stats.record(
-                batch_id,
-                started,
-                events=outcome.applied,
-                duplicates=outcome.duplicates,
-                effects=outcome.effects,
-                dead_letters=outcome.dead_letters,
-            )
+            self.stats.record(batch_id, started)

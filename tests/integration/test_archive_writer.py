@@ -206,7 +206,7 @@ def test_a_crashed_attempt_leaves_files_that_the_next_attempt_removes(world, mon
     big, _rest = world.batches(0.8)
     small, _ = world.batches(0.3)
 
-    def crash(self, moves, batch_id):
+    def crash(self, moves, batch_id, outcome):
         msg = "killed between the files and the commit"
         raise OSError(msg)
 

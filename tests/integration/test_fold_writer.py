@@ -9,6 +9,7 @@ from confluent_kafka import Consumer, TopicPartition
 from contracts.codec import EventCodec
 from contracts.layout import StateLayout
 from contracts.store.generations import GenerationRegistry
+from contracts.store.stats import ProcessorStats
 from deploy.simulators.orders import OrderSimulator
 from processors.errors import SinkConflictError
 from processors.fold.oracle import fold_all
@@ -84,6 +85,10 @@ def test_state_equals_the_oracle_and_replaying_changes_nothing(target, redis_url
     assert again.applied == 0
     assert again.skipped == len(records)
     assert table_dump(client, target) == before
+    # The counts came with the transactions: a re-executed batch counts nothing again.
+    counted = ProcessorStats(client, target.layout).read(1)
+    assert counted.events == len(records) - len(oracle.rejected) - oracle.passed
+    assert counted.batches == 0  # the driver's part: no Spark batch here
 
 
 def test_partial_overlap_applies_only_the_new_tail(target, redis_url):

@@ -7,7 +7,7 @@ import time
 import redis
 
 from contracts.processors import EventTime
-from contracts.store.stats import ProcessorStats
+from contracts.store.stats import ProcessorStats, count_outcome
 from processors.runtime.batch_stats import BatchStatsRecorder, checkpoint_id
 from processors.runtime.dataframe import DataFrameSink
 from processors.runtime.envelope import FoldTarget
@@ -55,8 +55,13 @@ def test_the_recorder_scopes_batch_ids_by_the_checkpoint_and_reads_the_watermark
     client.hset(timed.keys.positions, mapping={"t/0": 3, "t/1": 4, "batch_id": 0})
     client.hset(timed.keys.clocks, mapping={"t/0": 50_000, "t/1": 40_000})
     recorder = BatchStatsRecorder(timed, checkpoint)
-    recorder.record(0, time.perf_counter(), events=3, duplicates=1, dead_letters={"late": 2})
-    recorder.record(0, time.perf_counter(), events=3)  # the same batch again
+    # The records' counts come with the transaction that applied them ...
+    with client.pipeline(transaction=True) as pipe:
+        count_outcome(pipe, timed.keys.stats, events=3, duplicates=1, dead_letters={"late": 2})
+        pipe.execute()
+    # ... the batch's own stats from the driver, once per batch id.
+    recorder.record(0, time.perf_counter())
+    recorder.record(0, time.perf_counter())  # the same batch again
     read = ProcessorStats(client, timed.layout).read(timed.generation)
     assert (read.batches, read.events, read.duplicates) == (1, 3, 1)
     assert read.dead_letters == {"late": 2}
@@ -66,7 +71,7 @@ def test_the_recorder_scopes_batch_ids_by_the_checkpoint_and_reads_the_watermark
 
 def test_a_stats_failure_never_fails_the_batch(target: FoldTarget, caplog):
     unreachable = dataclasses.replace(target, redis_url="redis://127.0.0.1:1/0")
-    BatchStatsRecorder(unreachable).record(3, time.perf_counter(), events=1)
+    BatchStatsRecorder(unreachable).record(3, time.perf_counter())
     assert "could not record the stats of batch 3" in caplog.text
 
 

@@ -121,6 +121,11 @@ def test_processor_survives_kill_9_three_times_and_ends_exactly_at_the_oracle(wo
     states, totals = world.state()
     assert states == expected.states
     assert totals == dict(expected.aggregate)
+    # The counts are written in the transactions that apply the records: exact after the kills.
+    counted = ProcessorStats(world.client, StateLayout("order_state", world.redis.key_prefix))
+    stats = counted.read(reader.registry.live())
+    assert stats.events == total - len(expected.rejected) - expected.passed
+    assert stats.dead_letters_total == len(expected.rejected)
 
 
 def test_replay_rebuilds_a_new_generation_while_readers_stay_on_the_old_one(
