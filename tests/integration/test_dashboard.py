@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from contracts.layout import StateLayout
 from contracts.settings import KafkaSettings, RedisSettings
 from contracts.store.generations import GenerationRegistry
 from contracts.store.stats import ProcessorStats
+from tests.support.served import served as serve_app
 from tests.support.waiting import assert_eventually
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -101,9 +101,6 @@ class Served:
 
 @pytest.fixture
 def served(kafka_bootstrap: str, redis_url: str, unique: str) -> Iterator[Served]:
-    import uvicorn
-
-    from deploy.local_stack import free_port
     from services.api.app import create_app
     from services.api.config import HttpSettings, ServeSettings
 
@@ -113,21 +110,11 @@ def served(kafka_bootstrap: str, redis_url: str, unique: str) -> Iterator[Served
         redis=RedisSettings(url=redis_url, key_prefix=prefix),
         serve=HttpSettings(auth="keys"),
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
     client = redis.Redis.from_url(redis_url)
     try:
-        assert_eventually(
-            lambda: server.started, timeout=30, alive=thread.is_alive, message="uvicorn start"
-        )
-        yield Served(f"http://127.0.0.1:{port}", client, prefix)
+        with serve_app(create_app(settings)) as url:
+            yield Served(url, client, prefix)
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         for key in client.scan_iter(match=f"{prefix}:*", count=1000):
             client.delete(key)
         client.close()

@@ -12,25 +12,22 @@ On the app under uvicorn, a real broker and Redis, through the SDK as an applica
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator
 
 import pytest
 import redis
-import uvicorn
 
 from contracts.commerce import ORDERS
 from contracts.kafka.admin import delete_topics, ensure_topics
 from contracts.kafka.offsets import LogOffsets
 from contracts.settings import KafkaSettings, RedisSettings
-from deploy.local_stack import free_port
 from deploy.simulators.orders import OrderSimulator
 from services.api.app import create_app
 from services.api.config import HttpSettings, ServeSettings
 from services.api.context import ServiceContext
 from services.client import IdempotencyConflictError, NotAcknowledgedError, RefoldClient
 from services.ingest.idempotency import body_sha256
-from tests.support.waiting import assert_eventually
+from tests.support.served import served
 
 pytestmark = pytest.mark.integration
 
@@ -67,22 +64,10 @@ def ingest(kafka_bootstrap, redis_url, make_topic, unique) -> Iterator[Ingest]:
         dataclasses.replace(ORDERS, name=rest, partitions=2, event_types=others),
     ]
     context = ServiceContext(settings, redis.Redis.from_url(redis_url), topics)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings, context=context), host="127.0.0.1", port=port, log_level="warning"
-        )
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
     try:
-        assert_eventually(
-            lambda: server.started, timeout=30, alive=thread.is_alive, message="uvicorn start"
-        )
-        yield Ingest(f"http://127.0.0.1:{port}", kafka, placed, rest, context)
+        with served(create_app(settings, context=context)) as url:
+            yield Ingest(url, kafka, placed, rest, context)
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         context.close()
         delete_topics({"bootstrap.servers": kafka_bootstrap}, [rest])  # if a test made it
 

@@ -18,16 +18,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
-import uvicorn
 
 from contracts.commerce import ORDERS
 from contracts.settings import KafkaSettings, RedisSettings
-from deploy.local_stack import free_port
 from services.api.app import create_app
 from services.api.config import HttpSettings, ServeSettings
 from services.api.context import ServiceContext
 from services.client import InvalidEventsError, RefoldClient
-from tests.support.waiting import assert_eventually
+from tests.support.served import served
 
 pytestmark = pytest.mark.integration
 
@@ -45,22 +43,10 @@ def base_url(kafka_bootstrap, redis_url, make_topic, unique) -> Iterator[str]:
     context = ServiceContext(
         settings, redis.Redis.from_url(redis_url), [dataclasses.replace(ORDERS, name=topic)]
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings, context=context), host="127.0.0.1", port=port, log_level="warning"
-        )
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
     try:
-        assert_eventually(
-            lambda: server.started, timeout=30, alive=thread.is_alive, message="uvicorn start"
-        )
-        yield f"http://127.0.0.1:{port}"
+        with served(create_app(settings, context=context)) as url:
+            yield url
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         context.close()
 
 

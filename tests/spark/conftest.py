@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from contracts.kafka.offsets import LogOffsets
 from contracts.processors import ProcessLauncher
 from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from contracts.topics import TopicSpec
+from deploy.demo import wait_until_caught_up
 from deploy.processes import ProcessorProcess
 from processors.fold.oracle import FoldResult, fold_all
 from processors.order_state.config import OrderStateOptions
@@ -67,6 +69,33 @@ class OrdersWorld:
             self.env,
             self.state_dir / "logs" / f"{name}.log",
         )
+
+    def applied(self) -> int:
+        """Records the live generation has applied, over its partitions (0 before it exists)."""
+        reader = self.reader()
+        live = reader.registry.live()
+        return sum(reader.freshness(live).values()) if live is not None else 0
+
+    def kill_after(self, process: ProcessorProcess, applied: int, timeout: float = 240) -> int:
+        """SIGKILL ``process`` once ``applied`` records are applied (mid-stream); how many were."""
+        deadline = time.monotonic() + timeout
+        while self.applied() < applied:
+            assert process.alive(), process.log_tail()
+            assert time.monotonic() < deadline, "processor made no progress"
+            time.sleep(0.05)
+        process.kill()
+        return self.applied()
+
+    def run_to_log_end(self, name: str) -> None:
+        """Run a processor until it has applied the log as it is now, then stop it."""
+        process = self.processor(name=name).start()
+        try:
+            with self.offsets() as offsets:
+                wait_until_caught_up(
+                    self.reader(), offsets, [self.topic.name], timeout=240, alive=process.alive
+                )
+        finally:
+            process.stop()
 
     def state(self, generation: int | None = None) -> tuple[dict, dict]:
         reader = self.reader()

@@ -12,14 +12,12 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-import time
 
 import pytest
 
 from contracts.layout import StateLayout
 from contracts.settings import SparkSettings
 from contracts.store.stats import ProcessorStats
-from deploy.demo import wait_until_caught_up
 from deploy.simulators.orders import OrderSimulator
 from processors.runtime.checkpoints import checkpoint_location, has_batches
 from tests.support.mini_hdfs import mini_hdfs
@@ -45,18 +43,7 @@ def test_a_processor_killed_on_hdfs_checkpoints_resumes_from_them_exactly(world,
     half = len(events) // 2
     world.publisher().emit_many(events[:half])
     reader = world.reader()
-
-    def applied() -> int:
-        live = reader.registry.live()
-        return sum(reader.freshness(live).values()) if live is not None else 0
-
-    first = world.processor(name="first").start()
-    deadline = time.monotonic() + 240
-    while applied() < half // 2:
-        assert first.alive(), first.log_tail()
-        assert time.monotonic() < deadline, "processor made no progress"
-        time.sleep(0.05)
-    first.kill()  # SIGKILL, mid-stream
+    world.kill_after(world.processor(name="first").start(), half // 2)  # SIGKILL, mid-stream
     live = reader.registry.live()
     assert live is not None
     checkpoint = checkpoint_location(root, "order_state", live)
@@ -64,13 +51,7 @@ def test_a_processor_killed_on_hdfs_checkpoints_resumes_from_them_exactly(world,
     assert not (world.state_dir / "checkpoints").exists()
 
     world.publisher().emit_many(events[half:])
-    second = world.processor(name="second").start()
-    try:
-        offsets = world.offsets()
-        wait_until_caught_up(reader, offsets, [world.topic.name], timeout=240, alive=second.alive)
-        offsets.close()
-    finally:
-        second.stop()
+    world.run_to_log_end("second")
     log = (world.state_dir / "logs" / "second.log").read_text()
     assert f"resuming from checkpoint {checkpoint}" in log
     expected = oracle(events)

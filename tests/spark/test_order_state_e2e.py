@@ -10,7 +10,6 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from contracts.layout import StateLayout
 from contracts.registry import processor_spec
 from contracts.store.stats import ProcessorStats
-from deploy.demo import wait_until_caught_up
 from deploy.simulators.orders import OrderSimulator
 from processors.runtime.runner import consumer_group
 from replay.plan import ToEarliest
@@ -93,30 +92,15 @@ def test_processor_survives_kill_9_three_times_and_ends_exactly_at_the_oracle(wo
     total = len(events)
     reader = world.reader()
 
-    def applied() -> int:
-        live = reader.registry.live()
-        return sum(reader.freshness(live).values()) if live is not None else 0
-
     kills = []
     for fraction in (0.15, 0.45, 0.75):
         process = world.processor(name=f"crash-{fraction}").start()
-        deadline = time.monotonic() + 240
-        while applied() < fraction * total:
-            assert process.alive(), process.log_tail()
-            assert time.monotonic() < deadline, "processor made no progress"
-            time.sleep(0.05)
-        process.kill()  # SIGKILL, mid-stream: between or inside micro-batches
-        kills.append(applied())
+        # SIGKILL, mid-stream: between or inside micro-batches
+        kills.append(world.kill_after(process, int(fraction * total)))
     assert kills == sorted(kills)
     assert kills[-1] < total  # the last kill really happened before the end
 
-    final = world.processor(name="final").start()
-    try:
-        offsets = world.offsets()
-        wait_until_caught_up(reader, offsets, [world.topic.name], timeout=240, alive=final.alive)
-        offsets.close()
-    finally:
-        final.stop()
+    world.run_to_log_end("final")
     expected = oracle(events)
     states, totals = world.state()
     assert states == expected.states
