@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -40,7 +41,6 @@ __all__ = [
     "checkpoint_root",
     "has_batches",
     "is_local",
-    "remove_checkpoint",
     "remove_generation_checkpoints",
     "remove_stale_checkpoint",
 ]
@@ -190,8 +190,6 @@ def _helper_jvm_files(spark: SparkSettings | None) -> _HadoopFiles:
     global _helper
     with _helper_lock:
         if _helper is None:
-            import os
-
             import pyspark
             from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 
@@ -227,11 +225,6 @@ def checkpoint_files(location: str, spark: SparkSettings | None = None) -> Check
 def has_batches(location: str) -> bool:
     """Whether Spark has planned a batch in this checkpoint (a query resumes from it)."""
     return bool(checkpoint_files(location).names(f"{location}/offsets"))
-
-
-def remove_checkpoint(location: str) -> bool:
-    """Remove a checkpoint; False when there was none."""
-    return checkpoint_files(location).remove(location)
 
 
 def remove_stale_checkpoint(location: str, spark: SparkSettings | None = None) -> None:
