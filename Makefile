@@ -66,7 +66,7 @@ test-spark: $(DEPS) ## real local SparkSession and streaming queries
 lint: $(STAMP) ## ruff + mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy refold contracts services processors replay deploy
+	$(BIN)/mypy refold
 
 fmt: $(STAMP) ## format and autofix
 	$(BIN)/ruff format .

@@ -54,19 +54,19 @@ from bench.catch_up import CatchUp, ProcessorCatchUp, Run, Watched, run_catch_up
 from bench.latency import LatencyResult, measure_latency
 from bench.rebuild import measure_rebuild
 from bench.windows import measure_windows, window_rows
-from contracts.commerce import ORDERS
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, ProcessorOptions
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.topics import TopicSpec, dead_letter_spec, effects_spec
-from deploy.local_stack import LocalStack, free_port
-from deploy.processes import ProcessorProcess
-from processors.order_state.config import OrderStateOptions
-from processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
-from processors.runtime.envelope import FoldTarget
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher, ProcessorOptions
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.topics import TopicSpec, dead_letter_spec, effects_spec
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.deploy.processes import ProcessorProcess
+from refold.processors.order_state.config import OrderStateOptions
+from refold.processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
+from refold.processors.runtime.envelope import FoldTarget
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
 SOURCE_FORMAT = os.environ.get("REFOLD_SOURCE_FORMAT", "")

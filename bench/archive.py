@@ -29,18 +29,18 @@ import duckdb
 
 from bench.backlog import ORDERS_TOPIC, produce_orders
 from bench.windows import catch_up_alone, order_state_baseline
-from contracts.codec import EventCodec
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.topics import TopicSpec
-from contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
-from deploy.local_stack import LocalStack, free_port
-from processors.archive.config import ArchiveOptions
-from processors.archive.projection import DATES
-from processors.fold.archive import ArchiveProcessor
-from processors.runtime.archive_cli import archive_status, compact
-from processors.runtime.archive_sink import ArchivePlan
-from processors.runtime.envelope import FoldTarget
+from refold.contracts.codec import EventCodec
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.topics import TopicSpec
+from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.processors.archive.config import ArchiveOptions
+from refold.processors.archive.projection import DATES
+from refold.processors.fold.archive import ArchiveProcessor
+from refold.processors.runtime.archive_cli import archive_status, compact
+from refold.processors.runtime.archive_sink import ArchivePlan
+from refold.processors.runtime.envelope import FoldTarget
 
 __all__ = ["RESULTS", "archive_rows_table", "main", "measure_archive"]
 

@@ -12,13 +12,13 @@ from collections.abc import Iterable, Iterator
 
 from confluent_kafka import Producer
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.progress import progress_bar
-from contracts.topics import TopicSpec
-from contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
-from deploy.simulators.clickstream import ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator, SimulatedEvent
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.progress import progress_bar
+from refold.contracts.topics import TopicSpec
+from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator, SimulatedEvent
 
 __all__ = [
     "CUSTOMERS_TOPIC",

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 
 __all__ = ["BaselineResult", "run_baseline"]
 
@@ -43,7 +43,7 @@ def _worker(
     out: multiprocessing.Queue,  # type: ignore[type-arg]
 ) -> None:
     # The simulated anomalies are dead-lettered on purpose; one warning each would flood the table.
-    logging.getLogger("processors").setLevel(logging.ERROR)
+    logging.getLogger("refold.processors").setLevel(logging.ERROR)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from contracts.progress import progress_bar
-from contracts.store.generations import GenerationRegistry
-from deploy.processes import ProcessorProcess
+from refold.contracts.progress import progress_bar
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.processes import ProcessorProcess
 
 __all__ = ["CatchUp", "ProcessorCatchUp", "Run", "Watched", "run_catch_up"]
 

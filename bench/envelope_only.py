@@ -1,7 +1,7 @@
 """The envelope alone, in one process (no Spark): entity fold against additive windows.
 
 Reads the first records of the orders backlog once, then applies them through
-:class:`~processors.runtime.envelope.FoldWriter` in task-sized chunks for order_state and for
+:class:`~refold.processors.runtime.envelope.FoldWriter` in task-sized chunks for order_state and for
 sales_windows (each into a fresh generation), and times the closer emitting every window the
 watermark passed. This separates what the window kind costs from what Spark costs around it.
 """
@@ -15,20 +15,20 @@ from typing import Any, cast
 
 import redis
 
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
-from contracts.processors import EventTime
-from contracts.store.generations import GenerationRegistry
-from contracts.topics import TopicSpec
-from processors.fold.projection import Projection
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.runtime.kafka_ranges import read_log
-from processors.runtime.window_store import WindowCloser
-from processors.sales_windows.config import SALES_WINDOWS
-from processors.sales_windows.projection import SalesWindows
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import EventTime
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.topics import TopicSpec
+from refold.processors.fold.projection import Projection
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.runtime.kafka_ranges import read_log
+from refold.processors.runtime.window_store import WindowCloser
+from refold.processors.sales_windows.config import SALES_WINDOWS
+from refold.processors.sales_windows.projection import SalesWindows
 
 __all__ = ["envelope_only", "envelope_rows"]
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar, cast
 
 import httpx
 
-from deploy.local_stack import free_port
+from refold.deploy.local_stack import free_port
 
 __all__ = ["Load", "Server", "cpu_seconds", "get_request", "post_request", "run_load", "serve"]
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from contracts.codec import EventCodec
-from contracts.store.generations import GenerationRegistry
-from deploy.simulators.orders import OrderSimulator
+from refold.contracts.codec import EventCodec
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.simulators.orders import OrderSimulator
 
 __all__ = ["LatencyResult", "measure_latency"]
 

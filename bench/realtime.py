@@ -34,11 +34,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
-from contracts.kafka.admin import ensure_topics
-from contracts.settings import SparkSettings
-from contracts.topics import TopicSpec
-from deploy.local_stack import LocalStack, free_port
-from processors.runtime.spark import build_spark_session
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.settings import SparkSettings
+from refold.contracts.topics import TopicSpec
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.processors.runtime.spark import build_spark_session
 
 __all__ = ["RESULTS", "main"]
 

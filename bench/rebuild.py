@@ -17,14 +17,14 @@ from pathlib import Path
 
 import redis
 
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher
-from contracts.progress import progress_bar
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.store.generations import GenerationRegistry
-from replay.plan import ToEarliest
-from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.progress import progress_bar
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 
 __all__ = ["measure_rebuild"]
 

@@ -1,10 +1,10 @@
 """The HTTP services under load: single-key reads against Redis, batched ingest against the SDK.
 
-``python -m bench serving [--orders 10000] [--seconds 10] [--workers 1,2] [--batches 500,1000]``.
-On a private local stack (Apache Kafka + redis-server), with ``refold serve`` (``deploy.serve_cli``,
-uvicorn with uvloop and httptools) in a process of its own, as users run it: API keys on
-(``--auth keys``, one key with the ingest and query scopes), log level info (uvicorn's access
-log on; ``--log-level warning`` turns it off). In one run:
+``python -m bench serving [--orders 10000] [--seconds 10] [--workers 1,2] [--batches 500,1000]``. On
+a private local stack (Apache Kafka + redis-server), with ``refold serve``
+(``refold.deploy.serve_cli``, uvicorn with uvloop and httptools) in a process of its own, as users
+run it: API keys on (``--auth keys``, one key with the ingest and query scopes), log level info
+(uvicorn's access log on; ``--log-level warning`` turns it off). In one run:
 
 1. **query**: ``GET /v1/processors/order_state/tables/orders/entities/{key}`` over keep-alive
    connections, against ``StateReader.get`` of the same keys with redis-py (one sequential loop
@@ -49,22 +49,22 @@ import redis
 from fastapi import FastAPI, Response
 
 from bench.http_load import Server, get_request, post_request, run_load, serve
-from contracts.commerce import ORDERS
-from contracts.kafka.admin import ensure_topics
-from contracts.layout import StateLayout
-from contracts.settings import KafkaSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.topics import TopicSpec
-from deploy.local_stack import LocalStack, free_port
-from deploy.simulators.orders import OrderSimulator, SimulatedEvent
-from processors.fold.oracle import fold_all
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.runtime.kafka_ranges import read_log
-from services.auth import ApiKeyStore
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.layout import StateLayout
+from refold.contracts.settings import KafkaSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.topics import TopicSpec
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.deploy.simulators.orders import OrderSimulator, SimulatedEvent
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.runtime.kafka_ranges import read_log
+from refold.services.auth import ApiKeyStore
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 
 __all__ = ["RESULTS", "Measured", "bare_app", "main"]
 
@@ -234,7 +234,7 @@ def _refold_serve(
             "REFOLD_STATE_DIR": str(state),
         }
     )
-    target = ["deploy.serve_cli", "--auth", "keys", "--log-level", log_level]
+    target = ["refold.deploy.serve_cli", "--auth", "keys", "--log-level", log_level]
     return serve(target, env, workers, state / f"serve-{workers}.log")
 
 

@@ -35,15 +35,15 @@ from pathlib import Path
 import httpx
 import redis
 
-from contracts.codec import EventCodec
-from contracts.kafka.admin import ensure_topics
-from contracts.topics import TopicSpec
-from deploy.local_stack import LocalStack, free_port
-from deploy.simulators.insights import insights, produce_insights
-from processors.runtime.kafka_ranges import read_log
-from services.webhooks import WebhookDispatcher, WebhookSettings
-from services.webhooks.delivery import RetryPolicy
-from services.webhooks.items import item_from_message
+from refold.contracts.codec import EventCodec
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.topics import TopicSpec
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.deploy.simulators.insights import insights, produce_insights
+from refold.processors.runtime.kafka_ranges import read_log
+from refold.services.webhooks import WebhookDispatcher, WebhookSettings
+from refold.services.webhooks.delivery import RetryPolicy
+from refold.services.webhooks.items import item_from_message
 
 __all__ = ["RESULTS", "main"]
 
@@ -73,7 +73,7 @@ def _receiver(fail_every: int = 0) -> Iterator[str]:
     argv = [
         sys.executable,
         "-m",
-        "deploy.simulators.webhook_receiver",
+        "refold.deploy.simulators.webhook_receiver",
         "--port",
         str(port),
         "--fail-every",

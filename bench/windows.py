@@ -44,17 +44,17 @@ from pydantic import BaseModel
 from bench.backlog import ORDERS_TOPIC, PAGEVIEWS_TOPIC, TOPICS, produce_clickstream, produce_orders
 from bench.catch_up import ProcessorCatchUp, Run, Watched, run_catch_up
 from bench.envelope_only import envelope_only, envelope_rows
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, ProcessorOptions
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.topics import TopicSpec
-from deploy.local_stack import LocalStack, free_port
-from deploy.processes import ProcessorProcess
-from processors.fold.windows import windows_topic
-from processors.order_state.config import OrderStateOptions
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher, ProcessorOptions
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.topics import TopicSpec
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.deploy.processes import ProcessorProcess
+from refold.processors.fold.windows import windows_topic
+from refold.processors.order_state.config import OrderStateOptions
 
 __all__ = ["RESULTS", "main", "measure_windows", "memory_per_key", "window_rows"]
 

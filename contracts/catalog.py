@@ -17,7 +17,7 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from contracts.errors import ContractError, UnknownEventTypeError, UnknownSchemaError
+from refold.contracts.errors import ContractError, UnknownEventTypeError, UnknownSchemaError
 
 __all__ = ["SCHEMA_ROOT", "SchemaCatalog", "SchemaVersion", "default_catalog"]
 
@@ -169,14 +169,14 @@ class SchemaCatalog:
 def default_catalog() -> SchemaCatalog:
     """The catalog of every installed contract set (loaded once per process).
 
-    The contract sets are the ``refold.contracts`` entry points (:mod:`contracts.registry`),
+    The contract sets are the ``refold.contracts`` entry points (:mod:`refold.contracts.registry`),
     each checked against its ``contracts.lock`` (:mod:`contracts.lock`).
 
     Raises:
         SchemaLockError: A published version was changed or deleted.
         SchemaIncompatibleError: A new version breaks BACKWARD_TRANSITIVE.
     """
-    from contracts.lock import verified_catalog  # lock -> compat -> this module
-    from contracts.registry import default_registry  # the registry imports this module
+    from refold.contracts.lock import verified_catalog  # lock -> compat -> this module
+    from refold.contracts.registry import default_registry  # the registry imports this module
 
     return verified_catalog(default_registry().contract_sets.values())

@@ -1,8 +1,8 @@
 """Avro single-object encoding: ``C3 01`` + 8-byte little-endian CRC-64-AVRO fingerprint + body.
 
-The fingerprint names the writer schema in :class:`~contracts.catalog.SchemaCatalog`; decoding
-resolves it to the reader's schema (by default the newest version of the same record), so every
-record ever written stays readable by today's code.
+The fingerprint names the writer schema in :class:`~refold.contracts.catalog.SchemaCatalog`;
+decoding resolves it to the reader's schema (by default the newest version of the same record), so
+every record ever written stays readable by today's code.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, cast
 import fastavro
 from fastavro.validation import ValidationError, validate
 
-from contracts.catalog import SchemaCatalog, SchemaVersion, default_catalog
-from contracts.errors import DeserializationError, EventValidationError
+from refold.contracts.catalog import SchemaCatalog, SchemaVersion, default_catalog
+from refold.contracts.errors import DeserializationError, EventValidationError
 
 __all__ = ["MAGIC", "DecodedEvent", "EventCodec"]
 

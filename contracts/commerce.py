@@ -5,9 +5,9 @@ Registered like any user's contracts, through the ``refold.contracts`` entry poi
 
 from __future__ import annotations
 
-from contracts.catalog import SCHEMA_ROOT
-from contracts.registry import ContractSet
-from contracts.topics import TopicSpec
+from refold.contracts.catalog import SCHEMA_ROOT
+from refold.contracts.registry import ContractSet
+from refold.contracts.topics import TopicSpec
 
 __all__ = ["COMMERCE", "ORDERS", "ORDER_CHANGES"]
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import avro.compatibility
 import avro.schema
 
-from contracts.catalog import SchemaCatalog, SchemaVersion
-from contracts.errors import SchemaIncompatibleError
+from refold.contracts.catalog import SchemaCatalog, SchemaVersion
+from refold.contracts.errors import SchemaIncompatibleError
 
 __all__ = ["CompatibilityProblem", "check_backward_transitive", "check_catalog", "reader_problem"]
 

@@ -9,7 +9,7 @@ import inspect
 import weakref
 from collections.abc import Iterable
 
-from contracts.catalog import SchemaCatalog
+from refold.contracts.catalog import SchemaCatalog
 
 __all__ = ["code_fingerprint", "schema_fingerprints"]
 

@@ -7,8 +7,8 @@ processor, created at its start), keyed by the pattern's key.
 
 from __future__ import annotations
 
-from contracts.catalog import SCHEMA_ROOT
-from contracts.registry import ContractSet
+from refold.contracts.catalog import SCHEMA_ROOT
+from refold.contracts.registry import ContractSet
 
 __all__ = ["INSIGHT", "INSIGHTS"]
 

@@ -38,7 +38,7 @@ key                                         type    content
                                                     ``dur_le:<ms>``, ``dur_sum_ms``,
                                                     ``last_batch_id``, ``last_batch_at``,
                                                     ``checkpoint_id``, ``watermark_ms``
-                                                    (:mod:`contracts.store.stats`)
+                                                    (:mod:`refold.contracts.store.stats`)
 =========================================  ======  =============================================
 
 Window buckets are named by window, start (epoch ms) and group, the group last: it is user data
@@ -149,7 +149,7 @@ class GenerationKeys:
 
         Not state (see :meth:`is_state_key`): snapshots and ``replay diff`` leave it out; gc
         removes it with the generation (:meth:`pattern`) and an in-place reset deletes it, as
-        the generation's Spark batch ids start again (:mod:`contracts.store.stats`).
+        the generation's Spark batch ids start again (:mod:`refold.contracts.store.stats`).
         """
         return f"{self.base}:stats"
 
@@ -245,7 +245,7 @@ class GenerationKeys:
         """Hash of the highest origin sequence applied per upstream output stream.
 
         Fields ``[s<slot>|]<topic>/<partition>|<stream>`` -> ``<offset>.<index>``: per source
-        partition (and writer slot), see :mod:`contracts.origin`. Moves with the positions,
+        partition (and writer slot), see :mod:`refold.contracts.origin`. Moves with the positions,
         under their guard.
         """
         return f"{self.base}:om:marks"
@@ -308,7 +308,7 @@ def processor_of_registry_key(key: str, prefix: str = DEFAULT_KEY_PREFIX) -> str
 
 @dataclass(frozen=True, slots=True)
 class WebhookKeys:
-    """The keys of one webhook dispatcher (``services.webhooks``), by its name.
+    """The keys of one webhook dispatcher (``refold.services.webhooks``), by its name.
 
     They share the hash tag ``{webhooks.<name>}``, so the dispatcher's commit (positions, log
     entries and counters in one Lua call) also works on a Redis Cluster. None of them is a
@@ -373,7 +373,7 @@ class WebhookKeys:
 
 @dataclass(frozen=True, slots=True)
 class ApiKeyKeys:
-    """The keys of the HTTP services' API keys (``services.auth``).
+    """The keys of the HTTP services' API keys (``refold.services.auth``).
 
     One hash for every key, so that every replica of the services sees an added or revoked key
     on its next request, and one WATCH covers the name check of ``refold keys add``. Its hash
@@ -390,7 +390,7 @@ class ApiKeyKeys:
 
 @dataclass(frozen=True, slots=True)
 class IngestKeys:
-    """The keys of HTTP ingest (``services.ingest``): one per idempotency key in use.
+    """The keys of HTTP ingest (``refold.services.ingest``): one per idempotency key in use.
 
     Scoped by the caller's API key id (``-`` with authentication off), so two clients never
     share a key by accident; the client's key is hashed into the name (it may be any text up

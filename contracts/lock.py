@@ -10,12 +10,12 @@ What is refused, and where:
   digest: defaults, logical types and aliases are not in the fingerprint but change how records
   decode) or whose file is gone;
 - a new (unlocked) version that breaks BACKWARD_TRANSITIVE with its family (Apache Avro's
-  checker, :mod:`contracts.compat`).
+  checker, :mod:`refold.contracts.compat`).
 
-Both refuse :func:`verified_catalog` (so :func:`contracts.catalog.default_catalog`, and with it
-every codec, processor and service), ``refold contracts check`` and ``lock``. A new compatible
-version that is not locked yet loads (processors can be developed against it), but the producer
-SDK does not write it to Kafka unless told ``allow_unlocked=True`` (:class:`PublishGate`).
+Both refuse :func:`verified_catalog` (so :func:`refold.contracts.catalog.default_catalog`, and with
+it every codec, processor and service), ``refold contracts check`` and ``lock``. A new compatible
+version that is not locked yet loads (processors can be developed against it), but the producer SDK
+does not write it to Kafka unless told ``allow_unlocked=True`` (:class:`PublishGate`).
 
 Pure: reads and writes files, no clients, no sockets.
 
@@ -35,15 +35,15 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from contracts.catalog import SchemaCatalog, SchemaVersion, default_catalog
-from contracts.compat import CompatibilityProblem, reader_problem
-from contracts.errors import (
+from refold.contracts.catalog import SchemaCatalog, SchemaVersion, default_catalog
+from refold.contracts.compat import CompatibilityProblem, reader_problem
+from refold.contracts.errors import (
     ContractError,
     SchemaIncompatibleError,
     SchemaLockError,
     SchemaUnlockedError,
 )
-from contracts.registry import ContractSet, default_registry
+from refold.contracts.registry import ContractSet, default_registry
 
 __all__ = [
     "LockProblem",
@@ -443,8 +443,8 @@ def default_publish_gate() -> PublishGate:
     """The gate of every installed contract set (built once per process).
 
     Raises:
-        SchemaLockError: See :func:`contracts.catalog.default_catalog`.
-        SchemaIncompatibleError: See :func:`contracts.catalog.default_catalog`.
+        SchemaLockError: See :func:`refold.contracts.catalog.default_catalog`.
+        SchemaIncompatibleError: See :func:`refold.contracts.catalog.default_catalog`.
     """
     registry = default_registry()
     return PublishGate.for_contract_sets(registry.contract_sets.values(), default_catalog())

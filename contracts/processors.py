@@ -1,11 +1,11 @@
 """What the platform knows about a processor without importing it, and how one is started.
 
 A processor is declared by a :class:`ProcessorSpec` that its package registers under the entry
-point group ``refold.processors`` (:mod:`contracts.registry` finds them). The CLI, replay, the
-demo, the benchmark and the tests know processors only through these specs, and start them
+point group ``refold.processors`` (:mod:`refold.contracts.registry` finds them). The CLI, replay,
+the demo, the benchmark and the tests know processors only through these specs, and start them
 only through the process contract below (:func:`process_argv`, :func:`process_env`):
-``python -m processors NAME [NAME ...] --generation G --starting-offsets J`` with every setting
-in ``REFOLD_*`` variables.
+``python -m refold.processors NAME [NAME ...] --generation G --starting-offsets J`` with every
+setting in ``REFOLD_*`` variables.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from contracts.errors import ContractError
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.errors import ContractError
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 
 # How a processor reads Kafka: refold's Python source planning offset ranges (each task reads
 # its own range), the same source yielding records through Spark, or Spark's own JVM connector.
@@ -44,8 +44,8 @@ __all__ = [
     "settings_env",
 ]
 
-# The one processor command: ``python -m processors NAME ...`` (processors/__main__.py).
-PROCESSOR_MODULE = "processors"
+# The one processor command: ``python -m refold.processors NAME ...`` (processors/__main__.py).
+PROCESSOR_MODULE = "refold.processors"
 # Environment variable of the process contract: the pid of the process that started this
 # processor and whose end must stop it (replay sets it for the processor building a generation,
 # so that a kill -9 of the replay orphans nothing).
@@ -173,8 +173,8 @@ class ProcessorSpec:
         name: Processor name (Redis keys, consumer group, dead-letter topic, settings prefix):
             lower case, digits and ``_``.
         projection: ``module:attribute`` of a callable taking the processor's options and
-            returning its :class:`~processors.fold.projection.Projection` (or window fold), or a
-            :class:`~processors.fold.dataframe.DataFrameProcessor` (an object with
+            returning its :class:`~refold.processors.fold.projection.Projection` (or window fold),
+            or a :class:`~refold.processors.fold.dataframe.DataFrameProcessor` (an object with
             ``transform``: a Spark DataFrame transformation). Imported only by the processor's
             own process.
         topics: Topics it folds.

@@ -23,9 +23,9 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
-from contracts.errors import ContractError
-from contracts.processors import ProcessorSpec
-from contracts.topics import TopicSpec
+from refold.contracts.errors import ContractError
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.topics import TopicSpec
 
 __all__ = [
     "CONTRACTS_GROUP",

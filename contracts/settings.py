@@ -2,7 +2,7 @@
 
 Environment names: ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_SPARK__*`` (nested with
 ``__``); each processor's own options are ``REFOLD_<PROCESSOR>__*`` (see
-:class:`contracts.processors.ProcessorOptions`). Secrets are ``SecretStr``: they print as
+:class:`refold.contracts.processors.ProcessorOptions`). Secrets are ``SecretStr``: they print as
 ``**********`` and reach clients only through :meth:`KafkaSettings.as_librdkafka` (and its
 Java form, :meth:`KafkaSettings.as_java_client`) and :meth:`RedisSettings.client_kwargs`.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.layout import DEFAULT_KEY_PREFIX
+from refold.contracts.layout import DEFAULT_KEY_PREFIX
 
 __all__ = ["KafkaSettings", "RedisSettings", "SparkSettings", "StackSettings"]
 
@@ -50,7 +50,7 @@ class KafkaSettings(BaseModel):
         Raises:
             JavaClientConfigError: A setting with no Java equivalent refold can build.
         """
-        from contracts.kafka.java_client import java_client_properties
+        from refold.contracts.kafka.java_client import java_client_properties
 
         return java_client_properties(self.as_librdkafka())
 

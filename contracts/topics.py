@@ -1,4 +1,4 @@
-"""Topic specs: what a topic carries; contract sets (:mod:`contracts.registry`) declare them."""
+"""Topic specs: what a topic carries; contract sets (see :mod:`~.registry`) declare them."""
 
 from __future__ import annotations
 

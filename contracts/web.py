@@ -15,9 +15,9 @@ when anonymous) and their event time ``occurred_at``; a click names its search b
 
 from __future__ import annotations
 
-from contracts.catalog import SCHEMA_ROOT
-from contracts.registry import ContractSet
-from contracts.topics import TopicSpec
+from refold.contracts.catalog import SCHEMA_ROOT
+from refold.contracts.registry import ContractSet
+from refold.contracts.topics import TopicSpec
 
 __all__ = ["CUSTOMERS", "PAGEVIEWS", "SEARCHES", "WEB"]
 

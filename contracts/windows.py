@@ -2,7 +2,7 @@
 
 Pure, and shared by the processors that write windows and by the readers (so a reader never
 imports processor code). The fold side (what an event counts for, the per-transaction delta) is
-in :mod:`processors.fold.windows`.
+in :mod:`refold.processors.fold.windows`.
 
 - :class:`Tumbling`: fixed, non-overlapping windows; one bucket per window.
 - :class:`Hopping`: windows of ``size`` starting every ``hop``; an event adds to each of the
@@ -39,9 +39,9 @@ from typing import Any
 
 import orjson
 
-from contracts.catalog import SCHEMA_ROOT
-from contracts.errors import ContractError
-from contracts.registry import ContractSet
+from refold.contracts.catalog import SCHEMA_ROOT
+from refold.contracts.errors import ContractError
+from refold.contracts.registry import ContractSet
 
 __all__ = [
     "CLOSE_TIMERS",

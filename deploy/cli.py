@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contracts.cli_parser import CommandParser
-from deploy.local_stack import (
+from refold.contracts.cli_parser import CommandParser
+from refold.deploy.local_stack import (
     DEFAULT_KAFKA_PORT,
     DEFAULT_REDIS_PORT,
     LocalStack,
     LocalStackError,
 )
-from deploy.processes import tcp_port
-from deploy.stack_security import SCRAM_MECHANISM
+from refold.deploy.processes import tcp_port
+from refold.deploy.stack_security import SCRAM_MECHANISM
 
 __all__ = ["main"]
 
@@ -104,7 +104,7 @@ def _size(n: int) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from deploy.demo import run_demo
+    from refold.deploy.demo import run_demo
 
     return run_demo(orders=args.orders, state_dir=Path(args.state_dir))
 
@@ -117,7 +117,7 @@ def _pass_on(entry: str, args: argparse.Namespace) -> int:
 
 
 def _cmd_processors(args: argparse.Namespace) -> int:
-    from contracts.registry import default_registry
+    from refold.contracts.registry import default_registry
 
     registry = default_registry()
     rows: list[dict[str, Any]] = []
@@ -191,11 +191,11 @@ def _duration(ms: int) -> str:
 def _cmd_topics(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
-    from contracts.errors import RefoldError
-    from contracts.kafka.admin import ensure_topics
-    from contracts.registry import default_registry
-    from contracts.settings import StackSettings
-    from contracts.topics import dead_letter_spec
+    from refold.contracts.errors import RefoldError
+    from refold.contracts.kafka.admin import ensure_topics
+    from refold.contracts.registry import default_registry
+    from refold.contracts.settings import StackSettings
+    from refold.contracts.topics import dead_letter_spec
 
     registry = default_registry()
     unknown = sorted(set(args.sets) - set(registry.contract_sets))
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "broker's storage is formatted with the credential; it stays secured)",
             )
     # `refold cluster up|down|status`: a local Spark standalone master + worker.
-    from deploy.cluster import add_cluster_commands
+    from refold.deploy.cluster import add_cluster_commands
 
     add_cluster_commands(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on a private local stack")
@@ -306,41 +306,41 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "process",
             "run processors in one Spark application (see `refold process -h`)",
-            "processors.runtime.cli:main",
+            "refold.processors.runtime.cli:main",
         ),
-        ("replay", "rebuild a processor's state (see `replay -h`)", "replay.__main__:main"),
+        ("replay", "rebuild a processor's state (see `replay -h`)", "refold.replay.__main__:main"),
         (
             "tail",
             "print a topic's records decoded from Avro: events, windows, insights, dead "
             "letters with their headers (see `refold tail -h`)",
-            "deploy.tail_cli:main",
+            "refold.deploy.tail_cli:main",
         ),
         (
             "contracts",
             "check | lock the published schema versions (see `refold contracts -h`)",
-            "deploy.contracts_cli:main",
+            "refold.deploy.contracts_cli:main",
         ),
         (
             "webhooks",
             "run | log | redrive: deliver critical insights to a webhook "
             "(see `refold webhooks -h`)",
-            "deploy.webhooks_cli:main",
+            "refold.deploy.webhooks_cli:main",
         ),
         (
             "keys",
             "add | list | revoke the API keys of the HTTP services (see `refold keys -h`)",
-            "deploy.keys_cli:main",
+            "refold.deploy.keys_cli:main",
         ),
         (
             "serve",
             "the HTTP services: ingest, query, control, /metrics, dashboard "
             "(see `refold serve -h`)",
-            "deploy.serve_cli:main",
+            "refold.deploy.serve_cli:main",
         ),
         (
             "archive",
             "backfill | compact | status of the Parquet archive (see `refold archive -h`)",
-            "processors.runtime.archive_cli:main",
+            "refold.processors.runtime.archive_cli:main",
         ),
     ):
         passing = sub.add_parser(name, help=text, add_help=False)

@@ -6,12 +6,12 @@ processes (``org.apache.spark.deploy.master.Master`` / ``...worker.Worker``), wi
 ``REFOLD_SPARK__MASTER=spark://127.0.0.1:17077`` and ``REFOLD_SPARK__CORES_MAX`` (so several
 applications share its cores); see ``docs/cluster.md``.
 
-Lifecycle contract, as for :mod:`deploy.local_stack`: :meth:`SparkCluster.start` writes one pid
-file per daemon under ``state_dir`` (``master.pid``: "PID PORT WEBUI_PORT", ``worker.pid``:
-"PID WEBUI_PORT") and one log file each; the worker's application directories (executor logs,
-shipped code) go to ``state_dir/work``. Each daemon runs in its own process group (its executors
-and their Python workers join it), and :meth:`SparkCluster.stop` ends exactly the recorded groups
-after checking that the recorded PID still runs that daemon; never processes found by name.
+Lifecycle contract, as for :mod:`refold.deploy.local_stack`: :meth:`SparkCluster.start` writes one
+pid file per daemon under ``state_dir`` (``master.pid``: "PID PORT WEBUI_PORT", ``worker.pid``: "PID
+WEBUI_PORT") and one log file each; the worker's application directories (executor logs, shipped
+code) go to ``state_dir/work``. Each daemon runs in its own process group (its executors and their
+Python workers join it), and :meth:`SparkCluster.stop` ends exactly the recorded groups after
+checking that the recorded PID still runs that daemon; never processes found by name.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from contracts.errors import RefoldError
-from deploy.processes import tcp_port, terminate
+from refold.contracts.errors import RefoldError
+from refold.deploy.processes import tcp_port, terminate
 
 __all__ = [
     "DEFAULT_MASTER_PORT",

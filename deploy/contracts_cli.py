@@ -14,11 +14,11 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from contracts.catalog import SchemaCatalog
-from contracts.cli_parser import CommandParser
-from contracts.errors import ContractError
-from contracts.lock import LockedVersion, SchemaLock, relock, verify, versions_of
-from contracts.registry import ContractSet, Registry, default_registry
+from refold.contracts.catalog import SchemaCatalog
+from refold.contracts.cli_parser import CommandParser
+from refold.contracts.errors import ContractError
+from refold.contracts.lock import LockedVersion, SchemaLock, relock, verify, versions_of
+from refold.contracts.registry import ContractSet, Registry, default_registry
 
 __all__ = ["build_parser", "main"]
 

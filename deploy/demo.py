@@ -17,34 +17,34 @@ from typing import Any
 
 import redis
 
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher
-from contracts.progress import progress_bar
-from contracts.registry import default_registry, processor_spec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.topics import dead_letter_spec, effects_spec
-from deploy.demo_serving import DemoService, read_your_write, start_service
-from deploy.local_stack import LocalStack, free_port
-from deploy.processes import ProcessorProcess
-from deploy.simulators.clickstream import ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator
-from deploy.simulators.webhook_receiver import WebhookReceiver
-from processors.fold.lookups import PENDING_TIMERS
-from processors.fold.patterns import default_insights_topic
-from processors.sales_windows.projection import SalesWindows
-from processors.search_ctr.projection import ctr
-from processors.unique_visitors.projection import ALL, UniqueVisitors
-from replay.plan import ToEarliest
-from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
-from services.reader.window_reader import WindowReader
-from services.webhooks.config import WebhookSettings
-from services.webhooks.dispatcher import DispatcherThread, WebhookDispatcher
-from services.webhooks.store import WebhookStore
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.progress import progress_bar
+from refold.contracts.registry import default_registry, processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.topics import dead_letter_spec, effects_spec
+from refold.deploy.demo_serving import DemoService, read_your_write, start_service
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.deploy.simulators.webhook_receiver import WebhookReceiver
+from refold.processors.fold.lookups import PENDING_TIMERS
+from refold.processors.fold.patterns import default_insights_topic
+from refold.processors.sales_windows.projection import SalesWindows
+from refold.processors.search_ctr.projection import ctr
+from refold.processors.unique_visitors.projection import ALL, UniqueVisitors
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import RebuildProgress, plan_replay, run_rebuild
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
+from refold.services.reader.window_reader import WindowReader
+from refold.services.webhooks.config import WebhookSettings
+from refold.services.webhooks.dispatcher import DispatcherThread, WebhookDispatcher
+from refold.services.webhooks.store import WebhookStore
 
 __all__ = ["run_demo", "wait_until_caught_up"]
 

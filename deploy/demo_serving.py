@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import redis
 
-from deploy.local_stack import free_port
-from deploy.processes import ProcessorProcess
-from services.auth import ApiKeyStore
-from services.client import RefoldClient
+from refold.deploy.local_stack import free_port
+from refold.deploy.processes import ProcessorProcess
+from refold.services.auth import ApiKeyStore
+from refold.services.client import RefoldClient
 
 __all__ = ["DemoService", "read_your_write", "start_service"]
 
@@ -58,7 +58,15 @@ def start_service(
     ingest_key = store.add(f"demo-ingest-{uuid.uuid4().hex[:6]}", ["ingest", "query"])
     port = free_port()
     process = ProcessorProcess(
-        [sys.executable, "-m", "deploy.serve_cli", "--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "refold.deploy.serve_cli",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
         {**env, "REFOLD_SERVE__AUTH": "keys"},
         log,
     ).start()

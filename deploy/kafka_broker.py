@@ -4,7 +4,7 @@ Its jars come from Maven (``deploy/jars/pom.xml``, fetched by ``make setup`` int
 or the folder ``REFOLD_KAFKA_JARS`` names); there is no tarball and no script of Kafka's. The
 log lives in a data directory under the stack's state directory, formatted on the first start
 (``kafka.tools.StorageTool format``), so a stop and a start keep every topic, record, consumer
-group and offset. :class:`~deploy.local_stack.LocalStack` starts and stops the process; this
+group and offset. :class:`~refold.deploy.local_stack.LocalStack` starts and stops the process; this
 module says how: the configuration files, the storage format and the command line.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from deploy.stack_security import StackSecurity
+    from refold.deploy.stack_security import StackSecurity
 
 __all__ = [
     "KAFKA_JARS_ENV",
@@ -142,8 +142,8 @@ class KafkaBroker:
         home: The broker's folder: ``server.properties``, ``log4j2.properties`` and ``data/``.
         port: The client listener.
         controller_port: The KRaft controller listener (chosen afresh at each start).
-        security: SASL/SCRAM on a TLS client listener (:mod:`deploy.stack_security`); ``None``
-            for a PLAINTEXT one.
+        security: SASL/SCRAM on a TLS client listener (:mod:`refold.deploy.stack_security`);
+            ``None`` for a PLAINTEXT one.
     """
 
     home: Path

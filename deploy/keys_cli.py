@@ -2,7 +2,7 @@
 
 Keys live in Redis (``REFOLD_REDIS__*``: url, username, password, key_prefix), hashed; every
 replica of ``refold serve`` sees a key added or revoked within a second, without a restart.
-Each record is also journaled to Kafka (``REFOLD_KAFKA__*``; :mod:`services.auth.journal`),
+Each record is also journaled to Kafka (``REFOLD_KAFKA__*``; :mod:`refold.services.auth.journal`),
 from which an empty store is filled again.
 This module is the only one that reads the environment.
 """
@@ -17,11 +17,11 @@ from datetime import UTC, datetime
 
 import redis
 
-from contracts.cli_parser import CommandParser
-from contracts.settings import StackSettings
-from services.auth.errors import ApiKeyError, ApiKeyStoreError
-from services.auth.journal import ApiKeyJournal, journal_topic
-from services.auth.keys import SCOPES, ApiKey, ApiKeyStore
+from refold.contracts.cli_parser import CommandParser
+from refold.contracts.settings import StackSettings
+from refold.services.auth.errors import ApiKeyError, ApiKeyStoreError
+from refold.services.auth.journal import ApiKeyJournal, journal_topic
+from refold.services.auth.keys import SCOPES, ApiKey, ApiKeyStore
 
 __all__ = ["build_parser", "main"]
 

@@ -1,9 +1,9 @@
 """The embedded local stack: Apache Kafka (one KRaft node) and a redis-server as child processes.
 
 Used by the test fixtures, the demo and ``refold up|down|status``. The broker keeps its log in
-``<state dir>/kafka/data`` (:mod:`deploy.kafka_broker`), so ``refold down`` and ``refold up``, a
-crash or a reboot keep every topic, record, group and offset; the local Redis appends to a file
-(AOF) unless the stack is a throwaway one.
+``<state dir>/kafka/data`` (:mod:`refold.deploy.kafka_broker`), so ``refold down`` and
+``refold up``, a crash or a reboot keep every topic, record, group and offset; the local Redis
+appends to a file (AOF) unless the stack is a throwaway one.
 
 Lifecycle contract: :meth:`LocalStack.start` writes one pid file (``<name>.pid``, "PID PORT") and
 one log file per server under ``state_dir``; :meth:`LocalStack.status` reports the recorded port of
@@ -30,9 +30,9 @@ from typing import Literal
 
 from confluent_kafka.admin import AdminClient
 
-from contracts.layout import DEFAULT_KEY_PREFIX
-from contracts.settings import KafkaSettings, RedisSettings
-from deploy.kafka_broker import (
+from refold.contracts.layout import DEFAULT_KEY_PREFIX
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.deploy.kafka_broker import (
     MAIN_CLASS,
     BrokerError,
     KafkaBroker,
@@ -40,8 +40,8 @@ from deploy.kafka_broker import (
     java_binary,
     kafka_version,
 )
-from deploy.processes import alive, terminate
-from deploy.stack_security import StackSecurity
+from refold.deploy.processes import alive, terminate
+from refold.deploy.stack_security import StackSecurity
 
 __all__ = [
     "DEFAULT_KAFKA_PORT",
@@ -133,7 +133,8 @@ class LocalStack:
         kafka_port: Loopback port of the broker.
         redis_port: Loopback port of redis-server.
         redis_persistent: Redis appends every write to a file (AOF, fsynced every second).
-        secure: SASL/SCRAM on a TLS listener and a Redis ACL user (:mod:`deploy.stack_security`).
+        secure: SASL/SCRAM on a TLS listener and a Redis ACL user
+            (:mod:`refold.deploy.stack_security`).
             ``None``: as the state dir was first started (a secured stack stays secured).
     """
 

@@ -69,7 +69,7 @@ def tcp_port(text: str) -> int:
 class ProcessorProcess:
     """A processor process (``argv`` from the process contract) with its output in ``log_path``.
 
-    Build ``argv`` and ``env`` with :class:`contracts.processors.ProcessLauncher`.
+    Build ``argv`` and ``env`` with :class:`refold.contracts.processors.ProcessLauncher`.
     """
 
     argv: list[str]

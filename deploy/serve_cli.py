@@ -16,15 +16,15 @@ import redis
 from fastapi import APIRouter, Depends, FastAPI
 from pydantic import ValidationError
 
-from contracts.cli_parser import CommandParser
-from contracts.logconfig import configure_logging
-from contracts.settings import RedisSettings
-from contracts.store.credentials import RedisCredentialsError, redis_refused
-from replay.api import admin_router, plan_router
-from services.api.app import create_app
-from services.api.config import ServeSettings
-from services.api.context import ServiceContext
-from services.auth import require
+from refold.contracts.cli_parser import CommandParser
+from refold.contracts.logconfig import configure_logging
+from refold.contracts.settings import RedisSettings
+from refold.contracts.store.credentials import RedisCredentialsError, redis_refused
+from refold.replay.api import admin_router, plan_router
+from refold.services.api.app import create_app
+from refold.services.api.config import ServeSettings
+from refold.services.api.context import ServiceContext
+from refold.services.auth import require
 
 __all__ = ["build_app", "build_parser", "main"]
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     uvicorn.run(
-        "deploy.serve_cli:app_from_env",
+        "refold.deploy.serve_cli:app_from_env",
         factory=True,
         host=serve.host,
         port=serve.port,

@@ -1,7 +1,7 @@
 """The secured local stack: Kafka with SASL/SCRAM on a TLS listener, Redis with an ACL user.
 
-``refold up --secure`` (and :class:`deploy.local_stack.LocalStack` with ``secure=True``) makes,
-on first start, under ``<state dir>/secrets`` (mode 0700, every file 0600):
+``refold up --secure`` (and :class:`refold.deploy.local_stack.LocalStack` with ``secure=True``)
+makes, on first start, under ``<state dir>/secrets`` (mode 0700, every file 0600):
 
 - ``credentials.json``: one user name and two random passwords (Kafka's SCRAM, Redis' ACL);
 - ``broker.p12``: a self-signed certificate for ``127.0.0.1``/``localhost`` and its key, made
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.settings import KafkaSettings, RedisSettings
 
 __all__ = ["SCRAM_MECHANISM", "StackSecurity"]
 

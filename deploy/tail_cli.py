@@ -21,12 +21,12 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from contracts.cli_parser import CommandParser
-from contracts.codec import EventCodec
-from contracts.errors import DeserializationError, RefoldError
-from contracts.kafka.logs import routed
-from contracts.kafka.offsets import LogOffsets
-from contracts.settings import StackSettings
+from refold.contracts.cli_parser import CommandParser
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import DeserializationError, RefoldError
+from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.settings import StackSettings
 
 __all__ = ["TailRecord", "build_parser", "main", "render"]
 

@@ -29,12 +29,12 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from contracts.cli_parser import CommandParser
-from contracts.errors import RefoldError
-from contracts.logconfig import configure_logging
-from services.webhooks.config import DEFAULT_NAME, WebhookServiceSettings, WebhookSettings
-from services.webhooks.dispatcher import Role, WebhookDispatcher
-from services.webhooks.store import LogEntry, WebhookStore, list_dispatchers
+from refold.contracts.cli_parser import CommandParser
+from refold.contracts.errors import RefoldError
+from refold.contracts.logconfig import configure_logging
+from refold.services.webhooks.config import DEFAULT_NAME, WebhookServiceSettings, WebhookSettings
+from refold.services.webhooks.dispatcher import Role, WebhookDispatcher
+from refold.services.webhooks.store import LogEntry, WebhookStore, list_dispatchers
 
 __all__ = ["build_parser", "main"]
 
@@ -237,7 +237,7 @@ def _when(ms: int) -> str:
 
 
 def _log(args: argparse.Namespace, env: WebhookServiceSettings) -> int:
-    from contracts.layout import WebhookKeys
+    from refold.contracts.layout import WebhookKeys
 
     client = _client(env)
     prefix = env.redis.key_prefix

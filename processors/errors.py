@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from contracts.errors import RefoldError
+from refold.contracts.errors import RefoldError
 
 __all__ = [
     "REDIS_UNAVAILABLE",

@@ -26,123 +26,169 @@ first. Anything imported from refold's other modules is internal and moves witho
 
 from __future__ import annotations
 
-from contracts.errors import ContractError, RefoldError
-from contracts.processors import EventTime, KeyLink, ProcessorOptions, ProcessorSpec
-from contracts.registry import ContractSet
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings, StackSettings
-from contracts.topics import TopicSpec
-from processors.fold.archive import ArchiveProcessor
-from processors.fold.dataframe import DataFrameProcessor
-from processors.fold.eventtime import event_time_ms
-from processors.fold.lookups import LookupFold, TableRef
-from processors.fold.oracle import (
-    FoldResult,
-    TimedResult,
-    WindowOracle,
-    fold_all,
-    fold_lookups,
-    fold_timed,
-    fold_windows,
-)
-from processors.fold.patterns import (
-    Absence,
-    CountWithin,
-    On,
-    PatternOptions,
-    PatternProjection,
-    Sequence,
-    above,
-    at_least,
-    at_most,
-    below,
-    between,
-    not_equal,
-    one_of,
-)
-from processors.fold.projection import (
-    EventRejectedError,
-    FoldError,
-    InvalidOutputError,
-    Projection,
-    SideEffect,
-    State,
-    UnstorableStateError,
-)
-from processors.fold.timers import TIMER_EVENT, TimedFold
-from processors.fold.windows import Hopping, Measure, Sliding, Tumbling, WindowFold
-from services.client import (
-    ClientError,
-    ConsistencyTimeoutError,
-    InvalidEventsError,
-    NotFoundError,
-    RefoldClient,
-)
-from services.producer.publisher import DeliveryToken, EventPublisher
-from services.reader.state_reader import StateReader
-from services.reader.window_reader import WindowReader
-from services.webhooks import WebhookDispatcher, WebhookSettings
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "TIMER_EVENT",
-    "Absence",
-    "ArchiveProcessor",
-    "ClientError",
-    "ConsistencyTimeoutError",
-    "ContractError",
-    "ContractSet",
-    "CountWithin",
-    "DataFrameProcessor",
-    "DeliveryToken",
-    "EventPublisher",
-    "EventRejectedError",
-    "EventTime",
-    "FoldError",
-    "FoldResult",
-    "Hopping",
-    "InvalidEventsError",
-    "InvalidOutputError",
-    "KafkaSettings",
-    "KeyLink",
-    "LookupFold",
-    "Measure",
-    "NotFoundError",
-    "On",
-    "PatternOptions",
-    "PatternProjection",
-    "ProcessorOptions",
-    "ProcessorSpec",
-    "Projection",
-    "RedisSettings",
-    "RefoldClient",
-    "RefoldError",
-    "Sequence",
-    "SideEffect",
-    "Sliding",
-    "SparkSettings",
-    "StackSettings",
-    "State",
-    "StateReader",
-    "TableRef",
-    "TimedFold",
-    "TimedResult",
-    "TopicSpec",
-    "Tumbling",
-    "UnstorableStateError",
-    "WebhookDispatcher",
-    "WebhookSettings",
-    "WindowFold",
-    "WindowOracle",
-    "WindowReader",
-    "above",
-    "at_least",
-    "at_most",
-    "below",
-    "between",
-    "event_time_ms",
-    "fold_all",
-    "fold_lookups",
-    "fold_timed",
-    "fold_windows",
-    "not_equal",
-    "one_of",
-]
+# Each public name and the module that defines it. The modules are imported on first use (PEP
+# 562), not by ``import refold``: every ``refold.*`` import runs this file, and a producer app
+# or a reader must not pay for what processors need (pyarrow, Spark's helpers) or need their
+# extras installed. tests/unit/test_public_api.py checks that the block below says the same.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "refold.contracts.errors": ("ContractError", "RefoldError"),
+    "refold.contracts.processors": ("EventTime", "KeyLink", "ProcessorOptions", "ProcessorSpec"),
+    "refold.contracts.registry": ("ContractSet",),
+    "refold.contracts.settings": (
+        "KafkaSettings",
+        "RedisSettings",
+        "SparkSettings",
+        "StackSettings",
+    ),
+    "refold.contracts.topics": ("TopicSpec",),
+    "refold.processors.fold.archive": ("ArchiveProcessor",),
+    "refold.processors.fold.dataframe": ("DataFrameProcessor",),
+    "refold.processors.fold.eventtime": ("event_time_ms",),
+    "refold.processors.fold.lookups": ("LookupFold", "TableRef"),
+    "refold.processors.fold.oracle": (
+        "FoldResult",
+        "TimedResult",
+        "WindowOracle",
+        "fold_all",
+        "fold_lookups",
+        "fold_timed",
+        "fold_windows",
+    ),
+    "refold.processors.fold.patterns": (
+        "Absence",
+        "CountWithin",
+        "On",
+        "PatternOptions",
+        "PatternProjection",
+        "Sequence",
+        "above",
+        "at_least",
+        "at_most",
+        "below",
+        "between",
+        "not_equal",
+        "one_of",
+    ),
+    "refold.processors.fold.projection": (
+        "EventRejectedError",
+        "FoldError",
+        "InvalidOutputError",
+        "Projection",
+        "SideEffect",
+        "State",
+        "UnstorableStateError",
+    ),
+    "refold.processors.fold.timers": ("TIMER_EVENT", "TimedFold"),
+    "refold.processors.fold.windows": ("Hopping", "Measure", "Sliding", "Tumbling", "WindowFold"),
+    "refold.services.client": (
+        "ClientError",
+        "ConsistencyTimeoutError",
+        "InvalidEventsError",
+        "NotFoundError",
+        "RefoldClient",
+    ),
+    "refold.services.producer.publisher": ("DeliveryToken", "EventPublisher"),
+    "refold.services.reader.state_reader": ("StateReader",),
+    "refold.services.reader.window_reader": ("WindowReader",),
+    "refold.services.webhooks": ("WebhookDispatcher", "WebhookSettings"),
+}
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:  # the same names, for type checkers and readers
+    from refold.contracts.errors import ContractError as ContractError, RefoldError as RefoldError
+    from refold.contracts.processors import (
+        EventTime as EventTime,
+        KeyLink as KeyLink,
+        ProcessorOptions as ProcessorOptions,
+        ProcessorSpec as ProcessorSpec,
+    )
+    from refold.contracts.registry import ContractSet as ContractSet
+    from refold.contracts.settings import (
+        KafkaSettings as KafkaSettings,
+        RedisSettings as RedisSettings,
+        SparkSettings as SparkSettings,
+        StackSettings as StackSettings,
+    )
+    from refold.contracts.topics import TopicSpec as TopicSpec
+    from refold.processors.fold.archive import ArchiveProcessor as ArchiveProcessor
+    from refold.processors.fold.dataframe import DataFrameProcessor as DataFrameProcessor
+    from refold.processors.fold.eventtime import event_time_ms as event_time_ms
+    from refold.processors.fold.lookups import LookupFold as LookupFold, TableRef as TableRef
+    from refold.processors.fold.oracle import (
+        FoldResult as FoldResult,
+        TimedResult as TimedResult,
+        WindowOracle as WindowOracle,
+        fold_all as fold_all,
+        fold_lookups as fold_lookups,
+        fold_timed as fold_timed,
+        fold_windows as fold_windows,
+    )
+    from refold.processors.fold.patterns import (
+        Absence as Absence,
+        CountWithin as CountWithin,
+        On as On,
+        PatternOptions as PatternOptions,
+        PatternProjection as PatternProjection,
+        Sequence as Sequence,
+        above as above,
+        at_least as at_least,
+        at_most as at_most,
+        below as below,
+        between as between,
+        not_equal as not_equal,
+        one_of as one_of,
+    )
+    from refold.processors.fold.projection import (
+        EventRejectedError as EventRejectedError,
+        FoldError as FoldError,
+        InvalidOutputError as InvalidOutputError,
+        Projection as Projection,
+        SideEffect as SideEffect,
+        State as State,
+        UnstorableStateError as UnstorableStateError,
+    )
+    from refold.processors.fold.timers import TIMER_EVENT as TIMER_EVENT, TimedFold as TimedFold
+    from refold.processors.fold.windows import (
+        Hopping as Hopping,
+        Measure as Measure,
+        Sliding as Sliding,
+        Tumbling as Tumbling,
+        WindowFold as WindowFold,
+    )
+    from refold.services.client import (
+        ClientError as ClientError,
+        ConsistencyTimeoutError as ConsistencyTimeoutError,
+        InvalidEventsError as InvalidEventsError,
+        NotFoundError as NotFoundError,
+        RefoldClient as RefoldClient,
+    )
+    from refold.services.producer.publisher import (
+        DeliveryToken as DeliveryToken,
+        EventPublisher as EventPublisher,
+    )
+    from refold.services.reader.state_reader import StateReader as StateReader
+    from refold.services.reader.window_reader import WindowReader as WindowReader
+    from refold.services.webhooks import (
+        WebhookDispatcher as WebhookDispatcher,
+        WebhookSettings as WebhookSettings,
+    )
+
+
+if not TYPE_CHECKING:  # hidden from type checkers: a misspelt name stays an error there
+
+    def __getattr__(name: str) -> Any:
+        """Import a public name's module on first use, and keep the name here."""
+        module = _MODULE_OF.get(name)
+        if module is None:
+            msg = f"module 'refold' has no attribute {name!r}"
+            raise AttributeError(msg)
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})

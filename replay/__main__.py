@@ -16,21 +16,21 @@ from pathlib import Path
 
 import redis
 
-from contracts.cli_parser import CommandParser
-from contracts.errors import RefoldError
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
-from contracts.logconfig import configure_logging
-from contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
-from contracts.progress import progress_bar
-from contracts.registry import default_registry, processor_spec, with_fallback
-from contracts.store.credentials import redis_refused
-from contracts.store.generations import GenerationRegistry
-from processors.runtime.checkpoints import checkpoint_root
-from replay.config import ReplaySettings
-from replay.deploy_gate import check_deploy, deployed_fingerprints
-from replay.errors import PlanError, ReplayInterruptedError
-from replay.generations_admin import (
+from refold.contracts.cli_parser import CommandParser
+from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout
+from refold.contracts.logconfig import configure_logging
+from refold.contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
+from refold.contracts.progress import progress_bar
+from refold.contracts.registry import default_registry, processor_spec, with_fallback
+from refold.contracts.store.credentials import redis_refused
+from refold.contracts.store.generations import GenerationRegistry
+from refold.processors.runtime.checkpoints import checkpoint_root
+from refold.replay.config import ReplaySettings
+from refold.replay.deploy_gate import check_deploy, deployed_fingerprints
+from refold.replay.errors import PlanError, ReplayInterruptedError
+from refold.replay.generations_admin import (
     collect_garbage,
     diff_generations,
     generation_status,
@@ -38,8 +38,8 @@ from replay.generations_admin import (
     rollback,
     unregistered_spec,
 )
-from replay.in_place import reset_in_place
-from replay.plan import (
+from refold.replay.in_place import reset_in_place
+from refold.replay.plan import (
     ByDuration,
     FromFile,
     FromOffset,
@@ -54,8 +54,8 @@ from replay.plan import (
     parse_offsets_csv,
     parse_scope,
 )
-from replay.rebuild import RebuildProgress, plan_replay, run_rebuild
-from replay.snapshots import SnapshotStore
+from refold.replay.rebuild import RebuildProgress, plan_replay, run_rebuild
+from refold.replay.snapshots import SnapshotStore
 
 __all__ = ["build_parser", "main", "parse_args"]
 

@@ -24,17 +24,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import redis
-from fastapi import APIRouter, Query
-from fastapi import Path as PathParam
+from fastapi import APIRouter, Path as PathParam, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from contracts.processors import settings_env
-from contracts.registry import processor_spec
-from contracts.settings import StackSettings
-from processors.runtime.checkpoints import checkpoint_root
-from replay.generations_admin import collect_garbage, rollback
-from replay.plan import (
+from refold.contracts.processors import settings_env
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import StackSettings
+from refold.processors.runtime.checkpoints import checkpoint_root
+from refold.replay.generations_admin import collect_garbage, rollback
+from refold.replay.plan import (
     ByDuration,
     FromOffset,
     ResetSpec,
@@ -47,7 +46,7 @@ from replay.plan import (
     parse_duration,
     parse_scope,
 )
-from replay.rebuild import plan_replay
+from refold.replay.rebuild import plan_replay
 
 __all__ = ["PlanRequest", "admin_router", "plan_router"]
 
@@ -155,7 +154,7 @@ class _Control:
             **settings_env("REFOLD_SPARK", self.settings.spark),
             "REFOLD_STATE_DIR": str(self.settings.state_dir),
         }
-        argv = [sys.executable, "-m", "replay", "plan"]
+        argv = [sys.executable, "-m", "refold.replay", "plan"]
         argv += ["--processor", name, *request.flags(), "--execute", "--no-progress"]
         with log.open("ab") as out:
             process = subprocess.Popen(  # noqa: S603 - our own interpreter and module

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts.settings import StackSettings
+from refold.contracts.settings import StackSettings
 
 __all__ = ["ReplaySettings"]
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import redis
 
-from contracts.layout import StateLayout
-from contracts.processors import ProcessorSpec, process_argv
-from contracts.store.generations import GenerationRegistry
-from replay.errors import ReplayError
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessorSpec, process_argv
+from refold.contracts.store.generations import GenerationRegistry
+from refold.replay.errors import ReplayError
 
 __all__ = ["GateVerdict", "check_deploy", "deployed_fingerprints"]
 

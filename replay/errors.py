@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts.errors import RefoldError
+from refold.contracts.errors import RefoldError
 
 __all__ = ["PlanError", "RebuildError", "ReplayError", "ReplayInterruptedError"]
 

@@ -1,6 +1,6 @@
 """Operate on a processor's generations: status, rollback, garbage collection, diff.
 
-Reads and writes Redis through the shared layout (:mod:`contracts.layout`); never imports
+Reads and writes Redis through the shared layout (:mod:`refold.contracts.layout`); never imports
 processor code.
 """
 
@@ -14,11 +14,11 @@ from typing import Any, cast
 
 import redis
 
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import GenerationKeys, StateLayout
-from contracts.processors import ProcessorSpec
-from contracts.settings import SparkSettings
-from contracts.store.generations import (
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import GenerationKeys, StateLayout
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.settings import SparkSettings
+from refold.contracts.store.generations import (
     GenerationInfo,
     GenerationRegistry,
     Positions,
@@ -26,8 +26,8 @@ from contracts.store.generations import (
     processors_in_redis,
     starting_positions,
 )
-from processors.runtime.checkpoints import remove_generation_checkpoints
-from replay.errors import ReplayError
+from refold.processors.runtime.checkpoints import remove_generation_checkpoints
+from refold.replay.errors import ReplayError
 
 __all__ = [
     "GenerationDiff",
@@ -42,7 +42,8 @@ __all__ = [
 
 _SCAN_COUNT = 1000  # keys per SCAN round trip
 _EXAMPLES = 5
-# The window namespaces of RESULT_NAMESPACES (contracts.layout): bucket hashes, distinct sketches.
+# The window namespaces of RESULT_NAMESPACES (refold.contracts.layout): bucket hashes, distinct
+# sketches.
 _BUCKETS, _SKETCHES = "w:", "wd:"
 
 
@@ -190,7 +191,7 @@ def collect_garbage(
     """Remove retired and abandoned generations: their Redis keys, entry and Spark checkpoint.
 
     Abandoned: ``building``, and neither a processor nor a ``replay`` holds it (its replay
-    was killed; :func:`contracts.store.generations.is_abandoned`).
+    was killed; :func:`refold.contracts.store.generations.is_abandoned`).
 
     Returns:
         ``(generation, keys removed)`` per generation removed (keys 0 in a dry run).

@@ -5,7 +5,7 @@ generation's consumer group is moved to the plan's targets (refused by the broke
 group has members, as Kafka does), its state is emptied (or restored from the plan's snapshot),
 its applied positions are set to where folding starts again, and its Spark checkpoint epoch is
 bumped so no processor resumes from a checkpoint of before the reset. Its processing stats
-(``contracts.store.stats``) start again too.
+(``refold.contracts.store.stats``) start again too.
 
 Refused while a processor holds the generation's lease (refold's own processors do not join
 the consumer group, so the lease is how they show up as members). Readers keep reading the
@@ -22,19 +22,19 @@ import redis
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from contracts.layout import StateLayout, position_field
-from contracts.processors import consumer_group
-from contracts.settings import KafkaSettings
-from contracts.store.generations import (
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.processors import consumer_group
+from refold.contracts.settings import KafkaSettings
+from refold.contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
     GenerationRegistry,
 )
-from contracts.store.lease import GenerationLease, LeaseHeldError
-from contracts.store.stats import ProcessorStats
-from replay.errors import PlanError
-from replay.plan import ReplayPlan
-from replay.snapshots import Snapshot, SnapshotStore
+from refold.contracts.store.lease import GenerationLease, LeaseHeldError
+from refold.contracts.store.stats import ProcessorStats
+from refold.replay.errors import PlanError
+from refold.replay.plan import ReplayPlan
+from refold.replay.snapshots import Snapshot, SnapshotStore
 
 __all__ = ["InPlaceResult", "reset_in_place"]
 

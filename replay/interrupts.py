@@ -29,7 +29,7 @@ class InterruptedBySignalError(KeyboardInterrupt):
 
     A ``KeyboardInterrupt`` (not an ``Exception``), so that no ``except Exception`` on the way
     swallows it. It never leaves :mod:`replay`: the code that installed the guard turns it
-    into :class:`~replay.errors.ReplayInterruptedError` once it has stopped what it started.
+    into :class:`~refold.replay.errors.ReplayInterruptedError` once it has stopped what it started.
 
     Attributes:
         signal_number: The signal received.

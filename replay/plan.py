@@ -1,8 +1,8 @@
 """Replay plans: pure functions from a reset spec and log offsets to per-partition targets.
 
-A plan never touches a broker or Redis: :mod:`replay.rebuild` gathers the log bounds, the live
-generation's positions and (for time specs) the offsets at a time, and passes them in. The reset
-specs are those of Kafka's ``kafka-consumer-groups --reset-offsets``.
+A plan never touches a broker or Redis: :mod:`refold.replay.rebuild` gathers the log bounds, the
+live generation's positions and (for time specs) the offsets at a time, and passes them in. The
+reset specs are those of Kafka's ``kafka-consumer-groups --reset-offsets``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from replay.errors import PlanError
+from refold.replay.errors import PlanError
 
 __all__ = [
     "TIME_SPECS",
@@ -252,7 +252,7 @@ class PartitionPlan:
 
 @dataclass(frozen=True, slots=True)
 class SeedPoint:
-    """A state snapshot a rebuild starts from (see :mod:`replay.snapshots`).
+    """A state snapshot a rebuild starts from (see :mod:`refold.replay.snapshots`).
 
     Attributes:
         name: ``g<N>/s<S>``.

@@ -14,7 +14,7 @@ that its generation was retired and continues the new one. The previous generati
 
 The shadow processor runs in a process group of its own, and SIGTERM or SIGINT to the replay
 (``kill``, a CI timeout, a service manager, Ctrl-C) stops that group before the replay exits
-(:mod:`replay.interrupts`): the processor gets SIGTERM, finishes its batch and releases its
+(:mod:`refold.replay.interrupts`): the processor gets SIGTERM, finishes its batch and releases its
 lease; what is left of its group after a grace period is killed. A ``kill -9`` of the replay
 runs none of that: the processor notices that its parent is gone (``REFOLD_STOP_WITH_PARENT``)
 and stops as on SIGTERM, and the replay's builder lease on the generation lapses, so status
@@ -37,26 +37,26 @@ from pathlib import Path
 
 import redis
 
-from contracts.codec import EventCodec
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
-from contracts.processors import STOP_WITH_PARENT_ENV, ProcessLauncher, ProcessorSpec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import STOP_WITH_PARENT_ENV, ProcessLauncher, ProcessorSpec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import (
     GenerationRegistry,
     Positions,
 )
-from contracts.store.lease import BuilderLease
-from processors.runtime.checkpoints import (
+from refold.contracts.store.lease import BuilderLease
+from refold.processors.runtime.checkpoints import (
     checkpoint_location,
     checkpoint_root,
     remove_stale_checkpoint,
 )
-from replay.errors import PlanError, RebuildError, ReplayInterruptedError
-from replay.interrupts import InterruptedBySignalError, InterruptGuard
-from replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan
-from replay.snapshots import SnapshotStore
-from replay.validate import (
+from refold.replay.errors import PlanError, RebuildError, ReplayInterruptedError
+from refold.replay.interrupts import InterruptedBySignalError, InterruptGuard
+from refold.replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan
+from refold.replay.snapshots import SnapshotStore
+from refold.replay.validate import (
     REBUILD_STARTUP_S,
     decode_check,
     estimate_check,
@@ -122,7 +122,7 @@ def plan_replay(
         kafka: Broker settings.
         client: Redis.
         key_prefix: Redis key prefix.
-        scope: From :func:`replay.plan.parse_scope`.
+        scope: From :func:`refold.replay.plan.parse_scope`.
         allow_data_loss: Clamp targets below the log start instead of refusing.
         scan_limit: Records whose writer fingerprint is checked (0: no scan).
         accept_dead_letters: Unknown fingerprints and non-Avro records do not fail the plan.
@@ -131,7 +131,7 @@ def plan_replay(
         The plan, seeded from the best snapshot when it needs one, with its checks.
 
     Raises:
-        PlanError: See :func:`replay.plan.build_plan`; also when offsets cannot be read.
+        PlanError: See :func:`refold.replay.plan.build_plan`; also when offsets cannot be read.
     """
     registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
     topics = processor_topics(spec, registry)
@@ -492,7 +492,7 @@ def _start_processor(
     launcher: ProcessLauncher,
     log_path: Path,
 ) -> subprocess.Popen[bytes]:
-    """Start ``python -m processors NAME --generation N`` in a session and group of its own.
+    """Start ``python -m refold.processors NAME --generation N`` in a session and group of its own.
 
     Its own group: a Ctrl-C in replay's terminal reaches replay only, which stops the
     processor in order, and :func:`_stop` can end the processor's JVM and workers with it.

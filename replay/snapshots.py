@@ -6,7 +6,7 @@ and positions at one instant (while its processor keeps running); :meth:`Snapsho
 copies a snapshot into a new generation, which then folds the log from the snapshot's positions.
 
 Layout (inside the generation's hash tag, so the snapshot's MULTI/EXEC of COPY commands also
-runs on a cluster; see :mod:`contracts.layout`):
+runs on a cluster; see :mod:`refold.contracts.layout`):
 
 =============================================  ======  ==========================================
 ``<p>:{<proc>.g<N>}:snapshots``                 hash    snapshot id -> JSON (positions, time, ...)
@@ -32,9 +32,9 @@ from typing import cast
 
 import redis
 
-from contracts.layout import position_field
-from contracts.store.generations import GenerationRegistry, Positions
-from replay.errors import PlanError
+from refold.contracts.layout import position_field
+from refold.contracts.store.generations import GenerationRegistry, Positions
+from refold.replay.errors import PlanError
 
 __all__ = ["Snapshot", "SnapshotError", "SnapshotStore"]
 

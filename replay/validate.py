@@ -3,7 +3,7 @@
 * retention: every target is still in the log (a target below the log start is refused when the
   plan is built, unless ``--allow-data-loss``; the check reports the clamped partitions);
 * state: a rebuild from anywhere but the log start starts from a snapshot taken at or before
-  its targets (:mod:`replay.snapshots`); without one it is refused;
+  its targets (:mod:`refold.replay.snapshots`); without one it is refused;
 * decode: the writer fingerprints of the records to reprocess are scanned (the first 10 bytes of
   each value), and each writer schema is checked against today's reader schema of its type with
   Avro schema resolution; unknown fingerprints and non-Avro records are reported (they would
@@ -21,12 +21,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from contracts.codec import MAGIC, EventCodec
-from contracts.compat import reader_problem
-from contracts.errors import DeserializationError
-from contracts.kafka.logs import routed
-from replay.errors import PlanError
-from replay.plan import PlanCheck, ReplayPlan
+from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.compat import reader_problem
+from refold.contracts.errors import DeserializationError
+from refold.contracts.kafka.logs import routed
+from refold.replay.errors import PlanError
+from refold.replay.plan import PlanCheck, ReplayPlan
 
 __all__ = [
     "REBUILD_STARTUP_S",

@@ -2,7 +2,7 @@
 
 For downstream apps that would rather speak HTTP than Kafka and Redis::
 
-    from services.client import RefoldClient
+    from refold.services.client import RefoldClient
 
     with RefoldClient("http://127.0.0.1:8000", api_key="rfk_...") as refold:
         written = refold.ingest([("OrderPlaced", {"order_id": "o-1", ...})])
@@ -305,7 +305,7 @@ class NotAcknowledgedError(ServiceUnavailableError):
     """503 on ingest: the broker did not acknowledge some events in time.
 
     The acknowledged ones are written and stay written; retrying the others may write one
-    twice if it did land (see ``services.errors.PublishError``).
+    twice if it did land (see ``refold.services.errors.PublishError``).
     """
 
     @property
@@ -499,7 +499,7 @@ class RefoldClient:
 
         The request is retried with the same ``Idempotency-Key`` when the service answers 503,
         does not answer, or still runs an earlier attempt: what an attempt wrote is not written
-        again (see ``services.ingest.idempotency`` for the one case it cannot know).
+        again (see ``refold.services.ingest.idempotency`` for the one case it cannot know).
 
         Args:
             events: E.g. ``[("OrderPlaced", {"order_id": "o-1", ...})]``.

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 
-from contracts.layout import parse_position_field, position_field
-from services.errors import ServiceError
+from refold.contracts.layout import parse_position_field, position_field
+from refold.services.errors import ServiceError
 
 __all__ = [
     "InvalidConsistencyTokenError",

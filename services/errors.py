@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.errors import RefoldError
+from refold.contracts.errors import RefoldError
 
 __all__ = [
     "NoLiveGenerationError",

@@ -33,7 +33,7 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     if bootstrap and redis_url:
         yield bootstrap, redis_url
         return
-    from deploy.local_stack import LocalStack, free_port
+    from refold.deploy.local_stack import LocalStack, free_port
 
     stack = LocalStack(
         tmp_path_factory.mktemp("stack"), free_port(), free_port(), redis_persistent=False
@@ -56,11 +56,11 @@ def _create_default_topics(bootstrap: str) -> None:
     """
     import importlib
 
-    from contracts.kafka.admin import ensure_topics
-    from contracts.processors import ProcessorOptions
-    from contracts.registry import default_registry
-    from contracts.topics import TopicSpec, dead_letter_spec, effects_spec
-    from contracts.windows import windows_topic
+    from refold.contracts.kafka.admin import ensure_topics
+    from refold.contracts.processors import ProcessorOptions
+    from refold.contracts.registry import default_registry
+    from refold.contracts.topics import TopicSpec, dead_letter_spec, effects_spec
+    from refold.contracts.windows import windows_topic
 
     def load(ref: str) -> Any:
         module, _, name = ref.partition(":")
@@ -79,7 +79,7 @@ def _create_default_topics(bootstrap: str) -> None:
     ensure_topics(config, [effects_spec(t) for t in dict.fromkeys(outputs) if t not in known])
     # The source topics of the tests that feed a writer records they make up: a writer commits
     # its outputs with an offset per source partition, and Kafka keeps offsets only for
-    # partitions that exist (processors.runtime.output_transactions).
+    # partitions that exist (refold.processors.runtime.output_transactions).
     ensure_topics(
         config,
         [
@@ -115,8 +115,8 @@ def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
     created: list[str] = []
 
     def _make(partitions: int = 4, prefix: str = "t") -> str:
-        from contracts.kafka.admin import ensure_topics
-        from contracts.topics import TopicSpec
+        from refold.contracts.kafka.admin import ensure_topics
+        from refold.contracts.topics import TopicSpec
 
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
         # Through ensure_topics: it returns once the broker serves the topic's leaders.
@@ -136,7 +136,7 @@ def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """One local[2] SparkSession for the whole run (start-up costs ~6 s)."""
-    from processors.runtime.spark import build_spark_session
+    from refold.processors.runtime.spark import build_spark_session
 
     session = build_spark_session("refold-tests")
     yield session

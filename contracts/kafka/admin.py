@@ -9,9 +9,9 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from contracts.errors import RefoldError
-from contracts.kafka.credentials import AuthWatch, refused
-from contracts.topics import TopicSpec
+from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.credentials import AuthWatch, refused
+from refold.contracts.topics import TopicSpec
 
 __all__ = ["delete_topics", "ensure_topics"]
 

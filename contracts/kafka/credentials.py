@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError
 
-from contracts.errors import RefoldError
+from refold.contracts.errors import RefoldError
 
 __all__ = ["AuthWatch", "KafkaCredentialsError", "is_refusal", "refused"]
 

@@ -49,7 +49,7 @@ def java_client_properties(librdkafka: Mapping[str, str]) -> dict[str, str]:
     """The Java client properties equivalent to ``librdkafka``'s.
 
     Args:
-        librdkafka: What :meth:`contracts.settings.KafkaSettings.as_librdkafka` returns.
+        librdkafka: What :meth:`refold.contracts.settings.KafkaSettings.as_librdkafka` returns.
 
     Returns:
         Java client properties (without Spark's ``kafka.`` prefix).

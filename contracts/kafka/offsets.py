@@ -4,7 +4,7 @@ Ends, starts and times are one batched ListOffsets through an AdminClient: on Ap
 LATEST under read_uncommitted is the high watermark, which counts every record acknowledged
 with acks=all before the call, and a timestamp gives the first offset whose record time is at
 or after it. refold's readers read read_committed (a processor's outputs are written in
-transactions: :mod:`processors.runtime.output_transactions`): a range planned up to the high
+transactions: :mod:`refold.processors.runtime.output_transactions`): a range planned up to the high
 watermark while a transaction is open is read once it commits or aborts, its aborted records
 skipped. Partition metadata is read by a consumer that never subscribes (it honours
 ``allow.auto.create.topics=false``), and :meth:`LogOffsets.record_timestamp` reads one record's
@@ -29,9 +29,9 @@ from typing import Any, Final
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from contracts.errors import RefoldError
-from contracts.kafka.credentials import AuthWatch, refused
-from contracts.kafka.logs import routed
+from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.credentials import AuthWatch, refused
+from refold.contracts.kafka.logs import routed
 
 __all__ = ["LogOffsets", "OffsetsError", "TopicPartitionKey"]
 

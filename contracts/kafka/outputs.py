@@ -4,10 +4,10 @@ Every output of a processor and of the webhook dispatcher (its dead letters) is 
 before the state that caused it is committed, and only counts as sent once acknowledged
 (``acks=all``, idempotent producer): never lost. A fold writer's outputs (dead letters, late
 records, side effects) go through this producer in Kafka transactions
-(:mod:`processors.runtime.output_transactions`: exactly once for a read_committed reader);
+(:mod:`refold.processors.runtime.output_transactions`: exactly once for a read_committed reader);
 closed windows, failed lookups and the dispatcher's dead letters through :class:`Deliveries`
 (at least once). One owner for the producer's settings and for the wait. The records' headers
-are :mod:`contracts.origin`'s.
+are :mod:`refold.contracts.origin`'s.
 
 Live client code (a producer, its delivery callbacks); not picklable: build it where it is used
 (on the driver, or in each executor process).
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from contracts.errors import RefoldError
-from contracts.kafka.logs import routed
-from contracts.origin import Headers
+from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.logs import routed
+from refold.contracts.origin import Headers
 
 __all__ = ["DeadLetterError", "Deliveries", "output_producer"]
 

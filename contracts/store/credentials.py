@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import redis
 
-from contracts.errors import RefoldError
+from refold.contracts.errors import RefoldError
 
 __all__ = ["RedisCredentialsError", "raise_if_refused", "redis_refused"]
 

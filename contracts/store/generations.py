@@ -16,8 +16,8 @@ from typing import Any, cast
 import redis
 from redis.typing import EncodableT, FieldT
 
-from contracts.errors import RefoldError
-from contracts.layout import (
+from refold.contracts.errors import RefoldError
+from refold.contracts.layout import (
     BATCH_ID_FIELD,
     GenerationKeys,
     GenerationStatus,
@@ -26,7 +26,7 @@ from contracts.layout import (
     processor_of_registry_key,
     registries_pattern,
 )
-from contracts.store.lease import (
+from refold.contracts.store.lease import (
     claim_lease,
     lease_holder,
     lease_holder_alive,
@@ -395,7 +395,7 @@ class GenerationRegistry:
                 except redis.WatchError:
                     continue
 
-    # -- processing lease: at most one processor per generation (contracts.store.lease) ------
+    # -- processing lease: at most one processor per generation (contracts/store/lease.py) ----
 
     def lease_owner(self, generation: int) -> str | None:
         """Who holds ``generation``'s processing lease (``host:pid:nonce``), if anyone."""

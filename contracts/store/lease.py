@@ -16,7 +16,8 @@ taken over at once, so a restart after ``kill -9`` does not wait for the expiry.
   creation until the flip (or its failure), so a ``building`` generation whose replay was
   killed (``kill -9``: no ``finally`` ran) shows as abandoned once the lease expires or its pid
   is gone.
-- ``services.webhooks.store.DispatcherLease``: at most one webhook dispatcher per name and role.
+- ``refold.services.webhooks.store.DispatcherLease``: at most one webhook dispatcher per name and
+  role.
 
 Lifecycle: one lease object per holder and key, used from the thread that acquires and releases
 it; the renewer thread shares the redis-py client (its connection pool is thread-safe).
@@ -35,10 +36,10 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from contracts.errors import RefoldError
+from refold.contracts.errors import RefoldError
 
 if TYPE_CHECKING:
-    from contracts.store.generations import GenerationRegistry
+    from refold.contracts.store.generations import GenerationRegistry
 
 __all__ = [
     "LEASE_TTL_MS",

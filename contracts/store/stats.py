@@ -5,7 +5,7 @@ the transaction that applies them (:func:`count_outcome`: exact through kill -9s
 batches). What the batches did (their count, durations, the watermark) is written by the Spark
 driver after each micro-batch (:meth:`ProcessorStats.record_batch`, best effort). Read by the
 services (:meth:`ProcessorStats.read`). One hash per generation,
-:attr:`contracts.layout.GenerationKeys.stats`:
+:attr:`refold.contracts.layout.GenerationKeys.stats`:
 
 =====================  ===========================================================================
 field                  content
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, cast
 
 import redis
 
-from contracts.layout import StateLayout
+from refold.contracts.layout import StateLayout
 
 if TYPE_CHECKING:
     from redis.client import Pipeline

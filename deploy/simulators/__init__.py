@@ -3,8 +3,8 @@
 They live here, not in the producer SDK: they make data, the SDK publishes it.
 """
 
-from deploy.simulators.clickstream import SESSION_TIMEOUT_MS, ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator, SimulatedEvent, customer_id
+from refold.deploy.simulators.clickstream import SESSION_TIMEOUT_MS, ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator, SimulatedEvent, customer_id
 
 __all__ = [
     "SESSION_TIMEOUT_MS",

@@ -8,12 +8,12 @@ their account); about a third of the sessions bounce after the landing page. A s
 first result is clicked most), each followed by a view of the product, and a visitor sometimes
 goes back to an earlier search of the session and clicks there.
 
-Visitors are browsers (``visitor_id``, the cookie): some come back for more sessions. A share
-of the sessions is by signed-in customers, with ids in the commerce simulator's format
-(:func:`~deploy.simulators.orders.customer_id`; pass ``OrderSimulator(n).customer_ids`` to use
-exactly the customers of an order stream). A customer's first session is preceded by its
-``CustomerRegistered``; some visits to the account page change the profile (``ProfileChanged``
-with the changed fields only). Customers mostly use one browser, sometimes another one.
+Visitors are browsers (``visitor_id``, the cookie): some come back for more sessions. A share of the
+sessions is by signed-in customers, with ids in the commerce simulator's format
+(:func:`~refold.deploy.simulators.orders.customer_id`; pass ``OrderSimulator(n).customer_ids`` to
+use exactly the customers of an order stream). A customer's first session is preceded by its
+``CustomerRegistered``; some visits to the account page change the profile (``ProfileChanged`` with
+the changed fields only). Customers mostly use one browser, sometimes another one.
 
 Event time (``occurred_at``) grows within a session with gaps of a second to a few minutes; a
 share of the gaps (``long_gap_rate``) is a pause longer than :data:`SESSION_TIMEOUT_MS`, after
@@ -40,7 +40,7 @@ from itertools import accumulate
 from typing import Any
 from urllib.parse import quote_plus
 
-from deploy.simulators.orders import SimulatedEvent, customer_id
+from refold.deploy.simulators.orders import SimulatedEvent, customer_id
 
 __all__ = ["SESSION_TIMEOUT_MS", "ClickstreamSimulator"]
 
@@ -130,7 +130,7 @@ class ClickstreamSimulator:
 
     Each iteration starts over, so iterating the same simulator twice yields the same events.
     Clickstream events belong on ``web.pageviews`` / ``web.searches`` (key ``session_id``),
-    account events on ``crm.customers`` (key ``customer_id``); see :mod:`contracts.web`.
+    account events on ``crm.customers`` (key ``customer_id``); see :mod:`refold.contracts.web`.
 
     Args:
         sessions: Number of browsing sessions.

@@ -1,10 +1,10 @@
 """Critical insights as a pattern processor writes them: Avro ``Insight`` records with origins.
 
 For tests, benchmarks and the demo of webhook delivery. Each record is single-object encoded
-(:class:`~contracts.codec.EventCodec`), keyed by the pattern's key, and carries the headers every
-processor output carries (:mod:`contracts.origin`): ``refold.origin.id`` (deterministic), the
-source record's topic, partition and offset, ``refold.processor`` and ``refold.generation``.
-Deterministic for a seed.
+(:class:`~refold.contracts.codec.EventCodec`), keyed by the pattern's key, and carries the headers
+every processor output carries (:mod:`refold.contracts.origin`): ``refold.origin.id``
+(deterministic), the source record's topic, partition and offset, ``refold.processor`` and
+``refold.generation``. Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.codec import EventCodec
-from contracts.insights import INSIGHT
-from contracts.kafka.outputs import Deliveries, output_producer
-from contracts.origin import ORIGIN_ID, Headers, origin_headers, origin_id
+from refold.contracts.codec import EventCodec
+from refold.contracts.insights import INSIGHT
+from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.origin import ORIGIN_ID, Headers, origin_headers, origin_id
 
 __all__ = ["SimulatedInsight", "insights", "produce_insights"]
 

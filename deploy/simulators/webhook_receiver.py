@@ -19,9 +19,9 @@ What it does with a request, in order:
 5. the key was accepted before: 200 and counted as a duplicate (idempotent: nothing applied);
 6. otherwise the body is accepted under its key: 200.
 
-Every request is recorded (:attr:`WebhookReceiver.requests`); ``GET /_stats`` answers the
-counts. ``python -m deploy.simulators.webhook_receiver --port 8080 --fail-every 5`` runs one in
-the foreground (its own process: a receiver sharing a GIL with a dispatcher slows both).
+Every request is recorded (:attr:`WebhookReceiver.requests`); ``GET /_stats`` answers the counts.
+``python -m refold.deploy.simulators.webhook_receiver --port 8080 --fail-every 5`` runs one in the
+foreground (its own process: a receiver sharing a GIL with a dispatcher slows both).
 """
 
 from __future__ import annotations
@@ -367,7 +367,7 @@ class WebhookReceiver:
 def main(argv: list[str] | None = None) -> int:
     """Run a receiver in the foreground and print its counts every few seconds."""
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.simulators.webhook_receiver",
+        prog="python -m refold.deploy.simulators.webhook_receiver",
         description="A local webhook receiver: deduplicates on Idempotency-Key, fails on purpose.",
     )
     parser.add_argument("--port", type=int, default=8080)

@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from contracts.commerce import ORDERS
-from contracts.processors import ProcessorOptions, ProcessorSpec
-from contracts.settings import StackSettings
-from contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
+from refold.contracts.commerce import ORDERS
+from refold.contracts.processors import ProcessorOptions, ProcessorSpec
+from refold.contracts.settings import StackSettings
+from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
 
 __all__ = ["ARCHIVE", "ArchiveOptions"]
 
@@ -45,11 +45,11 @@ class ArchiveOptions(ProcessorOptions):
 
 ARCHIVE = ProcessorSpec(
     name="archive",
-    projection="processors.archive.projection:build",
+    projection="refold.processors.archive.projection:build",
     topics=(ORDERS.name, PAGEVIEWS.name, SEARCHES.name, CUSTOMERS.name),
     # No entity: every record is archived as it is, by the task that reads its partition.
     key="(none)",
     tables=(),
-    options="processors.archive.config:ArchiveOptions",
+    options="refold.processors.archive.config:ArchiveOptions",
     description="every event as Parquet: one table per event type, partitioned by event date",
 )

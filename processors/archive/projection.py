@@ -7,11 +7,11 @@ registered or changed. A type without its field would be dated by its Kafka time
 
 from __future__ import annotations
 
-from contracts.commerce import ORDERS
-from contracts.processors import EventTime
-from contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
-from processors.archive.config import ArchiveOptions
-from processors.fold.archive import ArchiveProcessor
+from refold.contracts.commerce import ORDERS
+from refold.contracts.processors import EventTime
+from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
+from refold.processors.archive.config import ArchiveOptions
+from refold.processors.fold.archive import ArchiveProcessor
 
 __all__ = ["DATES", "build"]
 

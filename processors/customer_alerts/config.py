@@ -9,8 +9,8 @@ within an hour is an insight on ``customer_alerts.insights``. The pattern is in
 
 from __future__ import annotations
 
-from contracts.commerce import ORDER_CHANGES
-from contracts.processors import EventTime, ProcessorSpec
+from refold.contracts.commerce import ORDER_CHANGES
+from refold.contracts.processors import EventTime, ProcessorSpec
 
 __all__ = ["CUSTOMER_ALERTS", "LATENESS_MS"]
 
@@ -29,12 +29,12 @@ LATENESS_MS = 12 * 3_600_000
 
 CUSTOMER_ALERTS = ProcessorSpec(
     name="customer_alerts",
-    projection="processors.customer_alerts.projection:build",
+    projection="refold.processors.customer_alerts.projection:build",
     topics=(ORDER_CHANGES.name,),
     key="customer_id",
     tables=("patterns",),
     aggregates=("insight_counts",),
     event_time=EventTime(field="changed_at", lateness_ms=LATENESS_MS),
-    options="processors.fold.patterns:PatternOptions",
+    options="refold.processors.fold.patterns:PatternOptions",
     description="per customer: two cancellations within an hour (over order_state.changes)",
 )

@@ -1,7 +1,7 @@
 """The customer_alerts fold: repeated cancellations per customer, on event time (pure).
 
-Built from :class:`processors.fold.patterns.PatternProjection`; every rule (buffering, settling
-below the watermark, insight ids) is there.
+Built from :class:`refold.processors.fold.patterns.PatternProjection`; every rule (buffering,
+settling below the watermark, insight ids) is there.
 
 Why two within an hour, not three: the order simulator spreads each customer's orders (three
 on average: one customer per three orders) uniformly over the whole stream, and cancels ~9% of
@@ -11,10 +11,10 @@ three times within an hour (two do within two hours), while 52 cancel twice with
 
 from __future__ import annotations
 
-from contracts.commerce import ORDER_CHANGES
-from contracts.processors import ProcessorOptions
-from processors.customer_alerts.config import CUSTOMER_ALERTS
-from processors.fold.patterns import CountWithin, On, PatternProjection
+from refold.contracts.commerce import ORDER_CHANGES
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.customer_alerts.config import CUSTOMER_ALERTS
+from refold.processors.fold.patterns import CountWithin, On, PatternProjection
 
 __all__ = ["PATTERNS", "WITHIN_MS", "build"]
 

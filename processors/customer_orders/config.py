@@ -9,14 +9,14 @@ cutover); the origin ids on each record make every change count once here.
 
 from __future__ import annotations
 
-from contracts.commerce import ORDER_CHANGES
-from contracts.processors import ProcessorSpec
+from refold.contracts.commerce import ORDER_CHANGES
+from refold.contracts.processors import ProcessorSpec
 
 __all__ = ["CUSTOMER_ORDERS"]
 
 CUSTOMER_ORDERS = ProcessorSpec(
     name="customer_orders",
-    projection="processors.customer_orders.projection:build",
+    projection="refold.processors.customer_orders.projection:build",
     topics=(ORDER_CHANGES.name,),
     key="customer_id",
     tables=("customers",),

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.commerce import ORDER_CHANGES
-from contracts.processors import ProcessorOptions
-from processors.fold.projection import State
+from refold.contracts.commerce import ORDER_CHANGES
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.projection import State
 
 __all__ = ["CustomerOrdersProjection", "build"]
 

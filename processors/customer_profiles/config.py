@@ -8,14 +8,14 @@ in.
 
 from __future__ import annotations
 
-from contracts.processors import EventTime, ProcessorSpec
-from contracts.web import CUSTOMERS
+from refold.contracts.processors import EventTime, ProcessorSpec
+from refold.contracts.web import CUSTOMERS
 
 __all__ = ["CUSTOMER_PROFILES"]
 
 CUSTOMER_PROFILES = ProcessorSpec(
     name="customer_profiles",
-    projection="processors.customer_profiles.projection:build",
+    projection="refold.processors.customer_profiles.projection:build",
     topics=(CUSTOMERS.name,),
     key="customer_id",
     tables=("profiles",),

@@ -3,7 +3,7 @@
 The state of a customer is ``{"customer_id", "versions": [[valid_from, profile], ...]}``, in
 valid-from order: a registration makes the first version, each change a new one with the
 changed fields. Readers take the version valid at a time with
-:func:`processors.fold.lookups.version_at`.
+:func:`refold.processors.fold.lookups.version_at`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.processors import ProcessorOptions
-from processors.fold.eventtime import event_time_ms
-from processors.fold.projection import EventRejectedError, State
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.eventtime import event_time_ms
+from refold.processors.fold.projection import EventRejectedError, State
 
 __all__ = ["PROFILE_FIELDS", "CustomerProfilesProjection", "build"]
 

@@ -8,15 +8,15 @@ order's ``OrderPlaced``. Profiles come from ``crm.customers``, keyed by ``custom
 
 from __future__ import annotations
 
-from contracts.commerce import ORDERS
-from contracts.processors import KeyLink, ProcessorSpec
-from contracts.web import CUSTOMERS
+from refold.contracts.commerce import ORDERS
+from refold.contracts.processors import KeyLink, ProcessorSpec
+from refold.contracts.web import CUSTOMERS
 
 __all__ = ["CUSTOMER_STATS"]
 
 CUSTOMER_STATS = ProcessorSpec(
     name="customer_stats",
-    projection="processors.customer_stats.projection:build",
+    projection="refold.processors.customer_stats.projection:build",
     topics=(ORDERS.name, CUSTOMERS.name),
     key="customer_id",
     tables=("customers",),

@@ -1,6 +1,6 @@
 """The customer_stats fold: per customer, orders and spend, from order events and profiles.
 
-Pure functions only (see :mod:`processors.fold.projection`). Money is integer minor units.
+Pure functions only (see :mod:`refold.processors.fold.projection`). Money is integer minor units.
 
 A re-keyed entity sees each source partition's events in log order, but the interleaving of
 different partitions (and topics) depends on micro-batch boundaries (DESIGN.md, re-keying).
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.commerce import ORDERS
-from contracts.processors import ProcessorOptions
-from processors.fold.projection import EventRejectedError, State
+from refold.contracts.commerce import ORDERS
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.projection import EventRejectedError, State
 
 __all__ = ["CustomerStatsProjection", "build"]
 

@@ -8,14 +8,14 @@ country (anonymous clicks apart).
 
 from __future__ import annotations
 
-from contracts.processors import EventTime, ProcessorSpec
-from contracts.web import SEARCHES
+from refold.contracts.processors import EventTime, ProcessorSpec
+from refold.contracts.web import SEARCHES
 
 __all__ = ["ENRICHED_CLICKS"]
 
 ENRICHED_CLICKS = ProcessorSpec(
     name="enriched_clicks",
-    projection="processors.enriched_clicks.projection:build",
+    projection="refold.processors.enriched_clicks.projection:build",
     topics=(SEARCHES.name,),
     key="session_id",
     tables=(),

@@ -1,6 +1,6 @@
 """The enriched_clicks fold: a click counted with its customer's profile as of its time (pure).
 
-See :mod:`processors.fold.lookups`: the platform holds each click until customer_profiles'
+See :mod:`refold.processors.fold.lookups`: the platform holds each click until customer_profiles'
 watermark has passed it, then hands over the customer's row (every version); the version valid
 at the click's time gives the tier and country it is counted under.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.processors import ProcessorOptions
-from processors.fold.lookups import TableRef, version_at
-from processors.fold.projection import State
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.lookups import TableRef, version_at
+from refold.processors.fold.projection import State
 
 __all__ = ["EnrichedClicksProjection", "build"]
 

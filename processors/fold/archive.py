@@ -23,7 +23,7 @@ another file's range of the same partition holds nothing that file lacks, and is
 makes compaction and backfill crash-safe: they write the covering file first and delete the
 small ones after, and a crash in between is repaired by applying the rule again.
 
-Nothing here does I/O; the writer, the store and the commands are in ``processors.runtime``
+Nothing here does I/O; the writer, the store and the commands are in ``refold.processors.runtime``
 (``archive_store``, ``archive_sink``, ``archive_cli``).
 """
 
@@ -40,8 +40,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from contracts.errors import ContractError
-from contracts.processors import EventTime
+from refold.contracts.errors import ContractError
+from refold.contracts.processors import EventTime
 
 __all__ = [
     "DATE_PREFIX",
@@ -89,7 +89,7 @@ class ArchiveSchemaError(ContractError):
 
 # -- Avro -> Arrow ------------------------------------------------------------------------------
 
-# How a decoded value (fastavro, logical types off: see contracts.catalog) becomes what Arrow
+# How a decoded value (fastavro, logical types off: see refold.contracts.catalog) becomes what Arrow
 # takes. None: as it is (the common case: ints for timestamps and dates, str for enums).
 # Otherwise ("decimal", scale), ("array", c), ("map", c), ("record", ((name, c), ...)). Plain
 # tuples: a table pickles into Spark tasks without closures.

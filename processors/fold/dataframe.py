@@ -1,7 +1,7 @@
 """DataFrame processors: a Spark transformation over decoded events, for what Spark does best.
 
 Pure: the protocol, and how decoded Avro events become typed rows. The Spark wiring (decoding in
-``mapInArrow``, the query, the exactly-once sink) is :mod:`processors.runtime.dataframe`.
+``mapInArrow``, the query, the exactly-once sink) is :mod:`refold.processors.runtime.dataframe`.
 
 A processor is of this kind when the object its spec's ``projection`` factory returns has a
 ``transform`` method (:func:`is_dataframe_processor`); every other processor is a Python fold.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-from contracts.errors import ContractError
+from refold.contracts.errors import ContractError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -135,7 +135,7 @@ class EventColumnsError(ContractError):
     code = "EVENT_COLUMNS"
 
 
-# How a decoded Avro value (fastavro, logical types off: see contracts.catalog) becomes the
+# How a decoded Avro value (fastavro, logical types off: see refold.contracts.catalog) becomes the
 # Python value Arrow builds the Spark column from. None: as it is. Otherwise a tuple, first the
 # kind: ("ts_ms",) epoch ms -> us; ("date",) days -> date; ("decimal", scale) big-endian bytes ->
 # Decimal; ("array", item); ("map", value); ("record", ((field, conversion), ...)). Plain tuples,

@@ -8,9 +8,9 @@ every replay decide alike. The clocks are stored with the applied positions, in 
 transaction.
 
 The processor's watermark is the minimum over its partitions' watermarks, none until every
-partition has seen an event (:func:`contracts.windows.watermark_of`); windows close, and
+partition has seen an event (:func:`refold.contracts.windows.watermark_of`); windows close, and
 lookups join, when it passes them. Entity timers fire on their partition group's watermark
-(:mod:`processors.fold.timers`).
+(:mod:`refold.processors.fold.timers`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from contracts.processors import EventTime
-from processors.fold.projection import EventRejectedError
+from refold.contracts.processors import EventTime
+from refold.processors.fold.projection import EventRejectedError
 
 __all__ = ["PartitionClocks", "Verdict", "event_time_ms", "is_folded"]
 

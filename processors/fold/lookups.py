@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from processors.fold.projection import State
+from refold.processors.fold.projection import State
 
 __all__ = [
     "PENDING_TIMERS",

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from processors.fold.eventtime import event_time_ms
+from refold.processors.fold.eventtime import event_time_ms
 
 __all__ = [
     "Compare",

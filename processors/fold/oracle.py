@@ -1,8 +1,8 @@
 """The oracle: a processor's fold run the plain way, in one process, over a list of events.
 
-Built from the same :class:`~processors.fold.projection.Projection` object and the same per-record
-checks (:func:`~processors.fold.projection.fold_one`) as the live sink, so "live state ==
-oracle" tests the wiring, not two copies of the logic.
+Built from the same :class:`~refold.processors.fold.projection.Projection` object and the same
+per-record checks (:func:`~refold.processors.fold.projection.fold_one`) as the live sink, so "live
+state == oracle" tests the wiring, not two copies of the logic.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from contracts.processors import EventTime
-from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
-from processors.fold.lookups import LookupFold
-from processors.fold.projection import (
+from refold.contracts.processors import EventTime
+from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
+from refold.processors.fold.lookups import LookupFold
+from refold.processors.fold.projection import (
     EventRejectedError,
     Projection,
     SideEffect,
@@ -26,8 +26,8 @@ from processors.fold.projection import (
     fold_one,
     store_state,
 )
-from processors.fold.rekey import KeyResolver
-from processors.fold.timers import (
+from refold.processors.fold.rekey import KeyResolver
+from refold.processors.fold.timers import (
     TIMER_EVENT,
     GroupClocks,
     TimerQueue,
@@ -35,7 +35,7 @@ from processors.fold.timers import (
     timed,
     timer_event,
 )
-from processors.fold.windows import (
+from refold.processors.fold.windows import (
     Window,
     WindowDelta,
     WindowFold,

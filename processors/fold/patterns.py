@@ -1,7 +1,7 @@
 """Complex event processing: patterns declared per key on event time, matched deterministically.
 
 Pure (no I/O; picklable: shipped to Spark executors). A pattern processor is an ordinary entity
-fold with timers (:mod:`processors.fold.timers`) keyed by one field: the envelope, the
+fold with timers (:mod:`refold.processors.fold.timers`) keyed by one field: the envelope, the
 exactly-once writes, replay and the ``fold_timed`` oracle apply to it unchanged. Three kinds of
 pattern, each matched per key:
 
@@ -44,11 +44,11 @@ from typing import Any, ClassVar
 
 import orjson
 
-from contracts.insights import INSIGHT
-from contracts.processors import EventTime, ProcessorOptions
-from processors.errors import ProcessorConfigError
-from processors.fold.eventtime import event_time_ms
-from processors.fold.matching import (
+from refold.contracts.insights import INSIGHT
+from refold.contracts.processors import EventTime, ProcessorOptions
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.fold.eventtime import event_time_ms
+from refold.processors.fold.matching import (
     On,
     above,
     at_least,
@@ -59,8 +59,8 @@ from processors.fold.matching import (
     not_equal,
     one_of,
 )
-from processors.fold.projection import SideEffect, State
-from processors.fold.timers import TIMER_EVENT
+from refold.processors.fold.projection import SideEffect, State
+from refold.processors.fold.timers import TIMER_EVENT
 
 __all__ = [
     "Absence",

@@ -14,8 +14,8 @@ from typing import Any, Protocol, cast
 
 import orjson
 
-from contracts.codec import EventCodec
-from contracts.errors import ContractError, RefoldError
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import ContractError, RefoldError
 
 __all__ = [
     "EventRejectedError",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from contracts.origin import ORIGIN_ID
+from refold.contracts.origin import ORIGIN_ID
 
 __all__ = ["KafkaMessage", "SourceRecord"]
 

@@ -5,7 +5,7 @@ A processor keyed by another field than its topics' partition key (``customer_st
 writer per entity: every task of a micro-batch reads the batch's records, and each folds only
 the entities of its *slot* (``slot_of(entity)``), under that slot's own guard and positions.
 
-Events that lack the key find it through a :class:`~contracts.processors.KeyLink`: the first
+Events that lack the key find it through a :class:`~refold.contracts.processors.KeyLink`: the first
 earlier event of the same ``via`` value (the partition key) that carried both fields. Links are
 made once and never change, and the ``via`` value lives on one partition, so whether and how an
 event resolves depends only on its partition's log up to it: never on batch boundaries, slots or
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.errors import RefoldError
+from refold.contracts.errors import RefoldError
 
 __all__ = [
     "KeyResolver",

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, cast
 
-from contracts.layout import parse_position_field
-from processors.fold.projection import State
+from refold.contracts.layout import parse_position_field
+from refold.processors.fold.projection import State
 
 __all__ = [
     "TIMER_EVENT",

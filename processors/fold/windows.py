@@ -2,14 +2,14 @@
 
 Pure. A window processor (:class:`WindowFold`) says, per event, which group it counts in and
 which values it measures (:class:`Measure`); the platform adds it to the buckets of every
-window it declares (the shapes: :mod:`contracts.windows`). Buckets are additive (counts and
+window it declares (the shapes: :mod:`refold.contracts.windows`). Buckets are additive (counts and
 sums add, minimum and maximum combine in any order, distinct values go to a HyperLogLog, where
 PFADD is idempotent), so several partitions' tasks add to one bucket, each under its own
 partition's guard, and a window keyed independently of the partition key (sales per currency)
 needs no re-partitioning.
 
 Every window emits its result once when the processor's watermark passes its end (see
-:class:`processors.runtime.window_store.WindowCloser`); its buckets expire ``retention_ms``
+:class:`refold.processors.runtime.window_store.WindowCloser`); its buckets expire ``retention_ms``
 after that.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from contracts.windows import (
+from refold.contracts.windows import (
     CLOSE_TIMERS,
     EXPIRE_TIMERS,
     Hopping,
@@ -35,7 +35,7 @@ from contracts.windows import (
     to_units,
     windows_topic,
 )
-from processors.fold.projection import EventRejectedError
+from refold.processors.fold.projection import EventRejectedError
 
 __all__ = [
     "CLOSE_TIMERS",
@@ -78,12 +78,12 @@ class WindowFold(Protocol):
     """A processor that counts events into windows (instead of folding entity states).
 
     Implementations must be picklable and deterministic. The platform decides lateness (from
-    the spec's :class:`~contracts.processors.EventTime`), adds each on-time event to its
+    the spec's :class:`~refold.contracts.processors.EventTime`), adds each on-time event to its
     buckets, closes windows on the watermark and expires them after the retention.
 
     A fold may also declare ``scales``: ``{measure: digits after the point}`` for the measures
     that are decimals (``scales = {"celsius": 2}``). Their values are stored exactly as integers
-    of ``10**-scale`` units and reported as ``Decimal`` (see :mod:`contracts.windows`); every
+    of ``10**-scale`` units and reported as ``Decimal`` (see :mod:`refold.contracts.windows`); every
     other measure is an integer.
     """
 

@@ -8,14 +8,14 @@ minutes, and an order cancelled within 10 minutes of its payment. Matches are in
 
 from __future__ import annotations
 
-from contracts.commerce import ORDERS
-from contracts.processors import EventTime, ProcessorSpec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.processors import EventTime, ProcessorSpec
 
 __all__ = ["ORDER_ALERTS"]
 
 ORDER_ALERTS = ProcessorSpec(
     name="order_alerts",
-    projection="processors.order_alerts.projection:build",
+    projection="refold.processors.order_alerts.projection:build",
     topics=(ORDERS.name,),
     key="order_id",
     tables=("patterns",),
@@ -35,6 +35,6 @@ ORDER_ALERTS = ProcessorSpec(
         ),
         lateness_ms=60_000,
     ),
-    options="processors.fold.patterns:PatternOptions",
+    options="refold.processors.fold.patterns:PatternOptions",
     description="per order: paid but not shipped within 10 min; paid then cancelled within 10 min",
 )

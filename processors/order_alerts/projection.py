@@ -1,7 +1,7 @@
 """The order_alerts fold: two patterns per order, matched on event time (pure).
 
-Built from :class:`processors.fold.patterns.PatternProjection`; every rule (buffering, settling
-below the watermark, insight ids) is there.
+Built from :class:`refold.processors.fold.patterns.PatternProjection`; every rule (buffering,
+settling below the watermark, insight ids) is there.
 
 Why 10 minutes: the order simulator ticks 1-400 ms per event (200 ms on average) over ~500
 interleaved carts, so an order's next event comes ~100 s later on average. From payment to
@@ -12,10 +12,10 @@ would chase. About 5% of paid orders are refunded instead, nearly all within 10 
 
 from __future__ import annotations
 
-from contracts.commerce import ORDERS
-from contracts.processors import ProcessorOptions
-from processors.fold.patterns import Absence, On, PatternProjection, Sequence
-from processors.order_alerts.config import ORDER_ALERTS
+from refold.contracts.commerce import ORDERS
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.patterns import Absence, On, PatternProjection, Sequence
+from refold.processors.order_alerts.config import ORDER_ALERTS
 
 __all__ = ["PATTERNS", "WITHIN_MS", "build"]
 

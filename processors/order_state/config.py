@@ -6,8 +6,8 @@ processor is. Options come from ``REFOLD_ORDER_STATE__*`` variables.
 
 from __future__ import annotations
 
-from contracts.commerce import ORDER_CHANGES, ORDERS
-from contracts.processors import ProcessorOptions, ProcessorSpec
+from refold.contracts.commerce import ORDER_CHANGES, ORDERS
+from refold.contracts.processors import ProcessorOptions, ProcessorSpec
 
 __all__ = ["ORDER_STATE", "OrderStateOptions"]
 
@@ -24,11 +24,11 @@ class OrderStateOptions(ProcessorOptions):
 
 ORDER_STATE = ProcessorSpec(
     name="order_state",
-    projection="processors.order_state.projection:build",
+    projection="refold.processors.order_state.projection:build",
     topics=(ORDERS.name,),
     key="order_id",
     tables=("orders",),
     aggregates=("order_totals",),
-    options="processors.order_state.config:OrderStateOptions",
+    options="refold.processors.order_state.config:OrderStateOptions",
     description="one state per order; order counts by status and revenue by currency",
 )

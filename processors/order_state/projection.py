@@ -1,6 +1,6 @@
 """The order-state fold: one state per order, and counters by status and revenue by currency.
 
-Pure functions only (see :mod:`processors.fold.projection`). Money is integer minor units.
+Pure functions only (see :mod:`refold.processors.fold.projection`). Money is integer minor units.
 
 Lifecycle: ``placed`` -> (lines added/removed) -> ``paid`` -> ``shipped``; ``placed`` or
 ``paid`` -> ``cancelled``. Anything else is rejected and dead-lettered with the reason.
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from contracts.commerce import ORDER_CHANGES, ORDERS
-from processors.fold.projection import EventRejectedError, SideEffect, State
+from refold.contracts.commerce import ORDER_CHANGES, ORDERS
+from refold.processors.fold.projection import EventRejectedError, SideEffect, State
 
 if TYPE_CHECKING:
-    from processors.order_state.config import OrderStateOptions
+    from refold.processors.order_state.config import OrderStateOptions
 
 __all__ = [
     "DEFAULT_CHANGES_TOPIC",

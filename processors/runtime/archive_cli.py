@@ -37,16 +37,16 @@ import pyarrow.parquet as pq
 import redis
 from tqdm import tqdm
 
-from contracts.cli_parser import CommandParser
-from contracts.codec import MAGIC, EventCodec
-from contracts.errors import DeserializationError, RefoldError
-from contracts.kafka.offsets import LogOffsets, TopicPartitionKey
-from contracts.layout import StateLayout
-from contracts.progress import progress_bar
-from contracts.registry import default_registry, import_reference
-from contracts.store.generations import GenerationRegistry
-from contracts.topics import dead_letter_topic
-from processors.fold.archive import (
+from refold.contracts.cli_parser import CommandParser
+from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.errors import DeserializationError, RefoldError
+from refold.contracts.kafka.offsets import LogOffsets, TopicPartitionKey
+from refold.contracts.layout import StateLayout
+from refold.contracts.progress import progress_bar
+from refold.contracts.registry import default_registry, import_reference
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.topics import dead_letter_topic
+from refold.processors.fold.archive import (
     ArchiveProcessor,
     ArchiveTable,
     Coverage,
@@ -54,11 +54,11 @@ from processors.fold.archive import (
     overlapping,
     redundant,
 )
-from processors.fold.records import SourceRecord
-from processors.runtime.archive_sink import ArchivePlan
-from processors.runtime.archive_store import ArchiveError, ArchiveStore, unify
-from processors.runtime.envelope import FoldTarget
-from processors.runtime.kafka_ranges import SourceOptions, read_messages
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.archive_sink import ArchivePlan
+from refold.processors.runtime.archive_store import ArchiveError, ArchiveStore, unify
+from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 
 __all__ = [
     "BackfillResult",
@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plan(name: str) -> tuple[ArchivePlan, list[str]]:
     """The archive's plan (its owning generation) and topics, from the environment."""
-    from processors.runtime.cli import ProcessSettings, load_options
+    from refold.processors.runtime.cli import ProcessSettings, load_options
 
     settings = ProcessSettings()
     spec = default_registry().processor(name)

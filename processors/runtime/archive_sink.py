@@ -40,32 +40,32 @@ import pyarrow as pa
 import redis
 from confluent_kafka import Producer
 
-from contracts.codec import EventCodec
-from contracts.errors import DeserializationError
-from contracts.kafka.outputs import Deliveries, output_producer
-from contracts.layout import BATCH_ID_FIELD, position_field
-from contracts.origin import dead_letter_headers
-from contracts.store.stats import count_outcome
-from processors.errors import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import DeserializationError
+from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.layout import BATCH_ID_FIELD, position_field
+from refold.contracts.origin import dead_letter_headers
+from refold.contracts.store.stats import count_outcome
+from refold.processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
     SinkConflictError,
     StateStoreUnavailableError,
 )
-from processors.fold.archive import (
+from refold.processors.fold.archive import (
     ArchiveProcessor,
     ArchiveSchemaError,
     ArchiveTable,
     Coverage,
     date_dir,
 )
-from processors.fold.records import SourceRecord
-from processors.runtime.archive_store import ArchiveStore, Intent
-from processors.runtime.batch_stats import BatchStatsRecorder
-from processors.runtime.envelope import FoldTarget
-from processors.runtime.group_mirror import ConsumerGroupMirror
-from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
-from processors.runtime.sink import ranges_of
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.archive_store import ArchiveStore, Intent
+from refold.processors.runtime.batch_stats import BatchStatsRecorder
+from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.group_mirror import ConsumerGroupMirror
+from refold.processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
+from refold.processors.runtime.sink import ranges_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -455,7 +455,7 @@ def prepare_archive(
     Raises:
         ProcessorConfigError: Not the ``refold_kafka_ranges`` source, an event type without
             a Parquet schema, or the files belong to another processor or generation
-            (:class:`~processors.runtime.archive_store.ArchiveOwnerError`).
+            (:class:`~refold.processors.runtime.archive_store.ArchiveOwnerError`).
     """
     if source_format != "refold_kafka_ranges":
         msg = (

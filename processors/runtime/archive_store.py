@@ -1,8 +1,9 @@
 """The archive's files on disk: atomic writes, the redundancy rule, orphans, ownership, locks.
 
 Used by the archive's writer (``archive_sink``, in Spark tasks) and by its commands
-(``archive_cli``: backfill, compact, status). Layout and rules are :mod:`processors.fold.archive`;
-besides the tables, the root holds ``_refold/`` (readers skip names starting with ``_``):
+(``archive_cli``: backfill, compact, status). Layout and rules are
+:mod:`refold.processors.fold.archive`; besides the tables, the root holds ``_refold/`` (readers skip
+names starting with ``_``):
 
 * ``archive.json``: which processor, Redis key prefix and generation own the files (the applied
   positions that say which files are committed live there);
@@ -40,8 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from processors.errors import ProcessorConfigError, ProcessorError
-from processors.fold.archive import Coverage, date_dir, parse_date_dir, redundant
+from refold.processors.errors import ProcessorConfigError, ProcessorError
+from refold.processors.fold.archive import Coverage, date_dir, parse_date_dir, redundant
 
 __all__ = [
     "ArchiveBusyError",

@@ -13,7 +13,7 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 
-from processors.errors import REDIS_UNAVAILABLE
+from refold.processors.errors import REDIS_UNAVAILABLE
 
 __all__ = ["DriverTask"]
 

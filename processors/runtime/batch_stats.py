@@ -1,11 +1,11 @@
 """Each micro-batch's stats, counted in the generation's stats hash (driver side).
 
 Every ``foreachBatch`` sink (fold, archive, DataFrame) ends its batch with
-:meth:`BatchStatsRecorder.record`: one Lua call of :class:`contracts.store.stats.ProcessorStats`
-that counts the batch (its duration, the watermark) once per checkpoint and batch id; what its
-records did was counted in the transactions that applied them. The batch stats feed
-``/metrics`` and the dashboard; they are best effort, so a failure to write them is logged and
-never fails a batch.
+:meth:`BatchStatsRecorder.record`: one Lua call of
+:class:`refold.contracts.store.stats.ProcessorStats` that counts the batch (its duration, the
+watermark) once per checkpoint and batch id; what its records did was counted in the transactions
+that applied them. The batch stats feed ``/metrics`` and the dashboard; they are best effort, so a
+failure to write them is logged and never fails a batch.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import redis
 
-from contracts.store.stats import ProcessorStats
-from processors.runtime.checkpoints import checkpoint_files
-from processors.runtime.envelope import FoldTarget
-from processors.runtime.window_store import generation_watermark
+from refold.contracts.store.stats import ProcessorStats
+from refold.processors.runtime.checkpoints import checkpoint_files
+from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.window_store import generation_watermark
 
 __all__ = ["BatchStatsRecorder", "checkpoint_id"]
 
@@ -91,7 +91,7 @@ class BatchStatsRecorder:
         """Count batch ``batch_id``: its duration and the watermark (never raises).
 
         What its records did was counted in the transactions that applied them
-        (:func:`contracts.store.stats.count_outcome`); a failure here is logged as a warning.
+        (:func:`refold.contracts.store.stats.count_outcome`); a failure here is logged as a warning.
 
         Args:
             batch_id: Spark's batch id.

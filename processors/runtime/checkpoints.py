@@ -4,8 +4,8 @@ A checkpoint location is a local path or any URL Spark's Hadoop file systems tak
 ``hdfs://namenode:8020/refold``, ``s3a://bucket/refold`` (with hadoop-aws on the class path).
 Spark writes the checkpoints; refold itself only
 
-- reads a batch's entry in the offsets log and the query id (:mod:`processors.runtime.offset_log`,
-  :mod:`processors.runtime.batch_stats`), on the driver, once per batch;
+- reads a batch's entry in the offsets log and the query id (:mod:`~.offset_log`,
+  :mod:`~.batch_stats`), on the driver, once per batch;
 - asks whether a checkpoint has a batch (a generation resumes from it, or from its Redis
   positions);
 - removes a stale one (a new generation, Redis behind the checkpoint) or a collected one (gc).
@@ -29,10 +29,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from processors.errors import ProcessorConfigError
+from refold.processors.errors import ProcessorConfigError
 
 if TYPE_CHECKING:
-    from contracts.settings import SparkSettings
+    from refold.contracts.settings import SparkSettings
 
 __all__ = [
     "CheckpointFiles",
@@ -193,8 +193,8 @@ def _helper_jvm_files(spark: SparkSettings | None) -> _HadoopFiles:
             import pyspark
             from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 
-            from contracts.settings import SparkSettings
-            from processors.runtime.spark import connector_jars
+            from refold.contracts.settings import SparkSettings
+            from refold.processors.runtime.spark import connector_jars
 
             jars = Path(pyspark.__file__).parent / "jars"
             classpath = [f"{jars}/*", *(str(j) for j in connector_jars(spark or SparkSettings()))]

@@ -1,9 +1,9 @@
 """The one processor command: run registered processors as queries of one Spark application.
 
-``python -m processors NAME [NAME ...]`` (also ``refold process ...``). Processors come from the
-``refold.processors`` entry points; settings from ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``,
-``REFOLD_SPARK__*``, ``REFOLD_STATE_DIR`` and, per processor, ``REFOLD_<PROCESSOR>__*``. This
-module is the only one that reads the environment.
+``python -m refold.processors NAME [NAME ...]`` (also ``refold process ...``). Processors come from
+the ``refold.processors`` entry points; settings from ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``,
+``REFOLD_SPARK__*``, ``REFOLD_STATE_DIR`` and, per processor, ``REFOLD_<PROCESSOR>__*``. This module
+is the only one that reads the environment.
 """
 
 from __future__ import annotations
@@ -23,23 +23,23 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.cli_parser import CommandParser
-from contracts.errors import RefoldError
-from contracts.logconfig import configure_logging
-from contracts.processors import (
+from refold.contracts.cli_parser import CommandParser
+from refold.contracts.errors import RefoldError
+from refold.contracts.logconfig import configure_logging
+from refold.contracts.processors import (
     STOP_WITH_PARENT_ENV,
     ProcessorOptions,
     ProcessorSpec,
     options_env_prefix,
 )
-from contracts.registry import Registry, default_registry, import_reference, with_fallback
-from contracts.settings import StackSettings
-from contracts.topics import TopicSpec
-from processors.errors import ProcessorConfigError
-from processors.fold.projection import Projection
-from processors.runtime.checkpoints import checkpoint_root
-from processors.runtime.code_identity import build_fingerprints
-from processors.runtime.runner import (
+from refold.contracts.registry import Registry, default_registry, import_reference, with_fallback
+from refold.contracts.settings import StackSettings
+from refold.contracts.topics import TopicSpec
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.fold.projection import Projection
+from refold.processors.runtime.checkpoints import checkpoint_root
+from refold.processors.runtime.code_identity import build_fingerprints
+from refold.processors.runtime.runner import (
     GenerationChoice,
     ProcessorJob,
     RunOptions,
@@ -120,7 +120,7 @@ def build_job(
     factory = import_reference(spec.projection)
     projection: Projection = factory(options)
     # Fingerprinted right after the import: the process keeps the fingerprint of the code it
-    # loaded, whatever happens to the files later (processors.runtime.code_identity).
+    # loaded, whatever happens to the files later (refold.processors.runtime.code_identity).
     build_fingerprints(projection)
     if projection.name != spec.name:
         msg = f"{spec.projection} builds a projection named {projection.name!r}, not {spec.name!r}"

@@ -14,8 +14,8 @@ decision 5), on each path a process can take to it:
 - an executor (a Spark Python worker) that imported the processor's module after the file was
   edited under the running process: :func:`check_executor_code`, before the task writes.
 
-Fingerprints are those of the code the process loaded (:mod:`contracts.fingerprints` reads each
-source once): the driver fingerprints a processor right after importing it.
+Fingerprints are those of the code the process loaded (:mod:`refold.contracts.fingerprints` reads
+each source once): the driver fingerprints a processor right after importing it.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import os
 import socket
 import time
 
-from contracts.catalog import default_catalog
-from contracts.fingerprints import code_fingerprint, schema_fingerprints
-from contracts.layout import STATE_LAYOUT_VERSION
-from contracts.store.generations import CODE_REFUSED_FIELD, GenerationRegistry
-from processors.errors import CodeChangedError
-from processors.fold.projection import Projection
+from refold.contracts.catalog import default_catalog
+from refold.contracts.fingerprints import code_fingerprint, schema_fingerprints
+from refold.contracts.layout import STATE_LAYOUT_VERSION
+from refold.contracts.store.generations import CODE_REFUSED_FIELD, GenerationRegistry
+from refold.processors.errors import CodeChangedError
+from refold.processors.fold.projection import Projection
 
 __all__ = [
     "build_fingerprints",
@@ -50,7 +50,7 @@ def build_fingerprints(projection: Projection) -> dict[str, str]:
     The code fingerprint covers the projection's module, the fold contract and the state
     layout version; the schema fingerprints are the reader schemas of its event types.
     """
-    from processors.fold import projection as fold_contract
+    from refold.processors.fold import projection as fold_contract
 
     return {
         "code_fingerprint": code_fingerprint(

@@ -1,6 +1,6 @@
 """Spark wiring of DataFrame processors: decode, the user's transform, the exactly-once upsert.
 
-The protocol is :mod:`processors.fold.dataframe`. A DataFrame processor's query is::
+The protocol is :mod:`refold.processors.fold.dataframe`. A DataFrame processor's query is::
 
     source (refold_kafka_ranges | refold_kafka | kafka)
       -> mapInArrow: read the task's records, decode its event types into typed columns
@@ -35,19 +35,19 @@ import pyarrow as pa
 import redis
 from confluent_kafka import Producer
 
-from contracts.codec import MAGIC, EventCodec
-from contracts.errors import DeserializationError
-from contracts.kafka.outputs import Deliveries, output_producer
-from contracts.layout import BATCH_ID_FIELD
-from contracts.origin import dead_letter_headers
-from contracts.store.stats import count_outcome
-from processors.errors import (
+from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.errors import DeserializationError
+from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.layout import BATCH_ID_FIELD
+from refold.contracts.origin import dead_letter_headers
+from refold.contracts.store.stats import count_outcome
+from refold.processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
     SinkConflictError,
     StateStoreUnavailableError,
 )
-from processors.fold.dataframe import (
+from refold.processors.fold.dataframe import (
     DataFrameProcessor,
     EventColumn,
     EventColumnsError,
@@ -56,12 +56,12 @@ from processors.fold.dataframe import (
     events_ddl,
     output_mode_of,
 )
-from processors.fold.records import SourceRecord
-from processors.runtime.batch_stats import BatchStatsRecorder
-from processors.runtime.envelope import FoldTarget
-from processors.runtime.group_mirror import ConsumerGroupMirror
-from processors.runtime.offset_log import batch_end_offsets
-from processors.runtime.sink import ranges_of, records_of_ranges, records_of_rows
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.batch_stats import BatchStatsRecorder
+from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.group_mirror import ConsumerGroupMirror
+from refold.processors.runtime.offset_log import batch_end_offsets
+from refold.processors.runtime.sink import ranges_of, records_of_ranges, records_of_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from processors.fold.records import SourceRecord
+from refold.processors.fold.records import SourceRecord
 
 __all__ = ["DeadLetterLike", "summarise_letters"]
 

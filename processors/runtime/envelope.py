@@ -10,11 +10,11 @@ changes nothing. A concurrent writer (a zombie task) makes EXEC fail and the bat
 Entities are not watched (it cost ~5 us per record): an entity must live on one partition, which
 the producer SDK guarantees by keying every event with its aggregate id.
 
-Records that do not decode or that the fold rejects go to the dead-letter topic, with the reason
-and origin in headers. A batch's outputs (dead letters, the late side output, side effects) are
-committed in a Kafka transaction before its Redis transaction, with markers that make a
-re-folded batch skip what an earlier run committed (:mod:`processors.runtime.output_transactions`):
-a read_committed consumer sees each output once, and nothing is lost.
+Records that do not decode or that the fold rejects go to the dead-letter topic, with the reason and
+origin in headers. A batch's outputs (dead letters, the late side output, side effects) are
+committed in a Kafka transaction before its Redis transaction, with markers that make a re-folded
+batch skip what an earlier run committed (:mod:`refold.processors.runtime.output_transactions`): a
+read_committed consumer sees each output once, and nothing is lost.
 
 Lifecycle: a FoldWriter is picklable before first use and opens its Redis client and dead-letter
 producer lazily, in the process that calls :meth:`apply` (a Spark executor's Python worker).
@@ -37,33 +37,33 @@ import redis
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from contracts.codec import MAGIC, DecodedEvent, EventCodec
-from contracts.errors import DeserializationError
-from contracts.layout import (
+from refold.contracts.codec import MAGIC, DecodedEvent, EventCodec
+from refold.contracts.errors import DeserializationError
+from refold.contracts.layout import (
     BATCH_ID_FIELD,
     GenerationKeys,
     StateLayout,
     parse_position_field,
     position_field,
 )
-from contracts.origin import (
+from refold.contracts.origin import (
     ORIGIN_ID,
     dead_letter_headers,
     origin_headers,
     origin_id,
     parse_origin_id,
 )
-from contracts.processors import EventTime
-from contracts.store.credentials import raise_if_refused
-from contracts.store.stats import count_outcome
-from processors.errors import (
+from refold.contracts.processors import EventTime
+from refold.contracts.store.credentials import raise_if_refused
+from refold.contracts.store.stats import count_outcome
+from refold.processors.errors import (
     REDIS_UNAVAILABLE,
     SinkConflictError,
     StateStoreUnavailableError,
 )
-from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
-from processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, encode_pending
-from processors.fold.projection import (
+from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
+from refold.processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, encode_pending
+from refold.processors.fold.projection import (
     EventRejectedError,
     FoldError,
     InvalidOutputError,
@@ -77,9 +77,9 @@ from processors.fold.projection import (
     fold_one,
     store_state,
 )
-from processors.fold.records import SourceRecord
-from processors.fold.rekey import KeyResolver, Link, decode_link, encode_link, slot_of
-from processors.fold.timers import (
+from refold.processors.fold.records import SourceRecord
+from refold.processors.fold.rekey import KeyResolver, Link, decode_link, encode_link, slot_of
+from refold.processors.fold.timers import (
     TIMER_EVENT,
     GroupClocks,
     TimerQueue,
@@ -87,11 +87,11 @@ from processors.fold.timers import (
     timed,
     timer_event,
 )
-from processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
-from processors.runtime.dead_letter_log import summarise_letters
-from processors.runtime.kafka_ranges import SourceOptions, read_messages
-from processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
-from processors.runtime.window_store import write_timers, write_windows
+from refold.processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
+from refold.processors.runtime.dead_letter_log import summarise_letters
+from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
+from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
+from refold.processors.runtime.window_store import write_timers, write_windows
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]
 
@@ -143,7 +143,7 @@ class FoldTarget:
             is not the value of its topic's partition key field.
         slots: 0 when entities are owned by partitions (the key is every topic's partition
             key); otherwise the number of writer slots that own the entities of a re-keyed
-            processor (:mod:`processors.fold.rekey`), fixed for the generation.
+            processor (:mod:`refold.processors.fold.rekey`), fixed for the generation.
         key_field: The entity key field (re-keyed processors).
         key_links: ``via`` fields that link events without the key to it (re-keyed).
         partition_keys: ``(topic, partition key field)`` of each topic (re-keyed).
@@ -677,7 +677,7 @@ class FoldWriter:
         return outcome
 
     def _count(self, pipe: Pipeline, outcome: BatchOutcome) -> None:
-        """The outcome's counts, in the transaction (exact stats: see contracts.store.stats)."""
+        """The outcome's counts, in the transaction (exact stats: contracts/store/stats.py)."""
         count_outcome(
             pipe,
             self.target.keys.stats,
@@ -729,7 +729,7 @@ class FoldWriter:
         """Skip the records another processor sent again; the origin marks to store.
 
         An upstream processor's outputs carry an origin id: an ordered stream and a sequence
-        number in it (:mod:`contracts.origin`). Per source partition (and writer slot), the
+        number in it (:mod:`refold.contracts.origin`). Per source partition (and writer slot), the
         highest sequence applied of each stream is kept with the positions; a record at or
         below it was applied already (a re-sent batch, a replay's cutover overlap).
         """
@@ -1320,7 +1320,7 @@ class FoldWriter:
 
         Each with its origin id, each stream (source partition) in origin order (offset, then
         the record's own order): a consumer deduplicates per stream on it
-        (:mod:`contracts.origin`). The streams are merged by their records' timestamps, so a
+        (:mod:`refold.contracts.origin`). The streams are merged by their records' timestamps, so a
         consumer on event time sees a batch's outputs roughly as they happened, not one source
         partition's whole span after another's.
         """

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.kafka.logs import routed
-from contracts.layout import parse_position_field
+from refold.contracts.kafka.logs import routed
+from refold.contracts.layout import parse_position_field
 
 __all__ = ["ConsumerGroupMirror"]
 

@@ -2,9 +2,9 @@
 
 The planning helpers (:func:`cap_offsets`, :func:`coalesce_ranges`) run on the Spark driver;
 :func:`read_messages` runs wherever records are folded: a Spark task's Python worker, or a
-:class:`~processors.runtime.envelope.FoldWriter` that re-reads a range Redis lost (the applied
-positions in Redis are the truth, DESIGN.md decision 9). Kept apart from ``kafka_source`` so that
-these paths do not import pyspark.
+:class:`~refold.processors.runtime.envelope.FoldWriter` that re-reads a range Redis lost (the
+applied positions in Redis are the truth, DESIGN.md decision 9). Kept apart from ``kafka_source`` so
+that these paths do not import pyspark.
 
 Lifecycle: consumers are cached per process (Spark reuses Python workers) in this module, created
 on first use, never in ``__init__``; they are assigned explicitly and never join a group.
@@ -21,8 +21,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from contracts.kafka.logs import routed
-from contracts.kafka.offsets import LogOffsets, TopicPartitionKey
+from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.offsets import LogOffsets, TopicPartitionKey
 
 __all__ = [
     "Range",

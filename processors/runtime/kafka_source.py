@@ -19,7 +19,7 @@ Offsets are ``{"topic": {"partition": next_offset}}`` with sorted keys (Spark co
 Lifecycle: Spark builds the stream reader twice, in different processes. The driver copy answers
 ``initialOffset/latestOffset/partitions/commit/stop`` and keeps a :class:`LogOffsets` probe; a
 pickled copy runs :meth:`KafkaStreamReader.read` in executors' Python workers, where consumers
-are cached per process by :mod:`processors.runtime.kafka_ranges` (workers are reused), never
+are cached per process by :mod:`refold.processors.runtime.kafka_ranges` (workers are reused), never
 created in ``__init__``. Planning and reading live there, without pyspark; this module is the
 Spark wiring.
 ``read`` is idempotent: it returns exactly the records of ``[start, end)``.
@@ -37,8 +37,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from contracts.kafka.offsets import LogOffsets, OffsetsError, TopicPartitionKey
-from processors.runtime.kafka_ranges import (
+from refold.contracts.kafka.offsets import LogOffsets, OffsetsError, TopicPartitionKey
+from refold.processors.runtime.kafka_ranges import (
     Range,
     SourceOptions,
     cap_offsets,

@@ -1,12 +1,12 @@
 """Stream-table joins on the driver: pending events meet the table's rows as of their time.
 
-A lookup processor's tasks add each on-time event to the generation's pending set (scored by
-its event time), with the positions. After each micro-batch, :class:`LookupJoiner` (a
-:class:`~processors.runtime.background.DriverTask`) takes the pending events strictly below the
-table processor's watermark, reads their rows from the table's live generation, asks the fold
-for the increments, and applies them with one Lua call that removes each pending event and
-adds its increments atomically: an event is joined exactly once, even if a round is repeated.
-An event the fold fails on goes to the dead-letter topic (acknowledged first) and is removed.
+A lookup processor's tasks add each on-time event to the generation's pending set (scored by its
+event time), with the positions. After each micro-batch, :class:`LookupJoiner` (a
+:class:`~refold.processors.runtime.background.DriverTask`) takes the pending events strictly below
+the table processor's watermark, reads their rows from the table's live generation, asks the fold
+for the increments, and applies them with one Lua call that removes each pending event and adds its
+increments atomically: an event is joined exactly once, even if a round is repeated. An event the
+fold fails on goes to the dead-letter topic (acknowledged first) and is removed.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
-from contracts.kafka.outputs import Deliveries, output_producer
-from contracts.layout import StateLayout
-from contracts.origin import dead_letter_headers
-from contracts.processors import EventTime
-from contracts.store.generations import GenerationRegistry
-from processors.fold.eventtime import event_time_ms
-from processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, decode_pending
-from processors.runtime.background import DriverTask
-from processors.runtime.window_store import generation_watermark
+from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.layout import StateLayout
+from refold.contracts.origin import dead_letter_headers
+from refold.contracts.processors import EventTime
+from refold.contracts.store.generations import GenerationRegistry
+from refold.processors.fold.eventtime import event_time_ms
+from refold.processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, decode_pending
+from refold.processors.runtime.background import DriverTask
+from refold.processors.runtime.window_store import generation_watermark
 
 __all__ = ["LookupJoiner"]
 

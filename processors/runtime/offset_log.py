@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contracts.layout import position_field
-from processors.errors import ProcessorError
-from processors.runtime.checkpoints import checkpoint_files
+from refold.contracts.layout import position_field
+from refold.processors.errors import ProcessorError
+from refold.processors.runtime.checkpoints import checkpoint_files
 
 __all__ = ["batch_end_offsets", "batch_ranges", "batch_start_offsets", "parse_offset_log"]
 

@@ -42,9 +42,9 @@ from typing import TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from contracts.kafka.logs import routed
-from contracts.kafka.outputs import DeadLetterError, output_producer
-from contracts.origin import Headers
+from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.outputs import DeadLetterError, output_producer
+from refold.contracts.origin import Headers
 
 __all__ = ["Outbox", "OutputTransactions", "marker_group"]
 

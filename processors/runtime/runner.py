@@ -28,53 +28,53 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import redis
 
-from contracts.codec import EventCodec
-from contracts.errors import RefoldError
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.java_client import JavaClientConfigError
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout, position_field
-from contracts.processors import EventTime, ProcessorSpec, SourceFormat, consumer_group
-from contracts.registry import default_registry, processor_spec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.credentials import raise_if_refused
-from contracts.store.generations import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.java_client import JavaClientConfigError
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.processors import EventTime, ProcessorSpec, SourceFormat, consumer_group
+from refold.contracts.registry import default_registry, processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.credentials import raise_if_refused
+from refold.contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
     SLOTS_FIELD,
     GenerationRegistry,
     Positions,
 )
-from contracts.store.lease import GenerationLease
-from contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
-from contracts.windows import window_meta
-from processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError, ProcessorError
-from processors.fold.archive import ArchiveProcessor, is_archive_processor
-from processors.fold.dataframe import DataFrameProcessor, is_dataframe_processor
-from processors.fold.lookups import LookupFold
-from processors.fold.projection import Projection
-from processors.fold.rekey import Keying, KeyingError, plan_keying
-from processors.fold.windows import WindowFold, scales_of, windows_topic
-from processors.runtime.archive_sink import ArchiveSink, prepare_archive, start_archive_query
-from processors.runtime.background import DriverTask
-from processors.runtime.checkpoints import (
+from refold.contracts.store.lease import GenerationLease
+from refold.contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
+from refold.contracts.windows import window_meta
+from refold.processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError, ProcessorError
+from refold.processors.fold.archive import ArchiveProcessor, is_archive_processor
+from refold.processors.fold.dataframe import DataFrameProcessor, is_dataframe_processor
+from refold.processors.fold.lookups import LookupFold
+from refold.processors.fold.projection import Projection
+from refold.processors.fold.rekey import Keying, KeyingError, plan_keying
+from refold.processors.fold.windows import WindowFold, scales_of, windows_topic
+from refold.processors.runtime.archive_sink import ArchiveSink, prepare_archive, start_archive_query
+from refold.processors.runtime.background import DriverTask
+from refold.processors.runtime.checkpoints import (
     checkpoint_location,
     has_batches,
     remove_stale_checkpoint,
 )
-from processors.runtime.code_identity import build_fingerprints, check_follow, check_resume
-from processors.runtime.dataframe import (
+from refold.processors.runtime.code_identity import build_fingerprints, check_follow, check_resume
+from refold.processors.runtime.dataframe import (
     DataFrameSink,
     build_dataframe_query,
     redis_behind_message,
     refuse_lost_checkpoint,
 )
-from processors.runtime.envelope import FoldTarget
-from processors.runtime.group_mirror import ConsumerGroupMirror
-from processors.runtime.kafka_ranges import resolve_starting_offsets
-from processors.runtime.lookup_store import LookupJoiner
-from processors.runtime.sink import RedisFoldSink
-from processors.runtime.window_store import WindowCloser
+from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.group_mirror import ConsumerGroupMirror
+from refold.processors.runtime.kafka_ranges import resolve_starting_offsets
+from refold.processors.runtime.lookup_store import LookupJoiner
+from refold.processors.runtime.sink import RedisFoldSink
+from refold.processors.runtime.window_store import WindowCloser
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -111,7 +111,7 @@ class RunOptions:
         generation: ``live`` (the alias; the first run creates generation 1 and makes it live),
             ``new`` (a new building generation) or a generation number.
         checkpoint_root: Spark checkpoints live in ``<root>/<processor>/g<N>``: a path or a URL
-            (:mod:`processors.runtime.checkpoints`).
+            (:mod:`refold.processors.runtime.checkpoints`).
         starting_offsets: Used only when neither a checkpoint nor Redis positions exist.
         available_now: Process what is in the log at start, then stop (replay catch-up, batch
             runs); micro-batches still respect ``max_offsets_per_trigger``.
@@ -500,7 +500,10 @@ def run_processor(
                 )
             run = _record_starting_positions(run, registry, kafka, topics)
             if spark is None:
-                from processors.runtime.spark import build_spark_session, check_kafka_connector
+                from refold.processors.runtime.spark import (
+                    build_spark_session,
+                    check_kafka_connector,
+                )
 
                 if options.source_format == "kafka":
                     check_kafka_connector(SparkSettings())
@@ -1033,14 +1036,13 @@ def run_processors(
     Returns:
         The names of the processors that failed (each failure is logged).
     """
-    from processors.runtime.spark import build_spark_session, check_kafka_connector
+    from refold.processors.runtime.spark import build_spark_session, check_kafka_connector
 
     if any(job.options.source_format == "kafka" for job in jobs):
         check_kafka_connector(spark_settings)  # before a JVM starts: one line, what to do
     names = [job.spec.name for job in jobs]
     ship = _top_packages(
-        "processors",
-        "contracts",
+        "refold",
         *(j.spec.projection for j in jobs),
         *(j.spec.options for j in jobs),
     )

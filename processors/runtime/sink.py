@@ -19,17 +19,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import redis
 
-from contracts.codec import EventCodec
-from contracts.layout import position_field
-from processors.fold.projection import Projection
-from processors.fold.records import SourceRecord
-from processors.runtime.background import DriverTask
-from processors.runtime.batch_stats import BatchStatsRecorder
-from processors.runtime.code_identity import check_executor_code
-from processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
-from processors.runtime.group_mirror import ConsumerGroupMirror
-from processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
-from processors.runtime.offset_log import batch_ranges
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import position_field
+from refold.processors.fold.projection import Projection
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.background import DriverTask
+from refold.processors.runtime.batch_stats import BatchStatsRecorder
+from refold.processors.runtime.code_identity import check_executor_code
+from refold.processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
+from refold.processors.runtime.group_mirror import ConsumerGroupMirror
+from refold.processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
+from refold.processors.runtime.offset_log import batch_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -181,7 +181,7 @@ def _slot_task(
 ) -> Iterator[pa.RecordBatch]:
     """Executor side, re-keyed processors: one writer slot reads every range of the batch.
 
-    It folds the records whose entity belongs to its slot (:mod:`processors.fold.rekey`) and
+    It folds the records whose entity belongs to its slot (:mod:`refold.processors.fold.rekey`) and
     moves its slot's positions to the ranges' ends, in guarded transactions of its own.
     """
     slots = [s for batch in batches for s in batch.column("id").to_pylist()]

@@ -2,7 +2,7 @@
 
 One session is one Spark application: several processors' streaming queries share it, each in
 its own FAIR scheduler pool (``sc.setLocalProperty("spark.scheduler.pool", name)`` in the thread
-that starts the query). The master comes from :class:`contracts.settings.SparkSettings`:
+that starts the query). The master comes from :class:`refold.contracts.settings.SparkSettings`:
 ``local[2]`` runs in-process; on a cluster (``spark://``, ``yarn``, ``k8s://``) the user code
 named in ``ship`` is zipped and sent to the executors with ``SparkContext.addPyFile``.
 
@@ -26,8 +26,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contracts.settings import SparkSettings
-from processors.errors import ProcessorConfigError
+from refold.contracts.settings import SparkSettings
+from refold.processors.errors import ProcessorConfigError
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -89,7 +89,7 @@ def spark_conf(app_name: str, spark: SparkSettings) -> dict[str, str]:
         # Drops pyspark.zip from the workers' path: saves ~55 ms per task (spark_daemon.py).
         # The executors' Python must import refold for it (the same virtualenv, or refold
         # installed there); otherwise pass --conf spark.python.daemon.module=pyspark.daemon.
-        "spark.python.daemon.module": "processors.runtime.spark_daemon",
+        "spark.python.daemon.module": "refold.processors.runtime.spark_daemon",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Streaming progress is reported by refold itself; keep Spark's own logs quiet.
         "spark.sql.streaming.metricsEnabled": "false",
@@ -178,9 +178,9 @@ def build_spark_session(
         app_name: ``spark.app.name``.
         spark: Master, cores, memory; default :class:`SparkSettings` (``local[2]``). Under
             spark-submit, spark-submit's own settings win (see the module docstring).
-        ship: Top-level importable package or module names (``["processors", "contracts",
-            "customer_pkg"]``) zipped and added to the executors' path when the master is not
-            local, so user code that is not installed on the cluster can be imported by tasks.
+        ship: Top-level importable package or module names (``["refold", "customer_pkg"]``)
+            zipped and added to the executors' path when the master is not local, so user code
+            that is not installed on the cluster can be imported by tasks.
 
     Returns:
         The session, with the refold Kafka sources registered.
@@ -206,7 +206,7 @@ def build_spark_session(
     _quiet_expected_warnings(session)
     if not is_local_master(session.sparkContext.master or "local"):
         ship_packages(session.sparkContext, ship)
-    from processors.runtime.kafka_source import KafkaDataSource, KafkaRangesDataSource
+    from refold.processors.runtime.kafka_source import KafkaDataSource, KafkaRangesDataSource
 
     session.dataSource.register(KafkaDataSource)
     session.dataSource.register(KafkaRangesDataSource)
@@ -301,7 +301,8 @@ def _sources(name: str) -> list[tuple[str, Path]]:
 
 
 def _walk(root: Path) -> Iterator[Path]:
-    for directory, subdirs, files in os.walk(root):
+    # followlinks: in a source checkout refold/contracts etc. link to the top-level folders.
+    for directory, subdirs, files in os.walk(root, followlinks=True):
         subdirs[:] = sorted(d for d in subdirs if d not in _SKIPPED_DIRS)
         for file in sorted(files):
             if not file.endswith(_SKIPPED_SUFFIXES):

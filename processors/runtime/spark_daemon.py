@@ -50,7 +50,7 @@ def strip_spark_zips() -> list[str]:
 # Imported once in the daemon, so that every worker it forks starts with them (~0.4 s a cold
 # worker otherwise; a micro-batch meeting a fresh worker waits for it). Imports only: clients
 # (Kafka, Redis) must not cross a fork, and are created per worker on first use.
-_PRELOAD = ("processors.runtime.sink", "processors.runtime.kafka_source")
+_PRELOAD = ("refold.processors.runtime.sink", "refold.processors.runtime.kafka_source")
 
 
 def preload_worker_modules() -> list[str]:

@@ -26,13 +26,13 @@ import redis
 from confluent_kafka import Producer
 from redis.client import Pipeline
 
-from contracts.kafka.outputs import Deliveries, output_producer
-from contracts.layout import GenerationKeys, StateLayout, parse_position_field
-from contracts.origin import ORIGIN_ID, sender_headers
-from contracts.windows import WINDOW_RESULT, result_record, watermark_of
-from processors.fold.projection import output_codec
-from processors.fold.timers import TimerQueue
-from processors.fold.windows import (
+from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.layout import GenerationKeys, StateLayout, parse_position_field
+from refold.contracts.origin import ORIGIN_ID, sender_headers
+from refold.contracts.windows import WINDOW_RESULT, result_record, watermark_of
+from refold.processors.fold.projection import output_codec
+from refold.processors.fold.timers import TimerQueue
+from refold.processors.fold.windows import (
     CLOSE_TIMERS,
     EXPIRE_TIMERS,
     Window,
@@ -44,7 +44,7 @@ from processors.fold.windows import (
     scales_of,
     windows_topic,
 )
-from processors.runtime.background import DriverTask
+from refold.processors.runtime.background import DriverTask
 
 __all__ = [
     "WindowCloser",

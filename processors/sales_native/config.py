@@ -9,14 +9,14 @@ kinds (``python -m bench windows``) and as the reference of a DataFrame processo
 
 from __future__ import annotations
 
-from contracts.commerce import ORDERS
-from contracts.processors import ProcessorSpec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.processors import ProcessorSpec
 
 __all__ = ["SALES_NATIVE"]
 
 SALES_NATIVE = ProcessorSpec(
     name="sales_native",
-    projection="processors.sales_native.projection:build",
+    projection="refold.processors.sales_native.projection:build",
     topics=(ORDERS.name,),
     # A DataFrame processor is never re-keyed (the driver writes each batch's rows): the key is
     # the topic's partition key, and the rows' keys come from the transform.

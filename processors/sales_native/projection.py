@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from contracts.processors import ProcessorOptions
+from refold.contracts.processors import ProcessorOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -7,14 +7,14 @@ them under its own partition's guard, and nothing is re-keyed. Its key is the pa
 
 from __future__ import annotations
 
-from contracts.commerce import ORDERS
-from contracts.processors import EventTime, ProcessorSpec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.processors import EventTime, ProcessorSpec
 
 __all__ = ["SALES_WINDOWS"]
 
 SALES_WINDOWS = ProcessorSpec(
     name="sales_windows",
-    projection="processors.sales_windows.projection:build",
+    projection="refold.processors.sales_windows.projection:build",
     topics=(ORDERS.name,),
     key="order_id",
     tables=(),

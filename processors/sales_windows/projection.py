@@ -1,4 +1,4 @@
-"""The sales_windows fold: what one payment counts for (pure; see :mod:`processors.fold.windows`).
+"""The sales_windows fold: what one payment counts for (pure; see fold/windows.py).
 
 Each ``OrderPaid`` counts in its currency's buckets with its amount (integer minor units: sum,
 minimum, maximum and average) and its payment method (distinct methods, HyperLogLog).
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contracts.processors import ProcessorOptions
-from processors.fold.windows import Hopping, Measure, Sliding, Tumbling
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.windows import Hopping, Measure, Sliding, Tumbling
 
 __all__ = ["SalesWindows", "build"]
 

@@ -10,14 +10,14 @@ term, the settled searches and the clicked ones.
 
 from __future__ import annotations
 
-from contracts.processors import EventTime, ProcessorSpec
-from contracts.web import SEARCHES
+from refold.contracts.processors import EventTime, ProcessorSpec
+from refold.contracts.web import SEARCHES
 
 __all__ = ["SEARCH_CTR"]
 
 SEARCH_CTR = ProcessorSpec(
     name="search_ctr",
-    projection="processors.search_ctr.projection:build",
+    projection="refold.processors.search_ctr.projection:build",
     topics=(SEARCHES.name,),
     key="session_id",
     tables=("search_buffers",),

@@ -1,6 +1,6 @@
 """The search_ctr fold: searches joined with their clicks within a window, per session.
 
-Pure (see :mod:`processors.fold.timers`). The session's state is the join buffer:
+Pure (see :mod:`refold.processors.fold.timers`). The session's state is the join buffer:
 
 - ``searches``: search id -> ``[term, time, clicked]``, unsettled searches;
 - ``clicks``: search id -> click times of clicks whose search has not come (yet);
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.processors import ProcessorOptions
-from processors.fold.eventtime import event_time_ms
-from processors.fold.projection import EventRejectedError, State
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.eventtime import event_time_ms
+from refold.processors.fold.projection import EventRejectedError, State
 
 __all__ = ["WINDOW_MS", "SearchCtrProjection", "build", "ctr"]
 

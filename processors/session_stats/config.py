@@ -7,14 +7,14 @@ both topics (checked against the broker at start), and nothing is re-keyed.
 
 from __future__ import annotations
 
-from contracts.processors import ProcessorSpec
-from contracts.web import PAGEVIEWS, SEARCHES
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.web import PAGEVIEWS, SEARCHES
 
 __all__ = ["SESSION_STATS"]
 
 SESSION_STATS = ProcessorSpec(
     name="session_stats",
-    projection="processors.session_stats.projection:build",
+    projection="refold.processors.session_stats.projection:build",
     topics=(PAGEVIEWS.name, SEARCHES.name),
     key="session_id",
     tables=("sessions",),

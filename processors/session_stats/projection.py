@@ -1,6 +1,6 @@
 """The session_stats fold: one state per web session, from page views, searches and clicks.
 
-Pure functions only (see :mod:`processors.fold.projection`). A session's events come from two
+Pure functions only (see :mod:`refold.processors.fold.projection`). A session's events come from two
 topics, whose interleaving depends on micro-batch boundaries, so the state only counts, takes
 minimum and maximum event times, and keeps the session's customer (one per session).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.processors import ProcessorOptions
-from processors.fold.projection import State
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.projection import State
 
 __all__ = ["SessionStatsProjection", "build"]
 

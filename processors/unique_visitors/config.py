@@ -8,14 +8,14 @@ a visitor once whenever it comes, and an hour that had closed is emitted again, 
 
 from __future__ import annotations
 
-from contracts.processors import EventTime, ProcessorSpec
-from contracts.web import PAGEVIEWS
+from refold.contracts.processors import EventTime, ProcessorSpec
+from refold.contracts.web import PAGEVIEWS
 
 __all__ = ["UNIQUE_VISITORS"]
 
 UNIQUE_VISITORS = ProcessorSpec(
     name="unique_visitors",
-    projection="processors.unique_visitors.projection:build",
+    projection="refold.processors.unique_visitors.projection:build",
     topics=(PAGEVIEWS.name,),
     key="session_id",
     tables=(),

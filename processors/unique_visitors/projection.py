@@ -1,6 +1,6 @@
 """The unique_visitors fold: each page view counts its visitor, overall and for its device.
 
-Pure (see :mod:`processors.fold.windows`). Buckets are hours of event time; ``count`` is page
+Pure (see :mod:`refold.processors.fold.windows`). Buckets are hours of event time; ``count`` is page
 views, ``distinct:visitors`` the HyperLogLog estimate of distinct visitors.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contracts.processors import ProcessorOptions
-from processors.fold.windows import Measure, Tumbling
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.windows import Measure, Tumbling
 
 __all__ = ["ALL", "UniqueVisitors", "build"]
 

@@ -8,8 +8,8 @@ event plus the gap (an entity timer).
 
 from __future__ import annotations
 
-from contracts.processors import EventTime, ProcessorOptions, ProcessorSpec
-from contracts.web import PAGEVIEWS, SEARCHES
+from refold.contracts.processors import EventTime, ProcessorOptions, ProcessorSpec
+from refold.contracts.web import PAGEVIEWS, SEARCHES
 
 __all__ = ["WEB_SESSIONS", "WebSessionsOptions"]
 
@@ -22,7 +22,7 @@ class WebSessionsOptions(ProcessorOptions):
 
 WEB_SESSIONS = ProcessorSpec(
     name="web_sessions",
-    projection="processors.web_sessions.projection:build",
+    projection="refold.processors.web_sessions.projection:build",
     topics=(PAGEVIEWS.name, SEARCHES.name),
     key="session_id",
     tables=("visits",),
@@ -30,6 +30,6 @@ WEB_SESSIONS = ProcessorSpec(
     # The clickstream delivers some events up to 15 min late: 10 min of lateness keeps most;
     # the later ones are dead-lettered (reason "late") rather than reopening a closed visit.
     event_time=EventTime(field="occurred_at", lateness_ms=10 * 60_000),
-    options="processors.web_sessions.config:WebSessionsOptions",
+    options="refold.processors.web_sessions.config:WebSessionsOptions",
     description="session windows per site session (gap 30 min): visits, their length and events",
 )

@@ -1,7 +1,7 @@
 """The web_sessions fold: session windows with a gap, merged per key, closed by a timer.
 
-Pure (see :mod:`processors.fold.projection` and :mod:`processors.fold.timers`). A session's
-state keeps its open visits as ``[start, end, page views, searches, clicks]``, sorted and
+Pure (see :mod:`refold.processors.fold.projection` and :mod:`refold.processors.fold.timers`). A
+session's state keeps its open visits as ``[start, end, page views, searches, clicks]``, sorted and
 merged: two events belong to one visit when less than the gap separates them. That clustering
 depends only on the set of event times, never on their order, so both topics' events may
 interleave in any way. ``due`` is the earliest open visit's end plus the gap; ``on_timer``
@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from contracts.processors import ProcessorOptions
-from processors.fold.eventtime import event_time_ms
-from processors.fold.projection import SideEffect, State
-from processors.fold.timers import TIMER_EVENT
+from refold.contracts.processors import ProcessorOptions
+from refold.processors.fold.eventtime import event_time_ms
+from refold.processors.fold.projection import SideEffect, State
+from refold.processors.fold.timers import TIMER_EVENT
 
 __all__ = ["GAP_MS", "WebSessionsProjection", "build", "merge_visit"]
 

@@ -1,10 +1,10 @@
 """``create_app``: the one ASGI app of refold's HTTP services.
 
-Its routers each live with their concern (``services.ingest``, ``services.query``,
-``services.monitor``, ``services.dashboard``); the destructive control routes come from the
-replay package and are passed in by the composition root (``deploy/serve_cli.py``), since
-services do not import replay. Everything the app knows comes from Kafka and Redis, so any
-number of copies serve the same answers behind a load balancer.
+Its routers each live with their concern (``refold.services.ingest``, ``refold.services.query``,
+``refold.services.monitor``, ``refold.services.dashboard``); the destructive control routes come
+from the replay package and are passed in by the composition root (``deploy/serve_cli.py``), since
+services do not import replay. Everything the app knows comes from Kafka and Redis, so any number of
+copies serve the same answers behind a load balancer.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
-from services.api.body_limit import BodyLimit
-from services.api.config import ServeSettings
-from services.api.context import ServiceContext
-from services.api.errors import install_error_handlers
+from refold.services.api.body_limit import BodyLimit
+from refold.services.api.config import ServeSettings
+from refold.services.api.context import ServiceContext
+from refold.services.api.errors import install_error_handlers
 
 __all__ = ["close_app", "create_app"]
 
@@ -43,10 +43,10 @@ def create_app(
         context: Shared clients (default: made from ``settings``; closed at shutdown).
         routers: More routers to mount (the replay control routes).
     """
-    from services.dashboard.routes import dashboard_router
-    from services.ingest.routes import ingest_router
-    from services.monitor.routes import monitor_router
-    from services.query.routes import query_router
+    from refold.services.dashboard.routes import dashboard_router
+    from refold.services.ingest.routes import ingest_router
+    from refold.services.monitor.routes import monitor_router
+    from refold.services.query.routes import query_router
 
     shared = context or ServiceContext.from_settings(settings)
 

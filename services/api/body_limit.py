@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api.errors import error_body
+from refold.services.api.errors import error_body
 
 __all__ = ["BodyLimit"]
 

@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from contracts.settings import StackSettings
-from services.api.rate_limits import parse_rate
+from refold.contracts.settings import StackSettings
+from refold.services.api.rate_limits import parse_rate
 
 __all__ = ["AuthMode", "HttpSettings", "ServeSettings"]
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import redis
 from fastapi import Request
 
-from contracts.kafka.offsets import LogOffsets, OffsetsError
-from contracts.registry import default_registry
-from contracts.topics import TopicSpec
-from services.api.config import ServeSettings
-from services.api.rate_limits import RateLimits
-from services.ingest.idempotency import IdempotencyStore
-from services.producer.publisher import EventPublisher
+from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
+from refold.contracts.registry import default_registry
+from refold.contracts.topics import TopicSpec
+from refold.services.api.config import ServeSettings
+from refold.services.api.rate_limits import RateLimits
+from refold.services.ingest.idempotency import IdempotencyStore
+from refold.services.producer.publisher import EventPublisher
 
 __all__ = ["ServiceContext", "get_context"]
 

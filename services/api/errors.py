@@ -15,8 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from contracts.errors import RefoldError
-from contracts.store.credentials import redis_refused
+from refold.contracts.errors import RefoldError
+from refold.contracts.store.credentials import redis_refused
 
 __all__ = ["ApiError", "error_body", "install_error_handlers"]
 

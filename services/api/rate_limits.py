@@ -19,7 +19,7 @@ from limits import RateLimitItem, parse
 from limits.storage import RedisStorage
 from limits.strategies import FixedWindowRateLimiter
 
-from services.api.errors import ApiError
+from refold.services.api.errors import ApiError
 
 __all__ = ["RateLimits", "parse_rate"]
 

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from services.auth.dependencies import require
-from services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope
+from refold.services.auth.dependencies import require
+from refold.services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope
 
 __all__ = ["SCOPES", "ApiKey", "ApiKeyStore", "Scope", "require"]

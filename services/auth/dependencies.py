@@ -27,11 +27,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from services.api.context import ServiceContext, get_context
-from services.api.errors import ApiError
-from services.auth.errors import ApiKeySpecError, ApiKeyStoreError
-from services.auth.journal import ApiKeyJournal, journal_topic
-from services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope, parse_key
+from refold.services.api.context import ServiceContext, get_context
+from refold.services.api.errors import ApiError
+from refold.services.auth.errors import ApiKeySpecError, ApiKeyStoreError
+from refold.services.auth.journal import ApiKeyJournal, journal_topic
+from refold.services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope, parse_key
 
 __all__ = ["VERIFY_CACHE_S", "api_key_store", "require"]
 

@@ -1,12 +1,12 @@
-"""Errors of API key management (``refold keys`` and :class:`services.auth.keys.ApiKeyStore`).
+"""Errors of API key management (``refold keys``, :class:`~.keys.ApiKeyStore`).
 
 A request with a missing, wrong or insufficient key is not an error of this tree: the HTTP
-dependency answers it with 401 or 403 (:func:`services.auth.require`).
+dependency answers it with 401 or 403 (:func:`refold.services.auth.require`).
 """
 
 from __future__ import annotations
 
-from services.errors import ServiceError
+from refold.services.errors import ServiceError
 
 __all__ = [
     "ApiKeyError",

@@ -20,14 +20,14 @@ from collections.abc import Mapping
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from contracts.errors import RefoldError
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.logs import routed
-from contracts.kafka.offsets import LogOffsets
-from contracts.kafka.outputs import Deliveries, output_producer
-from contracts.topics import TopicSpec
-from services.auth.errors import ApiKeyStoreError
-from services.auth.keys import ApiKeyStore
+from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.topics import TopicSpec
+from refold.services.auth.errors import ApiKeyStoreError
+from refold.services.auth.keys import ApiKeyStore
 
 __all__ = ["ApiKeyJournal", "journal_topic"]
 

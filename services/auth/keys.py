@@ -2,7 +2,7 @@
 
 A key reads ``rfk_<id>_<secret>``: ``id`` (16 hex digits) names the key in listings, logs and
 ``refold keys revoke``; ``secret`` is 32 random bytes (``secrets.token_urlsafe``). Redis holds
-only the SHA-256 of the whole key, in one hash (:class:`contracts.layout.ApiKeyKeys`), so
+only the SHA-256 of the whole key, in one hash (:class:`refold.contracts.layout.ApiKeyKeys`), so
 every replica of the services sees a key added or revoked on its next request (or within
 ``cache_s``), without a restart.
 
@@ -31,8 +31,8 @@ from typing import Any, Literal, cast
 import orjson
 import redis
 
-from contracts.layout import DEFAULT_KEY_PREFIX, ApiKeyKeys
-from services.auth.errors import (
+from refold.contracts.layout import DEFAULT_KEY_PREFIX, ApiKeyKeys
+from refold.services.auth.errors import (
     ApiKeyNameTakenError,
     ApiKeySpecError,
     ApiKeyStoreError,

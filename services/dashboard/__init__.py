@@ -5,6 +5,6 @@ generations, lag, processing stats and replays from ``/v1`` with a ``query`` API
 once in the URL fragment (``/dashboard#key=...``, never sent to the server in a URL).
 """
 
-from services.dashboard.routes import dashboard_router
+from refold.services.dashboard.routes import dashboard_router
 
 __all__ = ["dashboard_router"]

@@ -39,7 +39,7 @@ _SECURITY_HEADERS = {
 
 
 def _read(name: str) -> bytes:
-    return (resources.files("services.dashboard") / "static" / name).read_bytes()
+    return (resources.files("refold.services.dashboard") / "static" / name).read_bytes()
 
 
 def dashboard_router() -> APIRouter:

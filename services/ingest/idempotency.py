@@ -13,7 +13,7 @@ Redis, ``IngestKeys``, for ``idempotency_horizon_s``):
   does not hold the key for the whole horizon; a retry after that sends everything again.
 
 The same key with another body gets 409 ``IDEMPOTENCY_KEY_REUSED``. What cannot be known stays
-as the producer says (:class:`services.errors.PublishError`): an event purged while in flight
+as the producer says (:class:`refold.services.errors.PublishError`): an event purged while in flight
 at the timeout may still be in the log, and is sent again by the retry; de-duplication by event
 id in the processors covers that case.
 """
@@ -29,7 +29,7 @@ import orjson
 import redis
 from redis.typing import EncodableT, FieldT
 
-from contracts.layout import IngestKeys
+from refold.contracts.layout import IngestKeys
 
 __all__ = ["Claim", "IdempotencyStore", "body_sha256"]
 

@@ -8,7 +8,7 @@ broker does not acknowledge in time the answer is 503 with ``Retry-After``, list
 that were not acknowledged and the positions of those that were (which are in the log).
 
 With an ``Idempotency-Key`` header, retries of a request are answered, not produced again
-(:mod:`services.ingest.idempotency`).
+(:mod:`refold.services.ingest.idempotency`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from fastapi import APIRouter, Body, Depends, Header
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.errors import ContractError, EventValidationError
-from services.api.context import ServiceContext, get_context
-from services.api.errors import ApiError
-from services.auth import ApiKey, require
-from services.consistency import encode_token, positions_after
-from services.errors import PublishError
-from services.ingest.idempotency import body_sha256
+from refold.contracts.errors import ContractError, EventValidationError
+from refold.services.api.context import ServiceContext, get_context
+from refold.services.api.errors import ApiError
+from refold.services.auth import ApiKey, require
+from refold.services.consistency import encode_token, positions_after
+from refold.services.errors import PublishError
+from refold.services.ingest.idempotency import body_sha256
 
 __all__ = ["Delivery", "EventBatch", "EventIn", "IngestResponse", "ingest_router"]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from contracts.kafka.offsets import LogOffsets, OffsetsError
+from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 
 __all__ = ["LogProbe", "StampKey", "TopicPartition"]
 

@@ -3,7 +3,7 @@
 A custom collector (:class:`RefoldCollector`) reads Redis and the broker on each scrape and
 registers on a registry of the app's own, never on prometheus_client's global one, so tests
 and several apps in one process do not collide. Counters come from the processors' stats
-hashes (:mod:`contracts.store.stats`) and the webhook dispatchers' counters, so they survive
+hashes (:mod:`refold.contracts.store.stats`) and the webhook dispatchers' counters, so they survive
 restarts of the services and agree between replicas.
 
 A scrape waits for the broker at most the monitor's budget: when it does not answer, the lag
@@ -28,12 +28,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from contracts.layout import WebhookKeys
-from contracts.store.stats import BatchStats
-from services.monitor.status import Monitor
-from services.monitor.tracking import Progress
-from services.monitor.views import GenerationLag
-from services.webhooks.store import WebhookStore, list_dispatchers
+from refold.contracts.layout import WebhookKeys
+from refold.contracts.store.stats import BatchStats
+from refold.services.monitor.status import Monitor
+from refold.services.monitor.tracking import Progress
+from refold.services.monitor.views import GenerationLag
+from refold.services.webhooks.store import WebhookStore, list_dispatchers
 
 __all__ = ["GenerationMetrics", "MetricsSnapshot", "RefoldCollector", "metric_families"]
 

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from contracts.store.stats import BatchStats
-from services.monitor.views import (
+from refold.contracts.store.stats import BatchStats
+from refold.services.monitor.views import (
     GenerationLag,
     GenerationView,
     ProcessorInfo,

@@ -23,12 +23,12 @@ from prometheus_client import (
     generate_latest,
 )
 
-from contracts.kafka.offsets import OffsetsError
-from services.api.context import ServiceContext, get_context
-from services.api.errors import ApiError
-from services.auth import require
-from services.monitor.metrics import RefoldCollector
-from services.monitor.models import (
+from refold.contracts.kafka.offsets import OffsetsError
+from refold.services.api.context import ServiceContext, get_context
+from refold.services.api.errors import ApiError
+from refold.services.auth import require
+from refold.services.monitor.metrics import RefoldCollector
+from refold.services.monitor.models import (
     GenerationModel,
     GenerationsResponse,
     HealthResponse,
@@ -42,7 +42,7 @@ from services.monitor.models import (
     StatsModel,
     StatsResponse,
 )
-from services.monitor.status import Monitor
+from refold.services.monitor.status import Monitor
 
 __all__ = ["monitor_for", "monitor_router"]
 

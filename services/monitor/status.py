@@ -22,20 +22,20 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
-from contracts.layout import StateLayout
-from contracts.processors import ProcessorSpec
-from contracts.registry import Registry, UnknownProcessorError, default_registry
-from contracts.store.generations import (
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.registry import Registry, UnknownProcessorError, default_registry
+from refold.contracts.store.generations import (
     GenerationRegistry,
     processors_in_redis,
     starting_positions,
 )
-from contracts.store.stats import BatchStats, ProcessorStats
-from services.api.context import ServiceContext
-from services.errors import NoLiveGenerationError
-from services.monitor.lag import LogProbe, StampKey
-from services.monitor.tracking import Progress, RateTracker, StallTracker, replay_progress
-from services.monitor.views import (
+from refold.contracts.store.stats import BatchStats, ProcessorStats
+from refold.services.api.context import ServiceContext
+from refold.services.errors import NoLiveGenerationError
+from refold.services.monitor.lag import LogProbe, StampKey
+from refold.services.monitor.tracking import Progress, RateTracker, StallTracker, replay_progress
+from refold.services.monitor.views import (
     GenerationLag,
     GenerationView,
     PartitionLag,

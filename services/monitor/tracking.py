@@ -2,7 +2,7 @@
 
 Pure logic over a clock, unit-tested without servers. Both trackers learn from the samples the
 routes take anyway (every ``/health``, ``/metrics``, ``/lag`` call), see
-:mod:`services.monitor.status` for why no background sampler is needed.
+:mod:`refold.services.monitor.status` for why no background sampler is needed.
 """
 
 from __future__ import annotations

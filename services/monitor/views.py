@@ -6,14 +6,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from contracts.processors import ProcessorSpec
-from contracts.store.generations import (
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.store.generations import (
     Positions,
     applied_records,
     describe_runner,
     starting_positions,
 )
-from services.monitor.tracking import Progress
+from refold.services.monitor.tracking import Progress
 
 __all__ = [
     "GenerationLag",
@@ -67,7 +67,7 @@ class GenerationView:
 
     @property
     def runner(self) -> str:
-        """Who folds it, in a few words (:func:`contracts.store.generations.describe_runner`)."""
+        """Who folds it, in a few words (``describe_runner``, contracts/store/generations.py)."""
         return describe_runner(self.status, self.lease_owner, self.meta)
 
     @property

@@ -1,1 +1,1 @@
-"""Producer SDK: contract-checked publishing (test-data simulators live in deploy.simulators)."""
+"""Producer SDK: contract-checked publishing (simulators: refold.deploy.simulators)."""

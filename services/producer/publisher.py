@@ -3,8 +3,8 @@
 Delivery is acks=all with idempotence, and keys are partitioned with ``murmur2_random`` (the
 Java client's default), so Python and JVM producers put one aggregate on the same partition.
 
-A call that is not acknowledged in time does not leave its events behind: it purges them from
-the producer and raises :class:`~services.errors.PublishError` naming them (see there for what a
+A call that is not acknowledged in time does not leave its events behind: it purges them from the
+producer and raises :class:`~refold.services.errors.PublishError` naming them (see there for what a
 purged event may or may not have become).
 """
 
@@ -19,15 +19,15 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError, Message, Producer
 
-from contracts.codec import EventCodec
-from contracts.errors import ContractError, EventTooLargeError, UnknownEventTypeError
-from contracts.kafka.credentials import is_refusal, refused
-from contracts.kafka.logs import routed
-from contracts.lock import PublishGate, default_publish_gate
-from contracts.registry import default_registry
-from contracts.settings import KafkaSettings
-from contracts.topics import TopicSpec
-from services.errors import PublishError, UnacknowledgedEvent
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import ContractError, EventTooLargeError, UnknownEventTypeError
+from refold.contracts.kafka.credentials import is_refusal, refused
+from refold.contracts.kafka.logs import routed
+from refold.contracts.lock import PublishGate, default_publish_gate
+from refold.contracts.registry import default_registry
+from refold.contracts.settings import KafkaSettings
+from refold.contracts.topics import TopicSpec
+from refold.services.errors import PublishError, UnacknowledgedEvent
 
 __all__ = ["DeliveryToken", "EventPublisher"]
 
@@ -114,7 +114,7 @@ class EventPublisher:
         kafka: Broker settings.
         codec: Contract codec; default the shipped schemas.
         topics: Topic specs; default every topic of the installed contract sets
-            (:mod:`contracts.registry`).
+            (:mod:`refold.contracts.registry`).
         gate: Which schema versions may be written; default the locks of the installed
             contract sets (:mod:`contracts.lock`). An event type whose newest version is not
             published (not in its ``contracts.lock``) or is refused is not sent.

@@ -17,9 +17,9 @@ from typing import Any, cast
 import orjson
 import redis
 
-from contracts.layout import StateLayout
-from contracts.store.generations import GenerationRegistry
-from services.api.errors import ApiError
+from refold.contracts.layout import StateLayout
+from refold.contracts.store.generations import GenerationRegistry
+from refold.services.api.errors import ApiError
 
 __all__ = ["Page", "ScanCursor", "scan_page"]
 

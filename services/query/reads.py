@@ -19,14 +19,14 @@ from typing import Any
 import orjson
 import redis
 
-from contracts.layout import StateLayout, position_field
-from contracts.processors import ProcessorSpec
-from contracts.registry import default_registry
-from contracts.store.generations import GenerationRegistry
-from services.api.errors import ApiError
-from services.consistency import Positions, decode_token, parse_min_positions, unmet
-from services.errors import NoLiveGenerationError
-from services.reader.state_reader import StateView
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.registry import default_registry
+from refold.contracts.store.generations import GenerationRegistry
+from refold.services.api.errors import ApiError
+from refold.services.consistency import Positions, decode_token, parse_min_positions, unmet
+from refold.services.errors import NoLiveGenerationError
+from refold.services.reader.state_reader import StateView
 
 __all__ = [
     "Consistency",

@@ -3,7 +3,7 @@
 Every answer carries its freshness (processor, generation, applied positions) and a weak ETag
 (``If-None-Match`` gives 304), and is read from one generation. ``consistency_token`` (from
 ingest), ``min_positions`` and ``wait_ms`` make a read wait until the live generation has
-applied the given positions (see :mod:`services.query.reads`).
+applied the given positions (see :mod:`refold.services.query.reads`).
 
 The routes are ``async`` and call Redis synchronously: a read is one or two loopback round
 trips (~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield.
@@ -18,14 +18,14 @@ import orjson
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from pydantic import BaseModel, Field
 
-from contracts.layout import StateLayout
-from contracts.processors import ProcessorSpec
-from contracts.windows import scales_from_meta, windows_from_meta
-from services.api.context import ServiceContext, get_context
-from services.api.errors import ApiError
-from services.auth import require
-from services.query.pagination import ScanCursor, scan_page
-from services.query.reads import (
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.windows import scales_from_meta, windows_from_meta
+from refold.services.api.context import ServiceContext, get_context
+from refold.services.api.errors import ApiError
+from refold.services.auth import require
+from refold.services.query.pagination import ScanCursor, scan_page
+from refold.services.query.reads import (
     Consistency,
     etag_of,
     freshness,
@@ -34,8 +34,8 @@ from services.query.reads import (
     processor,
     read_consistent,
 )
-from services.reader.state_reader import StateReader, StateView
-from services.reader.window_reader import WindowReader
+from refold.services.reader.state_reader import StateReader, StateView
+from refold.services.reader.window_reader import WindowReader
 
 __all__ = ["query_router"]
 
@@ -186,7 +186,7 @@ def _live_positions(reader: StateReader) -> StateView:
     return StateView(generation, None, reader.freshness(generation))
 
 
-# Documented answers besides 200 (bodies: services.api.errors).
+# Documented answers besides 200 (bodies: refold.services.api.errors).
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such processor, table, entity, or no live generation yet"},
     409: {"description": "wait_ms=0 and the consistency positions are not applied yet"},

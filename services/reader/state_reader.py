@@ -13,9 +13,9 @@ from typing import Any, cast
 
 import redis
 
-from contracts.layout import DEFAULT_KEY_PREFIX, StateLayout
-from contracts.store.generations import GenerationRegistry, Positions
-from services.errors import NoLiveGenerationError
+from refold.contracts.layout import DEFAULT_KEY_PREFIX, StateLayout
+from refold.contracts.store.generations import GenerationRegistry, Positions
+from refold.services.errors import NoLiveGenerationError
 
 __all__ = ["StateReader", "StateView"]
 

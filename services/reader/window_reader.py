@@ -1,15 +1,15 @@
 """Read event-time windows through the live-generation alias: results, ranges, distinct counts.
 
-A window processor's buckets (see :mod:`processors.fold.windows`) are read back here the way the
-closer computes a window's result: a tumbling or hopping window is one bucket, a sliding window
+A window processor's buckets (see :mod:`refold.processors.fold.windows`) are read back here the way
+the closer computes a window's result: a tumbling or hopping window is one bucket, a sliding window
 is its fine buckets combined, and a distinct count is one PFCOUNT over the window's sketches
-(several keys: the count of their union). So a reader sees, before a window closes, the result
-it would emit now, and after, the result it emitted (or a corrected one, after late records).
+(several keys: the count of their union). So a reader sees, before a window closes, the result it
+would emit now, and after, the result it emitted (or a corrected one, after late records).
 
-Like :class:`~services.reader.state_reader.StateReader`, every call resolves the alias once and
-reads that generation only: a replay's cutover switches readers between two calls, never within
-one. Each call reads a bounded number of buckets (``max_buckets``); a wider request is refused
-with a :class:`~services.errors.WindowQueryError` rather than stalling Redis.
+Like :class:`~refold.services.reader.state_reader.StateReader`, every call resolves the alias once
+and reads that generation only: a replay's cutover switches readers between two calls, never within
+one. Each call reads a bounded number of buckets (``max_buckets``); a wider request is refused with
+a :class:`~refold.services.errors.WindowQueryError` rather than stalling Redis.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Protocol, cast
 
 import redis
 
-from contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
-from contracts.windows import (
+from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
+from refold.contracts.windows import (
     Hopping,
     Sliding,
     Window,
@@ -30,8 +30,8 @@ from contracts.windows import (
     scales_of,
     watermark_of,
 )
-from services.errors import UnknownWindowError, WindowQueryError
-from services.reader.state_reader import StateReader, StateView
+from refold.services.errors import UnknownWindowError, WindowQueryError
+from refold.services.reader.state_reader import StateReader, StateView
 
 __all__ = ["MAX_BUCKETS", "Watermark", "WindowReader"]
 
@@ -154,7 +154,7 @@ class WindowReader:
         """The result of the window ``name`` of ``group`` ending at ``end`` (epoch ms).
 
         ``value`` is the result as the closer emits it (see
-        :func:`~processors.fold.windows.result_of`): ``count``, ``sum:``, ``min:``, ``max:``,
+        :func:`~refold.processors.fold.windows.result_of`): ``count``, ``sum:``, ``min:``, ``max:``,
         ``avg:`` and ``distinct:`` per measure; a window without data has only ``count`` 0.
 
         Raises:

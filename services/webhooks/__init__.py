@@ -9,9 +9,9 @@ See ``docs/webhooks.md``. ``refold webhooks run|log|redrive`` is the command lin
     running.stop()  # requests in flight finish, the delivered prefix is committed
 """
 
-from services.webhooks.config import WebhookServiceSettings, WebhookSettings, dlq_topic
-from services.webhooks.dispatcher import DispatcherStats, DispatcherThread, WebhookDispatcher
-from services.webhooks.store import LogEntry, WebhookStore, list_dispatchers
+from refold.services.webhooks.config import WebhookServiceSettings, WebhookSettings, dlq_topic
+from refold.services.webhooks.dispatcher import DispatcherStats, DispatcherThread, WebhookDispatcher
+from refold.services.webhooks.store import LogEntry, WebhookStore, list_dispatchers
 
 __all__ = [
     "DispatcherStats",

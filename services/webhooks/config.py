@@ -15,7 +15,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from contracts.settings import StackSettings
+from refold.contracts.settings import StackSettings
 
 __all__ = ["DEFAULT_NAME", "StartAt", "WebhookServiceSettings", "WebhookSettings", "dlq_topic"]
 

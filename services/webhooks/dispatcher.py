@@ -1,12 +1,12 @@
 """The webhook dispatcher: insight topics -> HTTP POST, at least once, positions in Redis.
 
 One loop, interleaving three things: read records from the assigned partitions (no consumer
-group: positions live in Redis) while fewer than ``max_uncommitted`` are in progress; attempt
-them (``concurrency`` requests in flight; an insight waiting for a retry holds no thread, see
-:mod:`services.webhooks.scheduling`); and commit each partition's settled prefix: dead letters
-first (acknowledged by the broker), then in Redis the next offset per partition, a log entry
-per insight and the counters, in one call. A crash re-delivers at most the uncommitted records,
-with the same ``Idempotency-Key``s.
+group: positions live in Redis) while fewer than ``max_uncommitted`` are in progress; attempt them
+(``concurrency`` requests in flight; an insight waiting for a retry holds no thread, see
+:mod:`refold.services.webhooks.scheduling`); and commit each partition's settled prefix: dead
+letters first (acknowledged by the broker), then in Redis the next offset per partition, a log entry
+per insight and the counters, in one call. A crash re-delivers at most the uncommitted records, with
+the same ``Idempotency-Key``s.
 
 A stop (:meth:`WebhookDispatcher.stop`, SIGTERM in the CLI) interrupts the backoffs, lets the
 requests in flight finish, and commits the longest delivered-or-dead-lettered prefix of each
@@ -43,26 +43,26 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from contracts.codec import EventCodec
-from contracts.errors import RefoldError
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.logs import routed
-from contracts.kafka.offsets import LogOffsets, OffsetsError
-from contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
-from contracts.layout import WebhookKeys
-from contracts.store.credentials import raise_if_refused
-from contracts.topics import TopicSpec
-from services.webhooks.config import WebhookSettings
-from services.webhooks.delivery import AttemptResult, RetryPolicy, WebhookSender
-from services.webhooks.errors import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
+from refold.contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
+from refold.contracts.layout import WebhookKeys
+from refold.contracts.store.credentials import raise_if_refused
+from refold.contracts.topics import TopicSpec
+from refold.services.webhooks.config import WebhookSettings
+from refold.services.webhooks.delivery import AttemptResult, RetryPolicy, WebhookSender
+from refold.services.webhooks.errors import (
     WebhookConfigError,
     WebhookDeadLetterError,
     WebhookLeaseError,
     WebhookStoreError,
 )
-from services.webhooks.items import DeliveryItem, dead_letter_headers, item_from_message
-from services.webhooks.scheduling import AttemptScheduler, UncommittedWindow
-from services.webhooks.store import DispatcherLease, LogEntry, WebhookStore
+from refold.services.webhooks.items import DeliveryItem, dead_letter_headers, item_from_message
+from refold.services.webhooks.scheduling import AttemptScheduler, UncommittedWindow
+from refold.services.webhooks.store import DispatcherLease, LogEntry, WebhookStore
 
 __all__ = ["DispatcherStats", "DispatcherThread", "Role", "WebhookDispatcher"]
 

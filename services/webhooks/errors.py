@@ -1,8 +1,8 @@
-"""Errors of the webhook dispatcher (all in the :class:`~contracts.errors.RefoldError` tree)."""
+"""Errors of the webhook dispatcher (under :class:`~refold.contracts.errors.RefoldError`)."""
 
 from __future__ import annotations
 
-from services.errors import ServiceError
+from refold.services.errors import ServiceError
 
 __all__ = [
     "WebhookConfigError",

@@ -1,10 +1,10 @@
 """One insight on its way to a webhook: its identity, its request, its dead-letter record (pure).
 
 The identity of an insight is its **Idempotency-Key**: the record's ``refold.origin.id`` header
-(:mod:`contracts.origin`: the same in every run and replay of the producing processor), or, for
-records without one, ``<topic>/<partition>@<offset>`` of the insight record itself (stable for
-that topic's log). The same insight always goes out with the same key: on a retry, after a
-crash, after a replay's cutover overlap, and on a redrive from the dead-letter topic.
+(:mod:`refold.contracts.origin`: the same in every run and replay of the producing processor), or,
+for records without one, ``<topic>/<partition>@<offset>`` of the insight record itself (stable for
+that topic's log). The same insight always goes out with the same key: on a retry, after a crash,
+after a replay's cutover overlap, and on a redrive from the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from urllib.parse import quote
 from confluent_kafka import Message
 from tenacity import RetryCallState
 
-from contracts.codec import EventCodec
-from contracts.errors import DeserializationError
-from contracts.origin import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import DeserializationError
+from refold.contracts.origin import (
     DEAD_LETTER_ERROR,
     DEAD_LETTER_REASON,
     ORIGIN_GENERATION,
@@ -30,7 +30,7 @@ from contracts.origin import (
     ORIGIN_TOPIC,
     failure_headers,
 )
-from services.webhooks.delivery import AttemptResult, payload_json
+from refold.services.webhooks.delivery import AttemptResult, payload_json
 
 __all__ = [
     "DLQ_HEADERS",
@@ -43,7 +43,8 @@ __all__ = [
 ]
 
 # Headers the dispatcher adds to a dead letter (stripped again when it is redriven): why
-# (contracts.origin's, as every dead letter), how often it was tried, and the insight's identity.
+# (refold.contracts.origin's, as every dead letter), how often it was tried, and the insight's
+# identity.
 ATTEMPTS = "refold.attempts"
 W_NAME, W_ID = "refold.webhook.name", "refold.webhook.id"
 W_TOPIC, W_PARTITION, W_OFFSET = (

@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-from services.webhooks.delivery import AttemptResult
-from services.webhooks.items import DeliveryItem
+from refold.services.webhooks.delivery import AttemptResult
+from refold.services.webhooks.items import DeliveryItem
 
 __all__ = ["AttemptScheduler", "UncommittedWindow"]
 

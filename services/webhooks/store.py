@@ -1,9 +1,9 @@
 """The dispatcher's Redis side: positions, the delivery log, counters, and its lease.
 
-Keys are :class:`contracts.layout.WebhookKeys`. A batch's outcome is committed in one Lua call:
-it checks that this process still holds the lease, then writes the next offset per partition,
-one log entry per insight and the counters. A dispatcher that lost its lease (a zombie after a
-long pause) therefore never moves positions under the one that took over.
+Keys are :class:`refold.contracts.layout.WebhookKeys`. A batch's outcome is committed in one Lua
+call: it checks that this process still holds the lease, then writes the next offset per partition,
+one log entry per insight and the counters. A dispatcher that lost its lease (a zombie after a long
+pause) therefore never moves positions under the one that took over.
 
 Lifecycle: one :class:`WebhookStore` per dispatcher; the redis-py client it is given may be
 shared between threads (its connection pool is thread-safe).
@@ -20,9 +20,9 @@ from typing import Any, cast
 import redis
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from contracts.layout import WebhookKeys, parse_position_field, position_field
-from contracts.store.lease import LEASE_TTL_MS, RedisLease
-from services.webhooks.errors import WebhookLeaseError, WebhookStoreError
+from refold.contracts.layout import WebhookKeys, parse_position_field, position_field
+from refold.contracts.store.lease import LEASE_TTL_MS, RedisLease
+from refold.services.webhooks.errors import WebhookLeaseError, WebhookStoreError
 
 __all__ = [
     "DispatcherLease",
@@ -276,7 +276,7 @@ class DispatcherLease(RedisLease):
     """At most one process per dispatcher name and role (``dispatch``, ``redrive``).
 
     Two dispatchers of one name would both deliver (duplicates, same keys) and race on the
-    positions. The lease is :class:`~contracts.store.lease.RedisLease`'s (``host:pid:nonce``
+    positions. The lease is :class:`~refold.contracts.store.lease.RedisLease`'s (``host:pid:nonce``
     with a TTL, renewed by a background thread, a crashed holder of this host taken over at
     once) on the key :meth:`WebhookKeys.lease`; a refusal raises :class:`WebhookLeaseError`.
 

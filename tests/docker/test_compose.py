@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import redis
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.kafka.admin import delete_topics, ensure_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.settings import KafkaSettings
-from contracts.topics import TopicSpec
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.admin import delete_topics, ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.settings import KafkaSettings
+from refold.contracts.topics import TopicSpec
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 
 

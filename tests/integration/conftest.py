@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.local_stack import LocalStack, free_port
-from processors.runtime.envelope import FoldTarget
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.processors.runtime.envelope import FoldTarget
 
 
 @pytest.fixture

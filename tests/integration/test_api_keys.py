@@ -11,16 +11,16 @@ import redis
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
-from contracts.kafka.admin import delete_topics
-from contracts.layout import ApiKeyKeys
-from contracts.settings import KafkaSettings, RedisSettings
-from deploy.keys_cli import main as keys_main
-from services.api.config import HttpSettings, ServeSettings
-from services.api.context import ServiceContext
-from services.api.errors import install_error_handlers
-from services.auth import ApiKeyStore, require
-from services.auth.dependencies import VERIFY_CACHE_S
-from services.auth.errors import ApiKeyNameTakenError, UnknownApiKeyError
+from refold.contracts.kafka.admin import delete_topics
+from refold.contracts.layout import ApiKeyKeys
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.deploy.keys_cli import main as keys_main
+from refold.services.api.config import HttpSettings, ServeSettings
+from refold.services.api.context import ServiceContext
+from refold.services.api.errors import install_error_handlers
+from refold.services.auth import ApiKeyStore, require
+from refold.services.auth.dependencies import VERIFY_CACHE_S
+from refold.services.auth.errors import ApiKeyNameTakenError, UnknownApiKeyError
 from tests.support.waiting import assert_eventually
 
 

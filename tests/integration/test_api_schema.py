@@ -16,17 +16,17 @@ import redis
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from contracts.commerce import ORDERS
-from contracts.layout import StateLayout
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.store.generations import GenerationRegistry
-from deploy.serve_cli import build_app
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.order_state.projection import OrderStateProjection
-from services.api.app import close_app
-from services.api.config import HttpSettings, ServeSettings
-from services.api.context import ServiceContext
+from refold.contracts.commerce import ORDERS
+from refold.contracts.layout import StateLayout
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.serve_cli import build_app
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.services.api.app import close_app
+from refold.services.api.config import HttpSettings, ServeSettings
+from refold.services.api.context import ServiceContext
 
 pytestmark = pytest.mark.integration
 

@@ -18,22 +18,22 @@ import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout, position_field
-from contracts.settings import KafkaSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.web import PAGEVIEWS
-from processors.archive.projection import DATES
-from processors.errors import SinkConflictError
-from processors.fold.archive import ArchiveProcessor, Coverage
-from processors.runtime import archive_sink
-from processors.runtime.archive_cli import archive_status, backfill, compact
-from processors.runtime.archive_sink import ArchivePlan, archive_ranges
-from processors.runtime.archive_store import ArchiveOwnerError, ArchiveStore
-from processors.runtime.envelope import FoldTarget
-from services.producer.publisher import EventPublisher
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.settings import KafkaSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.web import PAGEVIEWS
+from refold.processors.archive.projection import DATES
+from refold.processors.errors import SinkConflictError
+from refold.processors.fold.archive import ArchiveProcessor, Coverage
+from refold.processors.runtime import archive_sink
+from refold.processors.runtime.archive_cli import archive_status, backfill, compact
+from refold.processors.runtime.archive_sink import ArchivePlan, archive_ranges
+from refold.processors.runtime.archive_store import ArchiveOwnerError, ArchiveStore
+from refold.processors.runtime.envelope import FoldTarget
+from refold.services.producer.publisher import EventPublisher
 from tests.support.archive import archive_rows, assert_archive_equals_log
 
 DAY_MS = 86_400_000

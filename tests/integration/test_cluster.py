@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from deploy.cluster import ClusterError, ClusterSpec, SparkCluster
-from deploy.local_stack import free_port
+from refold.deploy.cluster import ClusterError, ClusterSpec, SparkCluster
+from refold.deploy.local_stack import free_port
 from tests.support.waiting import assert_eventually
 
 DRIVER = textwrap.dedent(
@@ -28,8 +28,8 @@ DRIVER = textwrap.dedent(
     master, package_root, package = sys.argv[1:4]
     sys.path.insert(0, package_root)  # the driver imports the package from here, nobody else
 
-    from contracts.settings import SparkSettings
-    from processors.runtime.spark import build_spark_session
+    from refold.contracts.settings import SparkSettings
+    from refold.processors.runtime.spark import build_spark_session
 
     spark = build_spark_session(
         "refold-cluster-test", SparkSettings(master=master, cores_max=1), ship=[package]
@@ -48,7 +48,7 @@ DRIVER = textwrap.dedent(
                 "origin": [user.__file__] * n,
                 "pid": [os.getpid()] * n,
                 "python": [sys.executable] * n,
-                "daemon": ["processors.runtime.sink" in sys.modules] * n,
+                "daemon": ["refold.processors.runtime.sink" in sys.modules] * n,
             })
 
     schema = "id long, tagged string, origin string, pid long, python string, daemon boolean"
@@ -67,7 +67,7 @@ DRIVER = textwrap.dedent(
 
 
 def _refold(*argv: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "deploy.cli", *argv]
+    command = [sys.executable, "-m", "refold.deploy.cli", *argv]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 

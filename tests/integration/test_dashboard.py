@@ -23,10 +23,10 @@ import httpx
 import pytest
 import redis
 
-from contracts.layout import StateLayout
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.store.stats import ProcessorStats
+from refold.contracts.layout import StateLayout
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.stats import ProcessorStats
 from tests.support.served import served as serve_app
 from tests.support.waiting import assert_eventually
 
@@ -101,8 +101,8 @@ class Served:
 
 @pytest.fixture
 def served(kafka_bootstrap: str, redis_url: str, unique: str) -> Iterator[Served]:
-    from services.api.app import create_app
-    from services.api.config import HttpSettings, ServeSettings
+    from refold.services.api.app import create_app
+    from refold.services.api.config import HttpSettings, ServeSettings
 
     prefix = f"test-{unique}"
     settings = ServeSettings(
@@ -222,7 +222,7 @@ def monitored(
 
 
 def _api_key(served: Served, *scopes: str) -> str:
-    from services.auth import ApiKeyStore
+    from refold.services.auth import ApiKeyStore
 
     return ApiKeyStore(served.client, served.key_prefix).add(
         f"dashboard-{'-'.join(scopes)}", scopes

@@ -15,12 +15,12 @@ import pyarrow as pa
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.codec import EventCodec
-from processors.fold.dataframe import event_columns
-from processors.runtime import dataframe
-from processors.runtime.dataframe import DataFrameSink, DecodePlan, _decode_task
-from processors.runtime.envelope import FoldTarget
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.processors.fold.dataframe import event_columns
+from refold.processors.runtime import dataframe
+from refold.processors.runtime.dataframe import DataFrameSink, DecodePlan, _decode_task
+from refold.processors.runtime.envelope import FoldTarget
+from refold.services.reader.state_reader import StateReader
 
 _OFFSETS_HEADER = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
 

@@ -3,15 +3,15 @@
 import pytest
 import redis
 
-from contracts.commerce import ORDERS
-from contracts.layout import StateLayout
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.store.generations import GenerationRegistry
-from processors.errors import ProcessorConfigError
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.code_identity import build_fingerprints
-from processors.runtime.runner import RunOptions, resolve_run
-from replay.__main__ import main as replay
+from refold.contracts.commerce import ORDERS
+from refold.contracts.layout import StateLayout
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.code_identity import build_fingerprints
+from refold.processors.runtime.runner import RunOptions, resolve_run
+from refold.replay.__main__ import main as replay
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_changed_fold_code_is_refused_until_rebuilt_or_accepted(live_generation,
 def test_code_fingerprint_follows_the_source(tmp_path, monkeypatch):
     import importlib
 
-    from contracts.fingerprints import code_fingerprint
+    from refold.contracts.fingerprints import code_fingerprint
 
     monkeypatch.syspath_prepend(str(tmp_path))
     prints = []

@@ -13,16 +13,16 @@ import zlib
 
 import redis
 
-from contracts.codec import EventCodec
-from deploy.simulators.clickstream import ClickstreamSimulator
-from processors.fold.oracle import fold_timed
-from processors.fold.records import SourceRecord
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.search_ctr.config import SEARCH_CTR
-from processors.search_ctr.projection import SearchCtrProjection, ctr
-from processors.web_sessions.config import WEB_SESSIONS
-from processors.web_sessions.projection import WebSessionsProjection
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.processors.fold.oracle import fold_timed
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.search_ctr.config import SEARCH_CTR
+from refold.processors.search_ctr.projection import SearchCtrProjection, ctr
+from refold.processors.web_sessions.config import WEB_SESSIONS
+from refold.processors.web_sessions.projection import WebSessionsProjection
+from refold.services.reader.state_reader import StateReader
 
 CODEC = EventCodec()
 TOPICS = {"PageViewed": "pv", "SearchPerformed": "se", "SearchResultClicked": "se"}

@@ -19,22 +19,22 @@ import orjson
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.codec import EventCodec
-from contracts.layout import StateLayout, position_field
-from contracts.processors import EventTime
-from contracts.store.generations import GenerationRegistry
-from processors.customer_profiles.config import CUSTOMER_PROFILES
-from processors.customer_profiles.projection import CustomerProfilesProjection
-from processors.enriched_clicks.config import ENRICHED_CLICKS
-from processors.enriched_clicks.projection import EnrichedClicksProjection
-from processors.fold.oracle import fold_lookups, fold_timed, fold_windows
-from processors.fold.records import SourceRecord
-from processors.runtime.envelope import FoldWriter
-from processors.runtime.lookup_store import LookupJoiner
-from processors.sales_windows.projection import SalesWindows
-from processors.web_sessions.config import WEB_SESSIONS
-from processors.web_sessions.projection import WebSessionsProjection
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.processors import EventTime
+from refold.contracts.store.generations import GenerationRegistry
+from refold.processors.customer_profiles.config import CUSTOMER_PROFILES
+from refold.processors.customer_profiles.projection import CustomerProfilesProjection
+from refold.processors.enriched_clicks.config import ENRICHED_CLICKS
+from refold.processors.enriched_clicks.projection import EnrichedClicksProjection
+from refold.processors.fold.oracle import fold_lookups, fold_timed, fold_windows
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.envelope import FoldWriter
+from refold.processors.runtime.lookup_store import LookupJoiner
+from refold.processors.sales_windows.projection import SalesWindows
+from refold.processors.web_sessions.config import WEB_SESSIONS
+from refold.processors.web_sessions.projection import WebSessionsProjection
+from refold.services.reader.state_reader import StateReader
 from tests.support.windows import bucket_dump
 
 CODEC = EventCodec()

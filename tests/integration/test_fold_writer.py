@@ -6,17 +6,17 @@ import zlib
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.codec import EventCodec
-from contracts.layout import StateLayout
-from contracts.store.generations import GenerationRegistry
-from contracts.store.stats import ProcessorStats
-from deploy.simulators.orders import OrderSimulator
-from processors.errors import SinkConflictError
-from processors.fold.oracle import fold_all
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldWriter
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import StateLayout
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.stats import ProcessorStats
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.errors import SinkConflictError
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldWriter
+from refold.services.reader.state_reader import StateReader
 
 P = OrderStateProjection()
 

@@ -11,16 +11,16 @@ import dataclasses
 
 import redis
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldWriter
-from processors.runtime.kafka_ranges import SourceOptions, read_messages
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldWriter
+from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 
 P = OrderStateProjection()
 
@@ -35,7 +35,7 @@ def _state(target):
 
 def _read_back(kafka_bootstrap, topic, partitions, since=None):
     """Every record of ``topic`` (from ``since`` per partition) as SourceRecords."""
-    from contracts.kafka.offsets import LogOffsets
+    from refold.contracts.kafka.offsets import LogOffsets
 
     with LogOffsets({"bootstrap.servers": kafka_bootstrap}) as offsets:
         ends = offsets.end_offsets([(topic, p) for p in range(partitions)])
@@ -150,7 +150,7 @@ def test_a_range_redis_lost_is_read_and_folded_again(target, kafka_bootstrap, ma
 
 
 def target_kafka(bootstrap):
-    from contracts.settings import KafkaSettings
+    from refold.contracts.settings import KafkaSettings
 
     return KafkaSettings(bootstrap_servers=bootstrap)
 

@@ -17,17 +17,16 @@ import orjson
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from contracts.codec import EventCodec
-from contracts.errors import DeserializationError
-from contracts.layout import position_field
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import DeserializationError
+from refold.contracts.layout import position_field
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from tests.support.waiting import assert_eventually
 
 P = OrderStateProjection()

@@ -17,16 +17,16 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from contracts.commerce import ORDERS
-from contracts.kafka.admin import delete_topics, ensure_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.settings import KafkaSettings, RedisSettings
-from deploy.simulators.orders import OrderSimulator
-from services.api.app import create_app
-from services.api.config import HttpSettings, ServeSettings
-from services.api.context import ServiceContext
-from services.client import IdempotencyConflictError, NotAcknowledgedError, RefoldClient
-from services.ingest.idempotency import body_sha256
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.admin import delete_topics, ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.services.api.app import create_app
+from refold.services.api.config import HttpSettings, ServeSettings
+from refold.services.api.context import ServiceContext
+from refold.services.client import IdempotencyConflictError, NotAcknowledgedError, RefoldClient
+from refold.services.ingest.idempotency import body_sha256
 from tests.support.served import served
 
 pytestmark = pytest.mark.integration

@@ -19,12 +19,12 @@ import httpx
 import pytest
 import redis
 
-from contracts.commerce import ORDERS
-from contracts.settings import KafkaSettings, RedisSettings
-from services.api.app import create_app
-from services.api.config import HttpSettings, ServeSettings
-from services.api.context import ServiceContext
-from services.client import InvalidEventsError, RefoldClient
+from refold.contracts.commerce import ORDERS
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.services.api.app import create_app
+from refold.services.api.config import HttpSettings, ServeSettings
+from refold.services.api.context import ServiceContext
+from refold.services.client import InvalidEventsError, RefoldClient
 from tests.support.served import served
 
 pytestmark = pytest.mark.integration

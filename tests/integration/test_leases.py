@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from contracts.errors import RefoldError
-from contracts.layout import StateLayout, WebhookKeys
-from contracts.store.generations import GenerationRegistry
-from contracts.store.lease import GenerationLease, LeaseHeldError, RedisLease
-from services.webhooks.errors import WebhookLeaseError
-from services.webhooks.store import DispatcherLease
+from refold.contracts.errors import RefoldError
+from refold.contracts.layout import StateLayout, WebhookKeys
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.lease import GenerationLease, LeaseHeldError, RedisLease
+from refold.services.webhooks.errors import WebhookLeaseError
+from refold.services.webhooks.store import DispatcherLease
 from tests.support.waiting import assert_eventually
 
 

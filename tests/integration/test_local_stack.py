@@ -10,8 +10,8 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from deploy import kafka_broker
-from deploy.local_stack import LocalStack, LocalStackError, free_port
+from refold.deploy import kafka_broker
+from refold.deploy.local_stack import LocalStack, LocalStackError, free_port
 
 
 def _recorded_pid(stack_dir, name):
@@ -19,7 +19,7 @@ def _recorded_pid(stack_dir, name):
 
 
 def _refold(*argv, timeout=60):
-    command = [sys.executable, "-m", "deploy.cli", *argv]
+    command = [sys.executable, "-m", "refold.deploy.cli", *argv]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
@@ -28,7 +28,7 @@ def test_up_status_down_through_the_cli(tmp_path):
     base = [
         sys.executable,
         "-m",
-        "deploy.cli",
+        "refold.deploy.cli",
         "--state-dir",
         str(tmp_path),
         "--kafka-port",

@@ -14,21 +14,21 @@ import zlib
 
 import redis
 
-from contracts.codec import EventCodec
-from contracts.layout import StateLayout, position_field
-from contracts.store.generations import GenerationRegistry
-from contracts.windows import watermark_of
-from deploy.simulators.clickstream import ClickstreamSimulator
-from deploy.simulators.orders import customer_id
-from processors.customer_profiles.config import CUSTOMER_PROFILES
-from processors.customer_profiles.projection import CustomerProfilesProjection
-from processors.enriched_clicks.config import ENRICHED_CLICKS
-from processors.enriched_clicks.projection import EnrichedClicksProjection
-from processors.fold.oracle import fold_lookups, fold_timed
-from processors.fold.records import SourceRecord
-from processors.runtime.envelope import FoldWriter
-from processors.runtime.lookup_store import LookupJoiner
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.windows import watermark_of
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.deploy.simulators.orders import customer_id
+from refold.processors.customer_profiles.config import CUSTOMER_PROFILES
+from refold.processors.customer_profiles.projection import CustomerProfilesProjection
+from refold.processors.enriched_clicks.config import ENRICHED_CLICKS
+from refold.processors.enriched_clicks.projection import EnrichedClicksProjection
+from refold.processors.fold.oracle import fold_lookups, fold_timed
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.envelope import FoldWriter
+from refold.processors.runtime.lookup_store import LookupJoiner
+from refold.services.reader.state_reader import StateReader
 
 CODEC = EventCodec()
 PARTITIONS = 4

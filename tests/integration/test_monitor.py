@@ -8,12 +8,12 @@ from confluent_kafka import Producer
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.layout import StateLayout, position_field
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.store.stats import ProcessorStats
-from services.api.app import create_app
-from services.api.config import HttpSettings, ServeSettings
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.stats import ProcessorStats
+from refold.services.api.app import create_app
+from refold.services.api.config import HttpSettings, ServeSettings
 from tests.support.waiting import assert_eventually
 
 # Records produced per partition, and how old their timestamps are.

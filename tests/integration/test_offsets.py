@@ -3,7 +3,7 @@
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from contracts.kafka.offsets import LogOffsets, OffsetsError
+from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 
 
 def produce(bootstrap, topic, counts, linger_ms=50):

@@ -17,22 +17,22 @@ from typing import Any
 import pytest
 import redis
 
-from contracts.codec import EventCodec
-from contracts.errors import EventValidationError
-from contracts.origin import parse_origin_id
-from deploy.simulators.orders import OrderSimulator
-from processors.customer_orders.projection import CustomerOrdersProjection
-from processors.fold.oracle import fold_all
-from processors.fold.projection import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import EventValidationError
+from refold.contracts.origin import parse_origin_id
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.customer_orders.projection import CustomerOrdersProjection
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.projection import (
     InvalidOutputError,
     SideEffect,
     encode_effects,
 )
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.runtime.kafka_ranges import read_log
-from services.reader.state_reader import StateReader
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.runtime.kafka_ranges import read_log
+from refold.services.reader.state_reader import StateReader
 from tests.support.chain import status_changes
 
 CODEC = EventCodec()

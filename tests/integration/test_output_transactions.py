@@ -26,17 +26,17 @@ import redis
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from contracts.codec import EventCodec
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.fold.projection import EventRejectedError, fold_one
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime import output_transactions
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.runtime.kafka_ranges import SourceOptions, read_messages
-from processors.runtime.output_transactions import OutputTransactions, marker_group
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.projection import EventRejectedError, fold_one
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime import output_transactions
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
+from refold.processors.runtime.output_transactions import OutputTransactions, marker_group
+from refold.services.reader.state_reader import StateReader
 from tests.support.chain import senders
 from tests.support.waiting import assert_eventually
 

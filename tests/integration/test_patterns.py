@@ -17,20 +17,20 @@ import zlib
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.codec import MAGIC, EventCodec
-from contracts.commerce import ORDERS
-from contracts.origin import ORIGIN_ID
-from contracts.processors import ProcessorOptions
-from deploy.simulators.orders import OrderSimulator
-from processors.customer_alerts.config import CUSTOMER_ALERTS, LATENESS_MS
-from processors.customer_alerts.projection import build as build_customer_alerts
-from processors.fold.oracle import fold_timed
-from processors.fold.patterns import PatternOptions
-from processors.fold.records import SourceRecord
-from processors.order_alerts.config import ORDER_ALERTS
-from processors.order_alerts.projection import build as build_order_alerts
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.origin import ORIGIN_ID
+from refold.contracts.processors import ProcessorOptions
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.customer_alerts.config import CUSTOMER_ALERTS, LATENESS_MS
+from refold.processors.customer_alerts.projection import build as build_customer_alerts
+from refold.processors.fold.oracle import fold_timed
+from refold.processors.fold.patterns import PatternOptions
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_alerts.config import ORDER_ALERTS
+from refold.processors.order_alerts.projection import build as build_order_alerts
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.services.reader.state_reader import StateReader
 
 CODEC = EventCodec()
 PARTITIONS = 8

@@ -6,11 +6,11 @@ import time
 
 import redis
 
-from contracts.processors import EventTime
-from contracts.store.stats import ProcessorStats, count_outcome
-from processors.runtime.batch_stats import BatchStatsRecorder, checkpoint_id
-from processors.runtime.dataframe import DataFrameSink
-from processors.runtime.envelope import FoldTarget
+from refold.contracts.processors import EventTime
+from refold.contracts.store.stats import ProcessorStats, count_outcome
+from refold.processors.runtime.batch_stats import BatchStatsRecorder, checkpoint_id
+from refold.processors.runtime.dataframe import DataFrameSink
+from refold.processors.runtime.envelope import FoldTarget
 
 
 def _record(stats: ProcessorStats, batch_id: int, events: int, scope: str = "cp-1") -> bool:

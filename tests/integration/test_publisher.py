@@ -4,15 +4,15 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.errors import EventValidationError
-from contracts.settings import KafkaSettings
-from contracts.topics import TopicSpec
-from deploy.local_stack import free_port
-from deploy.simulators.orders import OrderSimulator
-from services.errors import PublishError
-from services.producer.publisher import EventPublisher
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.errors import EventValidationError
+from refold.contracts.settings import KafkaSettings
+from refold.contracts.topics import TopicSpec
+from refold.deploy.local_stack import free_port
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.services.errors import PublishError
+from refold.services.producer.publisher import EventPublisher
 
 
 @pytest.fixture

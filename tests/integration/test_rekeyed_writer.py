@@ -9,20 +9,20 @@ import dataclasses
 import pytest
 import redis
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import position_field
-from contracts.settings import KafkaSettings
-from deploy.simulators.orders import OrderSimulator
-from processors.customer_stats.projection import CustomerStatsProjection
-from processors.fold.oracle import fold_all
-from processors.fold.records import SourceRecord
-from processors.fold.rekey import KeyResolver
-from processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
-from processors.runtime.kafka_ranges import SourceOptions, read_messages
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import position_field
+from refold.contracts.settings import KafkaSettings
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.customer_stats.projection import CustomerStatsProjection
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.records import SourceRecord
+from refold.processors.fold.rekey import KeyResolver
+from refold.processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
+from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 
 P = CustomerStatsProjection()
 SLOTS = 3

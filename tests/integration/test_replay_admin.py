@@ -5,16 +5,16 @@ import json
 import pytest
 import redis
 
-from contracts.codec import EventCodec
-from contracts.layout import StateLayout
-from contracts.store.generations import GenerationRegistry
-from contracts.store.stats import ProcessorStats
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from replay.__main__ import main as replay
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import StateLayout
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.stats import ProcessorStats
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.replay.__main__ import main as replay
+from refold.services.reader.state_reader import StateReader
 
 
 @pytest.fixture

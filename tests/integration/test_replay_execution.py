@@ -22,27 +22,27 @@ import redis
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.layout import StateLayout, position_field
-from contracts.processors import consumer_group
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.store.generations import SLOTS_FIELD, GenerationRegistry
-from contracts.store.lease import GenerationLease, lease_holder_alive
-from contracts.store.stats import ProcessorStats
-from deploy.simulators.orders import OrderSimulator
-from processors.errors import ProcessorConfigError
-from processors.fold.oracle import fold_all
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.runtime.runner import RunOptions, resolve_run
-from replay.__main__ import main as replay
-from replay.errors import PlanError
-from replay.generations_admin import diff_generations
-from replay.in_place import reset_in_place
-from replay.plan import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.processors import consumer_group
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.generations import SLOTS_FIELD, GenerationRegistry
+from refold.contracts.store.lease import GenerationLease, lease_holder_alive
+from refold.contracts.store.stats import ProcessorStats
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.runtime.runner import RunOptions, resolve_run
+from refold.replay.__main__ import main as replay
+from refold.replay.errors import PlanError
+from refold.replay.generations_admin import diff_generations
+from refold.replay.in_place import reset_in_place
+from refold.replay.plan import (
     ByDuration,
     FromFile,
     FromOffset,
@@ -51,10 +51,10 @@ from replay.plan import (
     parse_datetime,
     parse_duration,
 )
-from replay.rebuild import plan_replay, run_rebuild
-from replay.snapshots import SnapshotError, SnapshotStore
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.replay.snapshots import SnapshotError, SnapshotStore
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 
 PARTITIONS = 2
@@ -132,7 +132,7 @@ def world(kafka_bootstrap, redis_url, make_topic, unique, monkeypatch, tmp_path)
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(
-        "replay.rebuild.processor_topics", lambda _spec, _registry: [topic], raising=True
+        "refold.replay.rebuild.processor_topics", lambda _spec, _registry: [topic], raising=True
     )
     return World(kafka_bootstrap, redis_url, topic, prefix)
 
@@ -376,7 +376,7 @@ def test_a_processor_refuses_a_generation_whose_in_place_reset_did_not_finish(
         raise RuntimeError(msg)
 
     with monkeypatch.context() as patch:
-        patch.setattr("replay.in_place._reset_state", crash)
+        patch.setattr("refold.replay.in_place._reset_state", crash)
         with pytest.raises(RuntimeError, match="died"):
             reset_in_place(plan, world.kafka, world.client, world.prefix)
     run = {
@@ -488,7 +488,7 @@ def test_time_specs_resolve_against_record_timestamps(
     kafka_bootstrap, redis_url, make_topic, unique, monkeypatch
 ):
     topic = make_topic(partitions=2, prefix="timed")
-    monkeypatch.setattr("replay.rebuild.processor_topics", lambda _spec, _registry: [topic])
+    monkeypatch.setattr("refold.replay.rebuild.processor_topics", lambda _spec, _registry: [topic])
     base = 1_767_225_600_000  # 2026-01-01T00:00:00Z
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
     for i in range(40):  # partition 0: a record a second; partition 1: one every 10 s
@@ -515,10 +515,10 @@ _REPLAY_EXECUTE = ("--processor", "order_state", "--to-earliest", "--execute", "
 
 
 def _start_replay(env, out_path):
-    """``python -m replay --processor order_state --to-earliest --execute`` as a process."""
+    """``python -m refold.replay --processor order_state --to-earliest --execute`` as a process."""
     with out_path.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "replay", *_REPLAY_EXECUTE],
+            [sys.executable, "-m", "refold.replay", *_REPLAY_EXECUTE],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -18,25 +18,25 @@ import redis
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi.testclient import TestClient
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.layout import StateLayout
-from contracts.settings import KafkaSettings, RedisSettings
-from contracts.store.generations import GenerationRegistry
-from deploy.local_stack import LocalStack
-from deploy.serve_cli import build_app
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.fold.records import SourceRecord
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.runtime.kafka_ranges import read_log
-from services.api.app import create_app
-from services.api.config import HttpSettings, ServeSettings
-from services.api.context import ServiceContext
-from services.auth import ApiKeyStore
-from services.client import InvalidEventsError, RefoldClient
-from services.consistency import decode_token
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.layout import StateLayout
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.local_stack import LocalStack
+from refold.deploy.serve_cli import build_app
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.runtime.kafka_ranges import read_log
+from refold.services.api.app import create_app
+from refold.services.api.config import HttpSettings, ServeSettings
+from refold.services.api.context import ServiceContext
+from refold.services.auth import ApiKeyStore
+from refold.services.client import InvalidEventsError, RefoldClient
+from refold.services.consistency import decode_token
 
 pytestmark = pytest.mark.integration
 

@@ -17,23 +17,23 @@ import zlib
 import pytest
 import redis
 
-from contracts.codec import EventCodec
-from contracts.layout import StateLayout
-from contracts.processors import ProcessorSpec
-from contracts.store.generations import GenerationRegistry
-from deploy.simulators.clickstream import ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator
-from processors.enriched_clicks.config import ENRICHED_CLICKS
-from processors.enriched_clicks.projection import EnrichedClicksProjection
-from processors.fold.records import SourceRecord
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.sales_windows.config import SALES_WINDOWS
-from processors.sales_windows.projection import SalesWindows
-from processors.web_sessions.config import WEB_SESSIONS
-from processors.web_sessions.projection import WebSessionsProjection
-from replay.generations_admin import collect_garbage, diff_generations
-from replay.in_place import _reset_state
-from replay.snapshots import SnapshotStore
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.enriched_clicks.config import ENRICHED_CLICKS
+from refold.processors.enriched_clicks.projection import EnrichedClicksProjection
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.sales_windows.config import SALES_WINDOWS
+from refold.processors.sales_windows.projection import SalesWindows
+from refold.processors.web_sessions.config import WEB_SESSIONS
+from refold.processors.web_sessions.projection import WebSessionsProjection
+from refold.replay.generations_admin import collect_garbage, diff_generations
+from refold.replay.in_place import _reset_state
+from refold.replay.snapshots import SnapshotStore
 
 CODEC = EventCodec()
 

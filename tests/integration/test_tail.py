@@ -7,12 +7,12 @@ import json
 
 from confluent_kafka import Producer
 
-from contracts.commerce import ORDERS
-from contracts.origin import dead_letter_headers
-from contracts.settings import KafkaSettings
-from deploy.simulators.orders import OrderSimulator
-from deploy.tail_cli import main as tail
-from services.producer.publisher import EventPublisher
+from refold.contracts.commerce import ORDERS
+from refold.contracts.origin import dead_letter_headers
+from refold.contracts.settings import KafkaSettings
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.deploy.tail_cli import main as tail
+from refold.services.producer.publisher import EventPublisher
 
 
 def _lines(capsys) -> list[dict]:

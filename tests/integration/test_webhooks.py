@@ -21,14 +21,14 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.codec import EventCodec
-from contracts.kafka.admin import delete_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.kafka.outputs import Deliveries, output_producer
-from contracts.layout import WebhookKeys
-from deploy.simulators.insights import SimulatedInsight, insights, produce_insights
-from deploy.simulators.webhook_receiver import WebhookReceiver
-from services.webhooks import WebhookDispatcher, WebhookSettings, WebhookStore
+from refold.contracts.codec import EventCodec
+from refold.contracts.kafka.admin import delete_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.layout import WebhookKeys
+from refold.deploy.simulators.insights import SimulatedInsight, insights, produce_insights
+from refold.deploy.simulators.webhook_receiver import WebhookReceiver
+from refold.services.webhooks import WebhookDispatcher, WebhookSettings, WebhookStore
 from tests.support.waiting import assert_eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -320,7 +320,7 @@ def _run_cli(
     argv = [
         sys.executable,
         "-m",
-        "deploy.cli",
+        "refold.deploy.cli",
         "webhooks",
         "run",
         "--name",
@@ -475,7 +475,7 @@ def test_signed_requests_verify_at_the_receiver_and_log_reads_back(
     assert all(r.headers["webhook-id"] == r.key for r in receiver.requests)
     env = {**os.environ, "REFOLD_REDIS__URL": redis_url, "REFOLD_REDIS__KEY_PREFIX": prefix}
     shown = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "webhooks", "log", "--name", name, "-n", "3"],
+        [sys.executable, "-m", "refold.deploy.cli", "webhooks", "log", "--name", name, "-n", "3"],
         cwd=ROOT,
         env=env,
         capture_output=True,

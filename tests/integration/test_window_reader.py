@@ -17,24 +17,24 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from contracts.layout import GenerationKeys, StateLayout
-from contracts.processors import EventTime
-from contracts.settings import RedisSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.windows import window_meta
-from processors.fold.eventtime import event_time_ms
-from processors.fold.oracle import WindowOracle, fold_windows
-from processors.fold.windows import Window, WindowDelta, WindowFold
-from processors.runtime.window_store import write_windows
-from processors.sales_windows.config import SALES_WINDOWS
-from processors.sales_windows.projection import SalesWindows
-from processors.unique_visitors.projection import ALL, HOUR_MS, UniqueVisitors
-from replay.generations_admin import diff_generations
-from services.api.app import create_app
-from services.api.config import HttpSettings, ServeSettings
-from services.api.context import ServiceContext
-from services.errors import NoLiveGenerationError, UnknownWindowError, WindowQueryError
-from services.reader.window_reader import WindowReader
+from refold.contracts.layout import GenerationKeys, StateLayout
+from refold.contracts.processors import EventTime
+from refold.contracts.settings import RedisSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.windows import window_meta
+from refold.processors.fold.eventtime import event_time_ms
+from refold.processors.fold.oracle import WindowOracle, fold_windows
+from refold.processors.fold.windows import Window, WindowDelta, WindowFold
+from refold.processors.runtime.window_store import write_windows
+from refold.processors.sales_windows.config import SALES_WINDOWS
+from refold.processors.sales_windows.projection import SalesWindows
+from refold.processors.unique_visitors.projection import ALL, HOUR_MS, UniqueVisitors
+from refold.replay.generations_admin import diff_generations
+from refold.services.api.app import create_app
+from refold.services.api.config import HttpSettings, ServeSettings
+from refold.services.api.context import ServiceContext
+from refold.services.errors import NoLiveGenerationError, UnknownWindowError, WindowQueryError
+from refold.services.reader.window_reader import WindowReader
 
 T0 = 1_699_999_200_000  # an hour boundary (epoch ms)
 MINUTE = 60_000

@@ -16,19 +16,19 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.codec import EventCodec
-from contracts.layout import StateLayout, position_field
-from contracts.store.generations import GenerationRegistry
-from contracts.windows import result_from_record
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_windows
-from processors.fold.records import SourceRecord
-from processors.fold.windows import Measure
-from processors.runtime.envelope import FoldTarget, FoldWriter
-from processors.runtime.window_store import WindowCloser
-from processors.sales_windows.config import SALES_WINDOWS
-from processors.sales_windows.projection import SalesWindows
-from services.reader.window_reader import WindowReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.windows import result_from_record
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_windows
+from refold.processors.fold.records import SourceRecord
+from refold.processors.fold.windows import Measure
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.runtime.window_store import WindowCloser
+from refold.processors.sales_windows.config import SALES_WINDOWS
+from refold.processors.sales_windows.projection import SalesWindows
+from refold.services.reader.window_reader import WindowReader
 from tests.support.windows import bucket_dump
 
 FOLD = SalesWindows()

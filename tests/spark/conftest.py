@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 import redis
 
-from contracts.commerce import ORDERS
-from contracts.kafka.offsets import LogOffsets
-from contracts.processors import ProcessLauncher
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.topics import TopicSpec
-from deploy.demo import wait_until_caught_up
-from deploy.processes import ProcessorProcess
-from processors.fold.oracle import FoldResult, fold_all
-from processors.order_state.config import OrderStateOptions
-from processors.order_state.projection import OrderStateProjection
-from processors.runtime.runner import RunOptions, run_processor
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.topics import TopicSpec
+from refold.deploy.demo import wait_until_caught_up
+from refold.deploy.processes import ProcessorProcess
+from refold.processors.fold.oracle import FoldResult, fold_all
+from refold.processors.order_state.config import OrderStateOptions
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.runner import RunOptions, run_processor
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 
 
 @dataclass

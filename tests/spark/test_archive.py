@@ -20,29 +20,29 @@ import pytest
 import redis
 from confluent_kafka import Producer
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
-from deploy.processes import ProcessorProcess
-from deploy.simulators.clickstream import ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator
-from processors.archive.config import ArchiveOptions
-from processors.archive.projection import DATES
-from processors.fold.archive import ArchiveProcessor, Coverage
-from processors.order_state.config import OrderStateOptions
-from processors.runtime.archive_cli import archive_status
-from processors.runtime.archive_sink import ArchivePlan
-from processors.runtime.envelope import FoldTarget
-from replay.errors import RebuildError
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
-from services.producer.publisher import EventPublisher
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.archive.config import ArchiveOptions
+from refold.processors.archive.projection import DATES
+from refold.processors.fold.archive import ArchiveProcessor, Coverage
+from refold.processors.order_state.config import OrderStateOptions
+from refold.processors.runtime.archive_cli import archive_status
+from refold.processors.runtime.archive_sink import ArchivePlan
+from refold.processors.runtime.envelope import FoldTarget
+from refold.replay.errors import RebuildError
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.services.producer.publisher import EventPublisher
 from tests.support.archive import assert_archive_equals_log, log_events
 from tests.support.waiting import assert_eventually
 

@@ -17,21 +17,21 @@ from pathlib import Path
 
 import pytest
 
-from contracts.layout import StateLayout
-from contracts.processors import process_argv
-from contracts.store.generations import GenerationRegistry
-from deploy.demo import wait_until_caught_up
-from deploy.processes import ProcessorProcess
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.runtime.code_identity import CODE_REFUSED_FIELD
-from services.reader.state_reader import StateReader
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import process_argv
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.demo import wait_until_caught_up
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.runtime.code_identity import CODE_REFUSED_FIELD
+from refold.services.reader.state_reader import StateReader
 
 PROCESSOR = "order_sums"
 PACKAGE = "cutover_shop"
 
 CONFIG = """
-from contracts.processors import ProcessorSpec
+from refold.contracts.processors import ProcessorSpec
 
 ORDER_SUMS = ProcessorSpec(
     name="order_sums",
@@ -127,7 +127,7 @@ def test_a_running_processor_stops_at_a_cutover_to_other_code_and_new_code_conti
         projection.write_text(FOLD_V2)  # the user changes the fold, v1 keeps running
         rebuild = ["--processor", PROCESSOR, "--to-earliest", "--execute"]
         replay = subprocess.run(
-            [sys.executable, "-m", "replay", *rebuild],
+            [sys.executable, "-m", "refold.replay", *rebuild],
             env={**os.environ, **env},
             capture_output=True,
             text=True,
@@ -152,7 +152,7 @@ def test_a_running_processor_stops_at_a_cutover_to_other_code_and_new_code_conti
         later = list(OrderSimulator(300, seed=42, order_prefix="late-"))
         publisher.emit_many(later)
         status = subprocess.run(
-            [sys.executable, "-m", "replay", "status", "--processor", PROCESSOR, "--json"],
+            [sys.executable, "-m", "refold.replay", "status", "--processor", PROCESSOR, "--json"],
             env={**os.environ, **env},
             capture_output=True,
             text=True,

@@ -9,23 +9,23 @@ from pathlib import Path
 
 import redis
 
-from contracts.commerce import ORDERS
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, ProcessorOptions
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.web import CUSTOMERS
-from deploy.processes import ProcessorProcess
-from deploy.simulators.clickstream import ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator
-from processors.customer_stats.projection import CustomerStatsProjection
-from processors.fold.oracle import fold_all
-from processors.fold.rekey import KeyResolver
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.commerce import ORDERS
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher, ProcessorOptions
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.web import CUSTOMERS
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.customer_stats.projection import CustomerStatsProjection
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.rekey import KeyResolver
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 
 NAME = "customer_stats"

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from contracts.kafka.admin import delete_topics
-from contracts.settings import KafkaSettings
+from refold.contracts.kafka.admin import delete_topics
+from refold.contracts.settings import KafkaSettings
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "write-your-own-processor.md"
 PROCESSOR = "product_ratings"
@@ -124,13 +124,13 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> tuple
 _ORACLE = """
 import json, os, sys, time
 from confluent_kafka import Consumer, TopicPartition
-from contracts.codec import EventCodec
-from contracts.kafka.offsets import LogOffsets
-from contracts.processors import ProcessorOptions
-from contracts.registry import default_registry, import_reference
-from contracts.settings import KafkaSettings
-from processors.fold.oracle import fold_all
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import EventCodec
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.processors import ProcessorOptions
+from refold.contracts.registry import default_registry, import_reference
+from refold.contracts.settings import KafkaSettings
+from refold.processors.fold.oracle import fold_all
+from refold.services.reader.state_reader import StateReader
 
 name = sys.argv[1]
 spec = default_registry().processor(name)

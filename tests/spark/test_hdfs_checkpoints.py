@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
-from contracts.layout import StateLayout
-from contracts.settings import SparkSettings
-from contracts.store.stats import ProcessorStats
-from deploy.simulators.orders import OrderSimulator
-from processors.runtime.checkpoints import checkpoint_location, has_batches
+from refold.contracts.layout import StateLayout
+from refold.contracts.settings import SparkSettings
+from refold.contracts.store.stats import ProcessorStats
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.runtime.checkpoints import checkpoint_location, has_batches
 from tests.support.mini_hdfs import mini_hdfs
 
 from .conftest import oracle
@@ -63,8 +63,9 @@ def test_a_processor_killed_on_hdfs_checkpoints_resumes_from_them_exactly(world,
     # What `replay gc` does with a collected generation's checkpoints, in a process without a
     # Spark application (as `replay gc` is): through a JVM of its own.
     gc = (
-        "import sys; from processors.runtime.checkpoints import remove_generation_checkpoints; "
-        "print(remove_generation_checkpoints(sys.argv[1], 'order_state', int(sys.argv[2])))"
+        "import sys; from refold.processors.runtime.checkpoints import"
+        " remove_generation_checkpoints;"
+        " print(remove_generation_checkpoints(sys.argv[1], 'order_state', int(sys.argv[2])))"
     )
     done = subprocess.run(
         [sys.executable, "-c", gc, root, str(live)], capture_output=True, text=True, timeout=120

@@ -13,19 +13,19 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from deploy.simulators.orders import OrderSimulator
-from processors.errors import ProcessorConfigError
-from processors.order_state.config import OrderStateOptions
-from processors.runtime.spark import check_kafka_connector
-from replay.plan import ToDatetime
-from replay.rebuild import plan_replay, run_rebuild
-from replay.snapshots import SnapshotStore
-from services.producer.publisher import EventPublisher
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.order_state.config import OrderStateOptions
+from refold.processors.runtime.spark import check_kafka_connector
+from refold.replay.plan import ToDatetime
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.replay.snapshots import SnapshotStore
+from refold.services.producer.publisher import EventPublisher
 
 from .conftest import oracle
 

@@ -143,7 +143,7 @@ def test_a_start_below_the_log_start_fails_unless_data_loss_is_allowed(kafka_boo
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from processors.runtime.kafka_source import KafkaStreamReader, SourceOptions
+    from refold.processors.runtime.kafka_source import KafkaStreamReader, SourceOptions
 
     topic = make_topic(partitions=1)
     produce(kafka_bootstrap, topic, {0: 100})

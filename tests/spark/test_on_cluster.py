@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from contracts.processors import ProcessLauncher
-from contracts.settings import SparkSettings
-from deploy.cluster import ClusterSpec, SparkCluster
-from deploy.local_stack import free_port
-from deploy.processes import ProcessorProcess
-from deploy.simulators.orders import OrderSimulator
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.settings import SparkSettings
+from refold.deploy.cluster import ClusterSpec, SparkCluster
+from refold.deploy.local_stack import free_port
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.orders import OrderSimulator
 
 from .conftest import oracle
 

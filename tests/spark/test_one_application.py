@@ -8,24 +8,24 @@ from pathlib import Path
 
 import redis
 
-from contracts.commerce import ORDERS
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, ProcessorOptions
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import RESET_PENDING_FIELD, GenerationRegistry
-from contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
-from deploy.processes import ProcessorProcess
-from deploy.simulators.clickstream import ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator
-from processors.customer_stats.projection import CustomerStatsProjection
-from processors.fold.oracle import fold_all
-from processors.fold.rekey import KeyResolver
-from processors.order_state.config import OrderStateOptions
-from processors.order_state.projection import OrderStateProjection
-from processors.session_stats.projection import SessionStatsProjection
-from services.errors import NoLiveGenerationError
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.commerce import ORDERS
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher, ProcessorOptions
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import RESET_PENDING_FIELD, GenerationRegistry
+from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.customer_stats.projection import CustomerStatsProjection
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.rekey import KeyResolver
+from refold.processors.order_state.config import OrderStateOptions
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.session_stats.projection import SessionStatsProjection
+from refold.services.errors import NoLiveGenerationError
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 
 _WEB = ("PageViewed", "SearchPerformed", "SearchResultClicked")

@@ -6,15 +6,15 @@ from __future__ import annotations
 import threading
 import time
 
-from contracts.layout import StateLayout
-from contracts.registry import processor_spec
-from contracts.store.generations import GenerationRegistry
-from deploy.demo import wait_until_caught_up
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.order_state.projection import OrderStateProjection
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
+from refold.contracts.layout import StateLayout
+from refold.contracts.registry import processor_spec
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.demo import wait_until_caught_up
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
 
 from .conftest import oracle
 

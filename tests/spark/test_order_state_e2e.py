@@ -7,13 +7,13 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from contracts.layout import StateLayout
-from contracts.registry import processor_spec
-from contracts.store.stats import ProcessorStats
-from deploy.simulators.orders import OrderSimulator
-from processors.runtime.runner import consumer_group
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
+from refold.contracts.layout import StateLayout
+from refold.contracts.registry import processor_spec
+from refold.contracts.store.stats import ProcessorStats
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.runtime.runner import consumer_group
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
 from tests.support.groups import committed_offsets
 
 from .conftest import oracle

@@ -15,20 +15,20 @@ from pathlib import Path
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.codec import MAGIC, EventCodec
-from contracts.commerce import ORDERS
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from deploy.processes import ProcessorProcess
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_timed
-from processors.fold.patterns import PatternOptions
-from processors.order_alerts.config import ORDER_ALERTS
-from processors.order_alerts.projection import build
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_timed
+from refold.processors.fold.patterns import PatternOptions
+from refold.processors.order_alerts.config import ORDER_ALERTS
+from refold.processors.order_alerts.projection import build
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 from tests.support.windows import timed_input
 

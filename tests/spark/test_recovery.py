@@ -10,12 +10,12 @@ import time
 
 from confluent_kafka import Producer
 
-from contracts.codec import EventCodec
-from contracts.layout import StateLayout, position_field
-from contracts.store.generations import GenerationRegistry
-from deploy.simulators.orders import OrderSimulator
-from processors.runtime.group_mirror import ConsumerGroupMirror
-from processors.runtime.runner import consumer_group
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.runtime.group_mirror import ConsumerGroupMirror
+from refold.processors.runtime.runner import consumer_group
 from tests.support.groups import committed_offsets
 from tests.support.waiting import assert_eventually
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.layout import StateLayout
-from contracts.store.generations import GenerationRegistry
-from deploy.simulators.orders import OrderSimulator
+from refold.contracts.layout import StateLayout
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.simulators.orders import OrderSimulator
 
 from .conftest import oracle
 
@@ -62,7 +62,7 @@ def _wait(condition, timeout: float, what: str) -> None:
 def _replay(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen:
     out = subprocess.DEVNULL if log is None else log.open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "replay", "--no-progress", *args],
+        [sys.executable, "-m", "refold.replay", "--no-progress", *args],
         env={**os.environ, **env},
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -72,7 +72,7 @@ def _replay(env: dict[str, str], *args: str, log: Path | None = None) -> subproc
 
 def _run(env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "replay", *args],
+        [sys.executable, "-m", "refold.replay", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

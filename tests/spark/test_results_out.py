@@ -18,27 +18,27 @@ from pathlib import Path
 
 import redis
 
-from contracts.commerce import ORDER_CHANGES, ORDERS
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, ProcessorOptions
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from deploy.processes import ProcessorProcess
-from deploy.simulators.orders import OrderSimulator
-from deploy.simulators.webhook_receiver import WebhookReceiver
-from processors.customer_orders.projection import CustomerOrdersProjection
-from processors.fold.oracle import fold_all, fold_timed
-from processors.fold.patterns import PatternOptions
-from processors.order_alerts.config import ORDER_ALERTS
-from processors.order_alerts.projection import build as build_alerts
-from processors.order_state.config import OrderStateOptions
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
-from services.webhooks.config import WebhookSettings
-from services.webhooks.dispatcher import WebhookDispatcher
+from refold.contracts.commerce import ORDER_CHANGES, ORDERS
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher, ProcessorOptions
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.deploy.simulators.webhook_receiver import WebhookReceiver
+from refold.processors.customer_orders.projection import CustomerOrdersProjection
+from refold.processors.fold.oracle import fold_all, fold_timed
+from refold.processors.fold.patterns import PatternOptions
+from refold.processors.order_alerts.config import ORDER_ALERTS
+from refold.processors.order_alerts.projection import build as build_alerts
+from refold.processors.order_state.config import OrderStateOptions
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
+from refold.services.webhooks.config import WebhookSettings
+from refold.services.webhooks.dispatcher import WebhookDispatcher
 from tests.support.chain import senders, status_changes
 from tests.support.waiting import assert_eventually
 from tests.support.windows import timed_input

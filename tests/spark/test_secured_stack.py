@@ -18,27 +18,27 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from contracts.commerce import ORDERS
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.credentials import KafkaCredentialsError
-from contracts.processors import ProcessLauncher
-from contracts.registry import processor_spec
-from contracts.settings import SparkSettings
-from deploy.local_stack import LocalStack, free_port
-from deploy.processes import ProcessorProcess
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.order_state.config import OrderStateOptions
-from processors.order_state.projection import OrderStateProjection
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.credentials import KafkaCredentialsError
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import SparkSettings
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.order_state.config import OrderStateOptions
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "deploy.cli", "--state-dir", str(tmp_path), *args]
+    command = [sys.executable, "-m", "refold.deploy.cli", "--state-dir", str(tmp_path), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -48,8 +48,8 @@ def _refused_by_redis(tmp_path: Path, kafka, wrong) -> None:
     env = launcher.env()
     secret = wrong.password.get_secret_value()
     commands = {
-        "the HTTP services": [sys.executable, "-m", "deploy.serve_cli", "--port", "1"],
-        "replay": [sys.executable, "-m", "replay", "status", "--processor", "order_state"],
+        "the HTTP services": [sys.executable, "-m", "refold.deploy.serve_cli", "--port", "1"],
+        "replay": [sys.executable, "-m", "refold.replay", "status", "--processor", "order_state"],
     }
     for who, command in commands.items():
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)

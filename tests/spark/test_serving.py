@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.demo_serving import start_service
-from deploy.simulators.orders import OrderSimulator
-from services.auth import ApiKeyStore
-from services.client import NotFoundError, RefoldClient
+from refold.deploy.demo_serving import start_service
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.services.auth import ApiKeyStore
+from refold.services.client import NotFoundError, RefoldClient
 from tests.support.waiting import assert_eventually
 
 from .conftest import oracle

@@ -14,23 +14,23 @@ import orjson
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, ProcessorOptions
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.web import PAGEVIEWS, SEARCHES
-from deploy.processes import ProcessorProcess
-from deploy.simulators.clickstream import ClickstreamSimulator
-from processors.fold.oracle import fold_timed
-from processors.search_ctr.config import SEARCH_CTR
-from processors.search_ctr.projection import SearchCtrProjection, ctr
-from processors.web_sessions.config import WEB_SESSIONS, WebSessionsOptions
-from processors.web_sessions.projection import WebSessionsProjection
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher, ProcessorOptions
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.web import PAGEVIEWS, SEARCHES
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.processors.fold.oracle import fold_timed
+from refold.processors.search_ctr.config import SEARCH_CTR
+from refold.processors.search_ctr.projection import SearchCtrProjection, ctr
+from refold.processors.web_sessions.config import WEB_SESSIONS, WebSessionsOptions
+from refold.processors.web_sessions.projection import WebSessionsProjection
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.waiting import assert_eventually
 from tests.support.windows import timed_input
 

@@ -16,28 +16,28 @@ from pathlib import Path
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, ProcessorOptions
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.store.generations import GenerationRegistry
-from contracts.web import PAGEVIEWS
-from contracts.windows import result_from_record
-from deploy.processes import ProcessorProcess
-from deploy.simulators.clickstream import ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import WindowOracle, fold_windows
-from processors.fold.windows import WindowFold
-from processors.runtime.window_store import WindowCloser, generation_watermark
-from processors.sales_windows.config import SALES_WINDOWS
-from processors.sales_windows.projection import SalesWindows
-from processors.unique_visitors.config import UNIQUE_VISITORS
-from processors.unique_visitors.projection import UniqueVisitors
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
-from services.producer.publisher import EventPublisher
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher, ProcessorOptions
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.web import PAGEVIEWS
+from refold.contracts.windows import result_from_record
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import WindowOracle, fold_windows
+from refold.processors.fold.windows import WindowFold
+from refold.processors.runtime.window_store import WindowCloser, generation_watermark
+from refold.processors.sales_windows.config import SALES_WINDOWS
+from refold.processors.sales_windows.projection import SalesWindows
+from refold.processors.unique_visitors.config import UNIQUE_VISITORS
+from refold.processors.unique_visitors.projection import UniqueVisitors
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.services.producer.publisher import EventPublisher
 from tests.support.waiting import assert_eventually
 from tests.support.windows import bucket_dump, log_events, sketch_counts
 

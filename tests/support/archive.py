@@ -9,11 +9,11 @@ from typing import Any
 
 import pyarrow.dataset as ds
 
-from contracts.codec import EventCodec
-from contracts.errors import DeserializationError
-from processors.fold.archive import META_COLUMNS, ArchiveTable
-from processors.fold.records import SourceRecord
-from processors.runtime.kafka_ranges import read_log
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import DeserializationError
+from refold.processors.fold.archive import META_COLUMNS, ArchiveTable
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.kafka_ranges import read_log
 
 __all__ = ["archive_rows", "assert_archive_equals_log", "log_events", "normalise"]
 

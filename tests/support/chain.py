@@ -8,8 +8,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from processors.fold.projection import EventRejectedError, State, UnstorableStateError, fold_one
-from processors.order_state.projection import OrderStateProjection, status_change
+from refold.processors.fold.projection import (
+    EventRejectedError,
+    State,
+    UnstorableStateError,
+    fold_one,
+)
+from refold.processors.order_state.projection import OrderStateProjection, status_change
 
 
 def status_changes(events: Iterable[tuple[str, dict[str, Any]]]) -> Counter[tuple[str, str]]:

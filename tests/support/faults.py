@@ -1,7 +1,7 @@
 """Fault scenarios on real processes: a private stack, the order_state processor, an oracle.
 
 Each scenario starts its own Apache Kafka broker and redis-server on free loopback ports, runs
-``python -m processors.order_state`` as a process, injects one kind of fault, waits until the
+``python -m refold.processors.order_state`` as a process, injects one kind of fault, waits until the
 processor has caught up again, and compares the live state with the plain-Python fold of every
 acknowledged event. The tests (``tests/spark/test_faults.py``) run them small; ``make soak``
 (``python -m tests.support.soak``) runs them big and prints the table in docs/reliability.md.
@@ -27,24 +27,24 @@ import redis
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from contracts.commerce import ORDERS
-from contracts.kafka.admin import ensure_topics
-from contracts.kafka.offsets import LogOffsets
-from contracts.layout import StateLayout
-from contracts.processors import ProcessLauncher, consumer_group
-from contracts.registry import processor_spec
-from contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from contracts.topics import TopicSpec
-from deploy.local_stack import LocalStack, free_port
-from deploy.processes import ProcessorProcess
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.order_state.config import OrderStateOptions
-from processors.order_state.projection import OrderStateProjection
-from replay.plan import ToEarliest
-from replay.rebuild import plan_replay, run_rebuild
-from services.producer.publisher import EventPublisher
-from services.reader.state_reader import StateReader
+from refold.contracts.commerce import ORDERS
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import ProcessLauncher, consumer_group
+from refold.contracts.registry import processor_spec
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.topics import TopicSpec
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.deploy.processes import ProcessorProcess
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.order_state.config import OrderStateOptions
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.replay.plan import ToEarliest
+from refold.replay.rebuild import plan_replay, run_rebuild
+from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.groups import committed_offsets
 from tests.support.waiting import assert_eventually
 

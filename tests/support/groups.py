@@ -5,7 +5,7 @@ from __future__ import annotations
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 
-from contracts.settings import KafkaSettings
+from refold.contracts.settings import KafkaSettings
 
 __all__ = ["committed_offsets"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import uvicorn
 
-from deploy.local_stack import free_port
+from refold.deploy.local_stack import free_port
 from tests.support.waiting import assert_eventually
 
 

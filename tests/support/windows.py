@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import redis
 
-from contracts.codec import EventCodec
-from contracts.layout import GenerationKeys, parse_position_field, position_field
-from processors.runtime.kafka_ranges import read_log
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import GenerationKeys, parse_position_field, position_field
+from refold.processors.runtime.kafka_ranges import read_log
 
 __all__ = ["bucket_dump", "log_events", "sketch_counts"]
 

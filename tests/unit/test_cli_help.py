@@ -4,12 +4,13 @@ import os
 
 import pytest
 
-from deploy.cli import build_parser as refold_parser
-from deploy.cli import main as refold_main
-from processors.runtime.cli import build_parser as processor_parser
-from replay.__main__ import build_parser as replay_parser
-from replay.__main__ import main as replay_main
-from replay.__main__ import parse_args as replay_args
+from refold.deploy.cli import build_parser as refold_parser, main as refold_main
+from refold.processors.runtime.cli import build_parser as processor_parser
+from refold.replay.__main__ import (
+    build_parser as replay_parser,
+    main as replay_main,
+    parse_args as replay_args,
+)
 
 
 @pytest.mark.parametrize(

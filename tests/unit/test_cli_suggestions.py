@@ -2,9 +2,9 @@
 
 import pytest
 
-from deploy.cli import main as refold
-from processors.runtime.cli import build_parser as process_parser
-from replay.__main__ import parse_args as replay_args
+from refold.deploy.cli import main as refold
+from refold.processors.runtime.cli import build_parser as process_parser
+from refold.replay.__main__ import parse_args as replay_args
 
 
 def _error(capsys, call) -> str:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.settings import SparkSettings
-from deploy.cli import build_parser
-from deploy.cluster import (
+from refold.contracts.settings import SparkSettings
+from refold.deploy.cli import build_parser
+from refold.deploy.cluster import (
     ClusterSpec,
     SparkCluster,
     add_cluster_commands,
@@ -20,8 +20,8 @@ from deploy.cluster import (
     daemon_env,
     parse_pid_file,
 )
-from processors.errors import ProcessorConfigError
-from processors.runtime.spark import is_local_master, package_archive, spark_conf
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.runtime.spark import is_local_master, package_archive, spark_conf
 
 SPARK_HOME = Path("/opt/spark")
 # Above Linux's pid_max (2**22): never a live process.
@@ -169,7 +169,7 @@ def test_spark_conf_from_settings():
     assert conf["spark.master"] == "local[2]"
     assert conf["spark.app.name"] == "app"
     assert conf["spark.scheduler.mode"] == "FAIR"
-    assert conf["spark.python.daemon.module"] == "processors.runtime.spark_daemon"
+    assert conf["spark.python.daemon.module"] == "refold.processors.runtime.spark_daemon"
     assert "spark.cores.max" not in conf
     settings = SparkSettings(
         master="spark://h:7077", cores_max=1, executor_memory="3g", driver_memory="1g"

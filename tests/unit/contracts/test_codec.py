@@ -3,9 +3,9 @@ from typing import Any
 import avro.schema
 import pytest
 
-from contracts.catalog import SchemaCatalog, default_catalog
-from contracts.codec import MAGIC, EventCodec
-from contracts.errors import DeserializationError, EventValidationError, UnknownSchemaError
+from refold.contracts.catalog import SchemaCatalog, default_catalog
+from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.errors import DeserializationError, EventValidationError, UnknownSchemaError
 
 
 def sample(schema: Any) -> Any:
@@ -150,7 +150,7 @@ def test_catalog_refuses_duplicate_schema(tmp_path):
 
 
 def test_bytes_after_the_record_make_the_body_bad():
-    from contracts.errors import DeserializationError
+    from refold.contracts.errors import DeserializationError
 
     codec = EventCodec()
     event = {

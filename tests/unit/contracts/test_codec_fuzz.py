@@ -10,13 +10,12 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
-from contracts.catalog import default_catalog
-from contracts.codec import MAGIC, DecodedEvent, EventCodec
-from contracts.errors import DeserializationError, EventValidationError
-from deploy.simulators.orders import OrderSimulator
+from refold.contracts.catalog import default_catalog
+from refold.contracts.codec import MAGIC, DecodedEvent, EventCodec
+from refold.contracts.errors import DeserializationError, EventValidationError
+from refold.deploy.simulators.orders import OrderSimulator
 
 CODEC = EventCodec()
 CATALOG = default_catalog()

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from contracts.catalog import SchemaCatalog, default_catalog
-from contracts.compat import check_backward_transitive, check_catalog
-from contracts.errors import SchemaIncompatibleError
+from refold.contracts.catalog import SchemaCatalog, default_catalog
+from refold.contracts.compat import check_backward_transitive, check_catalog
+from refold.contracts.errors import SchemaIncompatibleError
 
 
 def test_shipped_schemas_are_backward_transitive():

@@ -6,7 +6,7 @@ import inspect
 import types
 from unittest import mock
 
-from contracts.fingerprints import code_fingerprint
+from refold.contracts.fingerprints import code_fingerprint
 
 
 def _fingerprint(source: str) -> str:

@@ -6,7 +6,7 @@ import json
 import os
 import socket
 
-from contracts.store.generations import CODE_REFUSED_FIELD, describe_runner, is_abandoned
+from refold.contracts.store.generations import CODE_REFUSED_FIELD, describe_runner, is_abandoned
 
 HERE = socket.gethostname()
 ALIVE = f"{HERE}:{os.getpid()}:abcd1234"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from contracts.kafka.java_client import JavaClientConfigError, java_client_properties
-from contracts.settings import KafkaSettings
+from refold.contracts.kafka.java_client import JavaClientConfigError, java_client_properties
+from refold.contracts.settings import KafkaSettings
 
 
 def test_plain_settings_pass_through_unchanged():

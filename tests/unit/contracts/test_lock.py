@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-import contracts.registry
-from contracts.catalog import SchemaCatalog, default_catalog
-from contracts.codec import EventCodec
-from contracts.errors import SchemaIncompatibleError, SchemaLockError, SchemaUnlockedError
-from contracts.lock import (
+import refold.contracts.registry
+from refold.contracts.catalog import SchemaCatalog, default_catalog
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import SchemaIncompatibleError, SchemaLockError, SchemaUnlockedError
+from refold.contracts.lock import (
     PublishGate,
     SchemaLock,
     default_publish_gate,
@@ -19,11 +19,11 @@ from contracts.lock import (
     verify,
     versions_of,
 )
-from contracts.registry import ContractSet, Registry, default_registry
-from contracts.settings import KafkaSettings
-from contracts.topics import TopicSpec
-from deploy.contracts_cli import main as contracts_main
-from services.producer.publisher import EventPublisher
+from refold.contracts.registry import ContractSet, Registry, default_registry
+from refold.contracts.settings import KafkaSettings
+from refold.contracts.topics import TopicSpec
+from refold.deploy.contracts_cli import main as contracts_main
+from refold.services.producer.publisher import EventPublisher
 
 SHIPPED = default_catalog()
 TOPIC = TopicSpec("shop.orders", 1, "order_id", ("OrderPlaced",))
@@ -157,7 +157,7 @@ def test_changed_published_version_is_refused_at_load_in_check_and_in_the_sdk(
     assert info.value.code == "SCHEMA_LOCK_VIOLATED"
 
     # The real load path: default_catalog() over the installed contract sets.
-    monkeypatch.setattr(contracts.registry, "default_registry", lambda: Registry([], [shop]))
+    monkeypatch.setattr(refold.contracts.registry, "default_registry", lambda: Registry([], [shop]))
     default_catalog.cache_clear()
     try:
         with pytest.raises(SchemaLockError, match="OrderPlaced v1 was published"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts.origin import (
+from refold.contracts.origin import (
     dead_letter_headers,
     failure_headers,
     origin_headers,

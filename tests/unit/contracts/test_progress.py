@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from contracts.progress import progress_bar
+from refold.contracts.progress import progress_bar
 
 
 class _Terminal(io.StringIO):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from contracts.store.credentials import RedisCredentialsError, raise_if_refused
+from refold.contracts.store.credentials import RedisCredentialsError, raise_if_refused
 
 
 def test_a_refused_login_names_the_client_and_the_user_and_never_the_password():

@@ -1,4 +1,4 @@
-from contracts.layout import StateLayout, parse_position_field, position_field
+from refold.contracts.layout import StateLayout, parse_position_field, position_field
 
 
 def test_generation_keys_share_one_cluster_hash_tag():

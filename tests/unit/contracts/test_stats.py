@@ -2,8 +2,13 @@
 
 import math
 
-from contracts.layout import StateLayout
-from contracts.store.stats import DURATION_BOUNDS_MS, BatchStats, batch_increments, parse_stats
+from refold.contracts.layout import StateLayout
+from refold.contracts.store.stats import (
+    DURATION_BOUNDS_MS,
+    BatchStats,
+    batch_increments,
+    parse_stats,
+)
 
 
 def _hash(*batches: tuple[int, int, int, dict[str, int], float]) -> dict[bytes, bytes]:

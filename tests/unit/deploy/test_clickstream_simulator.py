@@ -2,10 +2,10 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from contracts.codec import EventCodec
-from contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES, WEB
-from deploy.simulators.clickstream import SESSION_TIMEOUT_MS, ClickstreamSimulator
-from deploy.simulators.orders import OrderSimulator
+from refold.contracts.codec import EventCodec
+from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES, WEB
+from refold.deploy.simulators.clickstream import SESSION_TIMEOUT_MS, ClickstreamSimulator
+from refold.deploy.simulators.orders import OrderSimulator
 
 WEB_TYPES = set(PAGEVIEWS.event_types) | set(SEARCHES.event_types)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from contracts.settings import SparkSettings
-from deploy.kafka_broker import BrokerError, KafkaBroker, jars_dir, kafka_version
-from processors.runtime.spark import connector_jars, kafka_connector_version
+from refold.contracts.settings import SparkSettings
+from refold.deploy.kafka_broker import BrokerError, KafkaBroker, jars_dir, kafka_version
+from refold.processors.runtime.spark import connector_jars, kafka_connector_version
 
 ROOT = Path(__file__).resolve().parents[3]
 POM = "{http://maven.apache.org/POM/4.0.0}"

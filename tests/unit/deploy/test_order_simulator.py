@@ -1,8 +1,8 @@
 from collections import Counter
 
-from contracts.codec import EventCodec
-from contracts.commerce import ORDERS
-from deploy.simulators.orders import OrderSimulator
+from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
+from refold.deploy.simulators.orders import OrderSimulator
 
 
 def test_same_seed_same_stream():

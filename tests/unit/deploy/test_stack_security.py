@@ -7,8 +7,8 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError
 
-from contracts.kafka.credentials import AuthWatch, KafkaCredentialsError, refused
-from deploy.stack_security import SCRAM_MECHANISM, StackSecurity
+from refold.contracts.kafka.credentials import AuthWatch, KafkaCredentialsError, refused
+from refold.deploy.stack_security import SCRAM_MECHANISM, StackSecurity
 
 CREDENTIALS = {
     "user": "refold",

@@ -11,12 +11,11 @@ import random
 from decimal import Decimal
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from contracts.codec import EventCodec
-from contracts.errors import ContractError
-from contracts.windows import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import ContractError
+from refold.contracts.windows import (
     WINDOW_RESULT,
     from_units,
     result_from_record,
@@ -27,9 +26,16 @@ from contracts.windows import (
     window_meta,
     windows_from_meta,
 )
-from processors.fold.projection import EventRejectedError
-from processors.fold.windows import Measure, Tumbling, WindowDelta, combine, result_of, scaled
-from services.query.reads import etag_of, json_default
+from refold.processors.fold.projection import EventRejectedError
+from refold.processors.fold.windows import (
+    Measure,
+    Tumbling,
+    WindowDelta,
+    combine,
+    result_of,
+    scaled,
+)
+from refold.services.query.reads import etag_of, json_default
 
 PROPERTY = settings(max_examples=200, derandomize=True, database=None, deadline=None)
 MINUTE = 60_000

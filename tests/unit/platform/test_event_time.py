@@ -5,18 +5,17 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from contracts.errors import ContractError
-from contracts.processors import LATE_POLICIES, EventTime
-from contracts.windows import watermark_of
-from processors.fold.eventtime import (
+from refold.contracts.errors import ContractError
+from refold.contracts.processors import LATE_POLICIES, EventTime
+from refold.contracts.windows import watermark_of
+from refold.processors.fold.eventtime import (
     PartitionClocks,
     Verdict,
     event_time_ms,
 )
-from processors.fold.projection import EventRejectedError
+from refold.processors.fold.projection import EventRejectedError
 
 PROPERTY = settings(max_examples=200, derandomize=True, database=None, deadline=None)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -197,7 +196,7 @@ def test_verdicts_follow_the_rule_against_the_running_maximum(times, lateness, r
         assert clocks.clocks["p/0"] == seen
 
 
-# --- the processor watermark (contracts.windows.watermark_of) ------------------------------
+# --- the processor watermark (refold.contracts.windows.watermark_of) ------------------------------
 
 
 def test_the_processor_watermark_is_the_slowest_partition_minus_the_lateness():

@@ -12,16 +12,23 @@ import random
 import zlib
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from contracts.codec import EventCodec
-from contracts.errors import RefoldError
-from contracts.processors import EventTime, ProcessorOptions
-from processors.customer_alerts.projection import build as build_customer_alerts
-from processors.fold.matching import above, at_least, at_most, below, between, not_equal, one_of
-from processors.fold.oracle import fold_timed
-from processors.fold.patterns import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.errors import RefoldError
+from refold.contracts.processors import EventTime, ProcessorOptions
+from refold.processors.customer_alerts.projection import build as build_customer_alerts
+from refold.processors.fold.matching import (
+    above,
+    at_least,
+    at_most,
+    below,
+    between,
+    not_equal,
+    one_of,
+)
+from refold.processors.fold.oracle import fold_timed
+from refold.processors.fold.patterns import (
     Absence,
     CountWithin,
     On,
@@ -29,8 +36,8 @@ from processors.fold.patterns import (
     PatternProjection,
     Sequence,
 )
-from processors.fold.timers import TIMER_EVENT, timer_event
-from processors.order_alerts.projection import build as build_order_alerts
+from refold.processors.fold.timers import TIMER_EVENT, timer_event
+from refold.processors.order_alerts.projection import build as build_order_alerts
 
 LATENESS = 20
 TIME = EventTime(field="at", lateness_ms=LATENESS)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import ContractError
-from contracts.processors import ProcessorSpec
-from contracts.registry import ContractSet, Registry, UnknownProcessorError
-from contracts.topics import TopicSpec
+from refold.contracts.errors import ContractError
+from refold.contracts.processors import ProcessorSpec
+from refold.contracts.registry import ContractSet, Registry, UnknownProcessorError
+from refold.contracts.topics import TopicSpec
 
 
 def _install(site: Path, name: str, entry_points: str, modules: dict[str, str]) -> None:
@@ -51,9 +51,9 @@ def test_processors_and_contracts_of_an_installed_package_are_discovered(site):
             "shop_plugin/schemas/.keep": "",
             "shop_plugin/spec.py": """
                 from pathlib import Path
-                from contracts.processors import ProcessorSpec
-                from contracts.registry import ContractSet
-                from contracts.topics import TopicSpec
+                from refold.contracts.processors import ProcessorSpec
+                from refold.contracts.registry import ContractSet
+                from refold.contracts.topics import TopicSpec
 
                 BASKETS = TopicSpec("shop.baskets", 4, "basket_id", ("BasketChanged",))
                 BASKET_STATS = ProcessorSpec(

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from processors.fold.rekey import KeyingError, KeyResolver, Link, plan_keying, slot_of
+from refold.processors.fold.rekey import KeyingError, KeyResolver, Link, plan_keying, slot_of
 
 
 def test_topics_keyed_by_the_key_with_equal_partition_counts_are_co_partitioned():

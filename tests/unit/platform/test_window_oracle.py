@@ -15,20 +15,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from contracts.layout import StateLayout
-from contracts.processors import EventTime
-from processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms
-from processors.fold.oracle import WindowOracle, fold_windows
-from processors.fold.projection import EventRejectedError
-from processors.fold.windows import Measure, Tumbling, WindowDelta, combine
-from processors.runtime.window_store import WindowCloser
-from processors.sales_windows.config import SALES_WINDOWS
-from processors.sales_windows.projection import SalesWindows
-from processors.unique_visitors.config import UNIQUE_VISITORS
-from processors.unique_visitors.projection import UniqueVisitors
+from refold.contracts.layout import StateLayout
+from refold.contracts.processors import EventTime
+from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms
+from refold.processors.fold.oracle import WindowOracle, fold_windows
+from refold.processors.fold.projection import EventRejectedError
+from refold.processors.fold.windows import Measure, Tumbling, WindowDelta, combine
+from refold.processors.runtime.window_store import WindowCloser
+from refold.processors.sales_windows.config import SALES_WINDOWS
+from refold.processors.sales_windows.projection import SalesWindows
+from refold.processors.unique_visitors.config import UNIQUE_VISITORS
+from refold.processors.unique_visitors.projection import UniqueVisitors
 
 PROPERTY = settings(max_examples=150, derandomize=True, database=None, deadline=None)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

@@ -6,11 +6,10 @@ import itertools
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from contracts.errors import ContractError
-from processors.fold.windows import (
+from refold.contracts.errors import ContractError
+from refold.processors.fold.windows import (
     Hopping,
     Measure,
     Sliding,
@@ -22,7 +21,7 @@ from processors.fold.windows import (
     result_of,
     windows_topic,
 )
-from processors.runtime.window_store import _slide
+from refold.processors.runtime.window_store import _slide
 
 PROPERTY = settings(max_examples=200, derandomize=True, database=None, deadline=None)
 MINUTE = 60_000

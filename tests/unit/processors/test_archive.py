@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from contracts.codec import EventCodec
-from contracts.processors import EventTime
-from contracts.registry import import_reference, processor_spec
-from processors.archive.config import ArchiveOptions
-from processors.archive.projection import DATES
-from processors.fold.archive import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.processors import EventTime
+from refold.contracts.registry import import_reference, processor_spec
+from refold.processors.archive.config import ArchiveOptions
+from refold.processors.archive.projection import DATES
+from refold.processors.fold.archive import (
     META_COLUMNS,
     ArchiveProcessor,
     ArchiveSchemaError,
@@ -197,8 +197,8 @@ def test_an_archive_processor_is_told_apart_from_other_kinds():
 
 
 def test_the_archive_command_explains_itself_and_refuses_bad_input(capsys, tmp_path, monkeypatch):
-    from deploy.cli import main as refold_main
-    from processors.runtime.archive_cli import build_parser, main
+    from refold.deploy.cli import main as refold_main
+    from refold.processors.runtime.archive_cli import build_parser, main
 
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["--help"])

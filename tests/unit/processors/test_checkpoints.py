@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.settings import SparkSettings
-from processors.errors import ProcessorConfigError
-from processors.runtime.checkpoints import (
+from refold.contracts.settings import SparkSettings
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.runtime.checkpoints import (
     checkpoint_location,
     checkpoint_root,
     has_batches,

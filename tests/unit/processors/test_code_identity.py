@@ -6,9 +6,9 @@ import importlib
 
 import pytest
 
-from processors.errors import CodeChangedError
-from processors.runtime import code_identity
-from processors.runtime.code_identity import (
+from refold.processors.errors import CodeChangedError
+from refold.processors.runtime import code_identity
+from refold.processors.runtime.code_identity import (
     build_fingerprints,
     changed_fingerprints,
     check_executor_code,

@@ -7,11 +7,11 @@ from decimal import Decimal
 
 import pytest
 
-from contracts.codec import EventCodec
-from contracts.processors import EventTime
-from contracts.registry import import_reference, processor_spec
-from processors.errors import ProcessorConfigError
-from processors.fold.dataframe import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.processors import EventTime
+from refold.contracts.registry import import_reference, processor_spec
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.fold.dataframe import (
     EventColumn,
     EventColumnsError,
     event_columns,
@@ -20,10 +20,10 @@ from processors.fold.dataframe import (
     is_dataframe_processor,
     output_mode_of,
 )
-from processors.runtime import runner
-from processors.runtime.dataframe import refuse_lost_checkpoint
-from processors.sales_native.projection import SalesNative
-from processors.sales_windows.projection import SalesWindows
+from refold.processors.runtime import runner
+from refold.processors.runtime.dataframe import refuse_lost_checkpoint
+from refold.processors.sales_native.projection import SalesNative
+from refold.processors.sales_windows.projection import SalesWindows
 
 META = ["event_type", "topic", "partition", "offset"]
 

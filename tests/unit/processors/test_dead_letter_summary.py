@@ -1,8 +1,8 @@
 """Dead letters are logged as one line per chunk: counts per reason with the first origin."""
 
-from processors.fold.records import SourceRecord
-from processors.runtime.dead_letter_log import summarise_letters
-from processors.runtime.envelope import _DeadLetter
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.dead_letter_log import summarise_letters
+from refold.processors.runtime.envelope import _DeadLetter
 
 
 def _letter(offset: int, reason: str, detail: str) -> _DeadLetter:

@@ -12,19 +12,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.fold.projection import (
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.projection import (
     EventRejectedError,
     State,
     UnstorableStateError,
     fold_one,
     store_state,
 )
-from processors.order_state.projection import OrderStateProjection
+from refold.processors.order_state.projection import OrderStateProjection
 
 P = OrderStateProjection()
 # A few hundred sequences of ~5-60 events each keep the file at a few seconds.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from processors.runtime.kafka_source import SourceOptions, cap_offsets, coalesce_ranges
+from refold.processors.runtime.kafka_source import SourceOptions, cap_offsets, coalesce_ranges
 
 
 def test_cap_shares_the_limit_in_proportion_to_the_backlog():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from processors.errors import ProcessorError
-from processors.runtime.offset_log import batch_ranges, batch_start_offsets, parse_offset_log
+from refold.processors.errors import ProcessorError
+from refold.processors.runtime.offset_log import batch_ranges, batch_start_offsets, parse_offset_log
 
 _META = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'
 

@@ -2,10 +2,10 @@ import copy
 
 import pytest
 
-from deploy.simulators.orders import OrderSimulator
-from processors.fold.oracle import fold_all
-from processors.fold.projection import EventRejectedError
-from processors.order_state.projection import OrderStateProjection
+from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.oracle import fold_all
+from refold.processors.fold.projection import EventRejectedError
+from refold.processors.order_state.projection import OrderStateProjection
 
 P = OrderStateProjection()
 

@@ -3,8 +3,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from replay.errors import PlanError
-from replay.plan import (
+from refold.replay.errors import PlanError
+from refold.replay.plan import (
     ByDuration,
     FromFile,
     FromOffset,

@@ -11,16 +11,16 @@ import redis
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
-from contracts.layout import ApiKeyKeys
-from contracts.settings import RedisSettings
-from deploy.cli import build_parser as refold_parser
-from deploy.keys_cli import build_parser
-from services.api.config import HttpSettings, ServeSettings
-from services.api.context import ServiceContext
-from services.api.errors import install_error_handlers
-from services.auth import SCOPES, ApiKey, ApiKeyStore, require
-from services.auth.errors import ApiKeySpecError, ApiKeyStoreError
-from services.auth.keys import _decode, hash_key, parse_key
+from refold.contracts.layout import ApiKeyKeys
+from refold.contracts.settings import RedisSettings
+from refold.deploy.cli import build_parser as refold_parser
+from refold.deploy.keys_cli import build_parser
+from refold.services.api.config import HttpSettings, ServeSettings
+from refold.services.api.context import ServiceContext
+from refold.services.api.errors import install_error_handlers
+from refold.services.auth import SCOPES, ApiKey, ApiKeyStore, require
+from refold.services.auth.errors import ApiKeySpecError, ApiKeyStoreError
+from refold.services.auth.keys import _decode, hash_key, parse_key
 
 
 class _NoRedis:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.client import (
+from refold.services.client import (
     Aggregate,
     ClientError,
     ConsistencyTimeoutError,

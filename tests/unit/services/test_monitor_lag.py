@@ -4,8 +4,8 @@ import threading
 import time
 from contextlib import contextmanager
 
-from contracts.kafka.offsets import OffsetsError
-from services.monitor.lag import LogProbe
+from refold.contracts.kafka.offsets import OffsetsError
+from refold.services.monitor.lag import LogProbe
 
 
 class _Broker:

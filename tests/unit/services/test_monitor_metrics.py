@@ -4,10 +4,10 @@ from prometheus_client.core import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.store.stats import batch_increments, parse_stats
-from services.monitor.metrics import GenerationMetrics, MetricsSnapshot, metric_families
-from services.monitor.tracking import replay_progress
-from services.monitor.views import GenerationLag, GenerationView, PartitionLag
+from refold.contracts.store.stats import batch_increments, parse_stats
+from refold.services.monitor.metrics import GenerationMetrics, MetricsSnapshot, metric_families
+from refold.services.monitor.tracking import replay_progress
+from refold.services.monitor.views import GenerationLag, GenerationView, PartitionLag
 
 
 def _stats(*batches):

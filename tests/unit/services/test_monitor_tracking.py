@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.monitor.tracking import RateTracker, StallTracker, replay_progress
+from refold.services.monitor.tracking import RateTracker, StallTracker, replay_progress
 
 
 class _Clock:

@@ -16,13 +16,12 @@ import pytest
 from confluent_kafka import Message
 from pydantic import SecretStr, ValidationError
 
-from contracts.codec import EventCodec
-from contracts.layout import WebhookKeys
-from deploy.simulators.insights import insights
-from deploy.webhooks_cli import build_parser
-from deploy.webhooks_cli import main as cli_main
-from services.webhooks.config import WebhookSettings
-from services.webhooks.delivery import (
+from refold.contracts.codec import EventCodec
+from refold.contracts.layout import WebhookKeys
+from refold.deploy.simulators.insights import insights
+from refold.deploy.webhooks_cli import build_parser, main as cli_main
+from refold.services.webhooks.config import WebhookSettings
+from refold.services.webhooks.delivery import (
     AttemptResult,
     RetryPolicy,
     WebhookSender,
@@ -32,15 +31,15 @@ from services.webhooks.delivery import (
     payload_json,
     sign,
 )
-from services.webhooks.items import (
+from refold.services.webhooks.items import (
     DLQ_HEADERS,
     dead_letter_headers,
     fallback_key,
     header_safe,
     item_from_message,
 )
-from services.webhooks.scheduling import AttemptScheduler, UncommittedWindow
-from services.webhooks.store import LogEntry
+from refold.services.webhooks.scheduling import AttemptScheduler, UncommittedWindow
+from refold.services.webhooks.store import LogEntry
 from tests.support.waiting import assert_eventually
 
 POLICY = RetryPolicy(max_attempts=12, initial_s=0.5, max_s=120.0)
@@ -452,8 +451,8 @@ def test_log_entries_read_back_as_written():
 
 
 def test_the_cli_merges_the_environment_and_its_options(monkeypatch):
-    from deploy.webhooks_cli import _settings as cli_settings
-    from services.webhooks.config import WebhookServiceSettings
+    from refold.deploy.webhooks_cli import _settings as cli_settings
+    from refold.services.webhooks.config import WebhookServiceSettings
 
     monkeypatch.setenv("REFOLD_WEBHOOKS__URL", "https://r.example/h")
     monkeypatch.setenv("REFOLD_WEBHOOKS__TOPICS", "a.insights,b.insights")
