@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[spark,dev]'
+	$(BIN)/pip install -q -e '.[local,dev]'
 	@touch $(STAMP)
 
 # Spark's Kafka connector must be the installed PySpark's version: pyproject.toml pins it, and

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from refold.contracts.cli_parser import CommandParser
+from refold.contracts.extras import MissingExtraError, needs_extra
 from refold.deploy.local_stack import (
     DEFAULT_KAFKA_PORT,
     DEFAULT_REDIS_PORT,
@@ -104,7 +105,8 @@ def _size(n: int) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from refold.deploy.demo import run_demo
+    with needs_extra("refold demo", "local"):
+        from refold.deploy.demo import run_demo
 
     return run_demo(orders=args.orders, state_dir=Path(args.state_dir))
 
@@ -112,7 +114,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _pass_on(entry: str, args: argparse.Namespace) -> int:
     """Run a command with a command line of its own (``module:main``), imported when used."""
     module, _, function = entry.partition(":")
-    main_of = getattr(importlib.import_module(module), function)
+    with needs_extra(f"refold {args.command}"):
+        main_of = getattr(importlib.import_module(module), function)
     return int(main_of(args.rest))
 
 
@@ -369,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     except LocalStackError as exc:
         print(f"refold: {exc}", file=sys.stderr)
         return 1
+    except MissingExtraError as exc:
+        print(f"refold: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

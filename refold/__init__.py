@@ -29,6 +29,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from refold.contracts.extras import needs_extra
+
 # Each public name and the module that defines it. The modules are imported on first use (PEP
 # 562), not by ``import refold``: every ``refold.*`` import runs this file, and a producer app
 # or a reader must not pay for what processors need (pyarrow, Spark's helpers) or need their
@@ -186,7 +188,8 @@ if not TYPE_CHECKING:  # hidden from type checkers: a misspelt name stays an err
         if module is None:
             msg = f"module 'refold' has no attribute {name!r}"
             raise AttributeError(msg)
-        value = getattr(importlib.import_module(module), name)
+        with needs_extra(f"refold.{name}"):
+            value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
 

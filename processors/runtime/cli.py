@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.errors import RefoldError
+from refold.contracts.extras import needs_extra
 from refold.contracts.logconfig import configure_logging
 from refold.contracts.processors import (
     STOP_WITH_PARENT_ENV,
@@ -247,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = ProcessSettings()
     try:
+        with needs_extra("refold process"):  # before any work: processors run on Spark
+            importlib.import_module("refold.processors.runtime.spark")
         jobs = _jobs(args, settings)
         if args.print_fingerprint:
             prints: dict[str, Any] = {j.spec.name: build_fingerprints(j.projection) for j in jobs}

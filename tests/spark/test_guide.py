@@ -3,9 +3,10 @@
 Every ``file=...`` block of the guide is written under a fresh project folder, and every
 ``bash run`` and ``python run`` block is run there, in document order, as separate processes
 with the guide's environment pointed at the test's broker and Redis (a unique key prefix, a
-private state dir). The package is installed with ``pip --target`` into a private folder on
-``PYTHONPATH``, never into the shared virtualenv. Then: the processor is listed, the state
-read back equals ``fold_all`` (the oracle) of the events on the topic, in both generations, and
+private state dir). Like the guide's user, the steps run in a virtualenv of their own, where
+refold is the wheel built from this checkout, installed with the ``spark`` extra (and pytest):
+nothing is imported from the source tree. Then: the processor is listed, the state read back
+equals ``fold_all`` (the oracle) of the events on the topic, in both generations, and
 ``replay status`` shows generation 1 retired and generation 2 live.
 """
 
@@ -17,7 +18,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,19 +26,15 @@ from confluent_kafka.admin import AdminClient
 
 from refold.contracts.kafka.admin import delete_topics
 from refold.contracts.settings import KafkaSettings
+from tests.support.wheel import fresh_venv
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "write-your-own-processor.md"
 PROCESSOR = "product_ratings"
 # The topics the guide's processor reads and writes. The session's broker is private to this
 # test run and no other test uses these names; they are deleted afterwards.
 TOPICS = ("shop.reviews", "product_ratings.dlq")
-# The guide installs the package editable into the user's virtualenv. Here the shared venv must
-# not change, so that one line becomes a plain install into a private folder on PYTHONPATH: its
-# dist-info makes the entry points visible to importlib.metadata in every child process. With
-# build isolation, as the guide's user gets: the venv's setuptools (65.5, without `wheel`) cannot
-# build a wheel by itself, so --no-build-isolation fails with "invalid command 'bdist_wheel'".
+# The one install the guide asks for: the user's package, editable, into the user's venv.
 INSTALL = "pip install -e ."
-INSTALL_HERE = 'python -m pip install --quiet --no-deps --target "$GUIDE_SITE" .'
 # Spark's start (~6 s), a few micro-batches, or a whole rebuild: generous on 2 busy cores.
 STEP_TIMEOUT_S = 240
 # SIGTERM first (replay then stops its rebuild processor), SIGKILL after this.
@@ -84,13 +80,12 @@ def parse_guide(text: str) -> list[Block]:
 
 
 def _bash(block: Block) -> str:
-    """The block as a bash script, with the install line made private (see INSTALL)."""
-    lines = block.text.splitlines()
-    for line in lines:
+    """The block as a bash script; the only install it may hold is :data:`INSTALL`."""
+    for line in block.text.splitlines():
         if "pip install" in line and line.strip() != INSTALL:
             msg = f"guide line {block.line}: unexpected install command {line!r}"
             raise AssertionError(msg)
-    return "\n".join(INSTALL_HERE if line.strip() == INSTALL else line for line in lines) + "\n"
+    return block.text
 
 
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> tuple[int, str]:
@@ -184,15 +179,20 @@ def test_the_guide_runs_as_written_and_its_state_equals_the_oracle(
     blocks = parse_guide(GUIDE.read_text())
     files = {b.target for b in blocks if b.target != "run"}
     assert {"pyproject.toml", "shop_insights/config.py", "shop_insights/projection.py"} <= files
-    project, site, state_dir = tmp_path / "shop-insights", tmp_path / "site", tmp_path / "state"
+    project, state_dir = tmp_path / "shop-insights", tmp_path / "state"
     project.mkdir()
+    bin_dir = fresh_venv(tmp_path / "venv", ("spark",), "pytest")
+    python = str(bin_dir / "python")
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_") and k != "PYTHONPATH"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("REFOLD_", "PYSPARK_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")
+    }
     env.update(
-        # refold, replay, python: the virtualenv's, as for a user who activated it.
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        PYTHONPATH=str(site),
-        GUIDE_SITE=str(site),
+        # refold, replay, python, pip: the fresh virtualenv's, as for a user who activated it.
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        VIRTUAL_ENV=str(bin_dir.parent),
         REFOLD_KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap,
         REFOLD_REDIS__URL=redis_url,
         REFOLD_REDIS__KEY_PREFIX=f"guide-{unique}",
@@ -216,7 +216,7 @@ def test_the_guide_runs_as_written_and_its_state_equals_the_oracle(
                 script = tmp_path / "snippets" / f"step-{step:02d}.py"
                 script.parent.mkdir(exist_ok=True)
                 script.write_text(block.text)
-                argv = [sys.executable, str(script)]
+                argv = [python, str(script)]
             else:
                 pytest.fail(f"guide line {block.line}: cannot run a {block.lang!r} block")
             code, output = _run(argv, cwd=project, env=env, log=log)
@@ -239,7 +239,7 @@ def test_the_guide_runs_as_written_and_its_state_equals_the_oracle(
 
         oracle_log = tmp_path / "logs" / "oracle.log"
         code, output = _run(
-            [sys.executable, "-c", _ORACLE, PROCESSOR], cwd=project, env=env, log=oracle_log
+            [python, "-c", _ORACLE, PROCESSOR], cwd=project, env=env, log=oracle_log
         )
         assert code == 0, output[-4000:]
         result = json.loads(output.strip().splitlines()[-1])
