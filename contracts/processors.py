@@ -151,7 +151,7 @@ class ProcessorOptions(BaseModel):
         trigger_interval: Processing-time trigger; keeps the idle offset probes cheap.
         source_format: ``refold_kafka_ranges`` (each task reads its own records in the worker
             that folds them), ``refold_kafka`` (records through Spark) or ``kafka`` (Spark's
-            JVM connector, from ``make setup``'s jars). README, "Two Kafka sources".
+            JVM connector, from ``make setup``'s jars). docs/local-broker.md, "Two Kafka sources".
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

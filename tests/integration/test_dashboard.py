@@ -5,7 +5,7 @@ and Redis, with API keys on. A processor's generations, positions and stats are 
 Redis under a unique key prefix; the page, opened with a query key in its URL fragment, must
 show the same figures as the JSON API, follow changes within a few refreshes, and is saved as
 a screenshot (in the test's tmp dir; with REFOLD_UPDATE_SCREENSHOT=1 also docs/img/dashboard.png,
-the README's image).
+the image in docs/serving.md).
 """
 
 from __future__ import annotations
@@ -371,7 +371,7 @@ def test_dashboard_shows_the_api_figures_and_follows_them(
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(tmp_path / "dashboard.png"))
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000  # a page, not a blank
-    if os.environ.get("REFOLD_UPDATE_SCREENSHOT"):  # the README's image, refreshed on demand
+    if os.environ.get("REFOLD_UPDATE_SCREENSHOT"):  # docs/serving.md's image, refreshed on demand
         shutil.copyfile(tmp_path / "dashboard.png", SCREENSHOT)
     assert SCREENSHOT.stat().st_size > 10_000
 
