@@ -183,7 +183,7 @@ def _rekeyed(
 def _other_source(
     stack: LocalStack, state: Path, orders: int, spark: ProcessorCatchUp
 ) -> dict[str, Any]:
-    """order_state on the same backlog with the other Kafka source (docs/local-broker.md, "Two Kafka sources").
+    """order_state on the same backlog with the other Kafka source (docs/local-broker.md).
 
     The processor's default is refold's ranges source; this runs Spark's JVM ``kafka`` source
     (or, with ``REFOLD_SOURCE_FORMAT=kafka``, refold's) into generations of its own.
