@@ -258,6 +258,42 @@ def _add_stack_options(parser: argparse.ArgumentParser, *, after_subcommand: boo
     )
 
 
+# Commands with a command line of their own: name -> (help, module). The module's ``main(argv)``
+# runs them and its ``build_parser()`` documents them (:func:`command_parsers`).
+PASSED_ON: dict[str, tuple[str, str]] = {
+    "process": (
+        "run processors in one Spark application (see `refold process -h`)",
+        "refold.processors.runtime.cli",
+    ),
+    "replay": ("rebuild a processor's state (see `replay -h`)", "refold.replay.__main__"),
+    "tail": (
+        "print a topic's records decoded from Avro: events, windows, insights, dead "
+        "letters with their headers (see `refold tail -h`)",
+        "refold.deploy.tail_cli",
+    ),
+    "contracts": (
+        "check | lock the published schema versions (see `refold contracts -h`)",
+        "refold.deploy.contracts_cli",
+    ),
+    "webhooks": (
+        "run | log | redrive: deliver critical insights to a webhook (see `refold webhooks -h`)",
+        "refold.deploy.webhooks_cli",
+    ),
+    "keys": (
+        "add | list | revoke the API keys of the HTTP services (see `refold keys -h`)",
+        "refold.deploy.keys_cli",
+    ),
+    "serve": (
+        "the HTTP services: ingest, query, control, /metrics, dashboard (see `refold serve -h`)",
+        "refold.deploy.serve_cli",
+    ),
+    "archive": (
+        "backfill | compact | status of the Parquet archive (see `refold archive -h`)",
+        "refold.processors.runtime.archive_cli",
+    ),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line.
 
@@ -305,50 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="as JSON")
     listing.set_defaults(func=_cmd_processors)
     # Commands with a command line of their own: everything after the name is passed on.
-    for name, text, entry in (
-        (
-            "process",
-            "run processors in one Spark application (see `refold process -h`)",
-            "refold.processors.runtime.cli:main",
-        ),
-        ("replay", "rebuild a processor's state (see `replay -h`)", "refold.replay.__main__:main"),
-        (
-            "tail",
-            "print a topic's records decoded from Avro: events, windows, insights, dead "
-            "letters with their headers (see `refold tail -h`)",
-            "refold.deploy.tail_cli:main",
-        ),
-        (
-            "contracts",
-            "check | lock the published schema versions (see `refold contracts -h`)",
-            "refold.deploy.contracts_cli:main",
-        ),
-        (
-            "webhooks",
-            "run | log | redrive: deliver critical insights to a webhook "
-            "(see `refold webhooks -h`)",
-            "refold.deploy.webhooks_cli:main",
-        ),
-        (
-            "keys",
-            "add | list | revoke the API keys of the HTTP services (see `refold keys -h`)",
-            "refold.deploy.keys_cli:main",
-        ),
-        (
-            "serve",
-            "the HTTP services: ingest, query, control, /metrics, dashboard "
-            "(see `refold serve -h`)",
-            "refold.deploy.serve_cli:main",
-        ),
-        (
-            "archive",
-            "backfill | compact | status of the Parquet archive (see `refold archive -h`)",
-            "refold.processors.runtime.archive_cli:main",
-        ),
-    ):
+    for name, (text, module) in PASSED_ON.items():
         passing = sub.add_parser(name, help=text, add_help=False)
         passing.add_argument("rest", nargs=argparse.REMAINDER)
-        passing.set_defaults(func=functools.partial(_pass_on, entry))
+        passing.set_defaults(func=functools.partial(_pass_on, f"{module}:main"))
     topics = sub.add_parser(
         "topics",
         help="create the topics of the installed contract sets (and each processor's "
@@ -357,6 +353,30 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument("sets", nargs="*", metavar="SET", help="contract sets (default: all)")
     topics.set_defaults(func=_cmd_topics)
     return parser
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command line refold installs, by its full name (for the generated CLI reference).
+
+    ``refold``, each of its subcommands (and theirs), each command of :data:`PASSED_ON` from
+    its module's ``build_parser()`` (``refold serve`` needs the ``serve`` extra, and so on).
+    ``replay`` is ``refold replay``, and ``python -m refold.processors`` is ``refold process``.
+    """
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(name: str, parser: argparse.ArgumentParser) -> None:
+        found[name] = parser
+        for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                for sub_name, sub in action.choices.items():
+                    if sub_name not in PASSED_ON or name != "refold":
+                        walk(f"{name} {sub_name}", sub)
+
+    walk("refold", build_parser())
+    for name, (_, module) in PASSED_ON.items():
+        with needs_extra(f"refold {name}"):
+            walk(f"refold {name}", importlib.import_module(module).build_parser())
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
