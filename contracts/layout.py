@@ -32,6 +32,9 @@ key                                         type    content
                                                     seen on it (ms), with the positions
 ``<p>:{<proc>.g<N>}:om:marks``              hash    ``[s<slot>|]<topic>/<p>|<stream>`` -> highest
                                                     origin ``<offset>.<index>`` applied
+``<p>:{<proc>.g<N>}:dl:letters``            hash    ``<topic>/<p>@<offset>.<n>`` -> reason of
+                                                    each dead letter (and late record) it
+                                                    decided: a rebuild sends each once
 ``<p>:{<proc>.g<N>}:stats``                 hash    what its micro-batches did (not state):
                                                     ``batches``, ``events``, ``duplicates``,
                                                     ``effects``, ``dead:<reason>``,
@@ -86,8 +89,11 @@ BATCH_ID_FIELD = "batch_id"
 # here is never left out. t: entity tables, a: aggregate hashes, guard: writer guards,
 # slotpos: re-keyed writer slots' positions, k: re-keying links, w: window buckets, wd: their
 # distinct-count sketches, tm: timers, wm: event-time clocks, om: origin marks (the highest
-# sequence applied per upstream output stream: a chained processor skips re-sent records).
-STATE_NAMESPACES = ("t:", "a:", "guard:", "slotpos:", "k:", "w:", "wd:", "tm:", "wm:", "om:")
+# sequence applied per upstream output stream: a chained processor skips re-sent records),
+# dl: the dead letters it decided (a rebuild does not send the live generation's again).
+STATE_NAMESPACES = (
+    *("t:", "a:", "guard:", "slotpos:", "k:", "w:", "wd:", "tm:", "wm:", "om:", "dl:"),
+)
 # The namespaces ``replay diff`` compares (the rest are the envelope's internals).
 RESULT_NAMESPACES = ("t:", "a:", "w:", "wd:")
 GenerationStatus = Literal["building", "live", "retired"]
@@ -152,6 +158,15 @@ class GenerationKeys:
         the generation's Spark batch ids start again (:mod:`refold.contracts.store.stats`).
         """
         return f"{self.base}:stats"
+
+    @property
+    def dead_letters(self) -> str:
+        """Hash of the dead letters this generation decided: origin field -> reason.
+
+        Written with the positions, so it holds exactly the letters of the applied records
+        (:mod:`refold.processors.runtime.dead_letter_index`).
+        """
+        return f"{self.base}:dl:letters"
 
     def guard(self, position_field: str) -> str:
         """Per-partition guard key, WATCHed by the partition's writer.

@@ -88,6 +88,7 @@ from refold.processors.fold.timers import (
     timer_event,
 )
 from refold.processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
+from refold.processors.runtime.dead_letter_index import index_fields, letters_to_send
 from refold.processors.runtime.dead_letter_log import summarise_letters
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
@@ -203,6 +204,8 @@ class BatchOutcome:
     positions: dict[str, int] = field(default_factory=dict)
     effects: int = 0
     suppressed: int = 0
+    # Letters a building generation did not send: the live generation sent them already.
+    suppressed_letters: int = 0
     late: int = 0
     duplicates: int = 0
     dead_letters: dict[str, int] = field(default_factory=dict)
@@ -221,6 +224,7 @@ class BatchOutcome:
         self.positions.update(other.positions)
         self.effects += other.effects
         self.suppressed += other.suppressed
+        self.suppressed_letters += other.suppressed_letters
         self.late += other.late
         self.duplicates += other.duplicates
         for reason, count in other.dead_letters.items():
@@ -591,23 +595,27 @@ class FoldWriter:
             )
         if self._lookups is not None:
             waiting = self._pending_lookups(pending, dead, outcome)
-            self._send_records(dead, late_out, batch_id, outcome, outbox)
+            letters = self._send_records(pipe, dead, late_out, batch_id, outcome, outbox)
             self._commit_outputs(outbox, new_pos)
             pipe.multi()
             if waiting:
                 pipe.zadd(keys.timers(PENDING_TIMERS), waiting)
-            self._write_positions(pipe, positions_key, new_pos, clocks, marks, [], batch_id)
+            self._write_positions(
+                pipe, positions_key, new_pos, clocks, marks, [], batch_id, letters
+            )
             self._count(pipe, outcome)
             pipe.execute()
             outcome.positions = new_pos
             return outcome
         if self._windows is not None:
             windows = self._count_windows(pending, dead, outcome)
-            self._send_records(dead, late_out, batch_id, outcome, outbox)
+            letters = self._send_records(pipe, dead, late_out, batch_id, outcome, outbox)
             self._commit_outputs(outbox, new_pos)
             pipe.multi()
             write_windows(pipe, keys, windows)
-            self._write_positions(pipe, positions_key, new_pos, clocks, marks, [], batch_id)
+            self._write_positions(
+                pipe, positions_key, new_pos, clocks, marks, [], batch_id, letters
+            )
             self._count(pipe, outcome)
             pipe.execute()
             outcome.positions = new_pos
@@ -648,7 +656,7 @@ class FoldWriter:
             if queue is not None:
                 queue.set(record.partition, entity, self._due(new))
         delta = self._delta(pipe, folded, dead, outcome)
-        self._send_records(dead, late_out, batch_id, outcome, outbox)
+        letters = self._send_records(pipe, dead, late_out, batch_id, outcome, outbox)
         if folded.effects:
             to_send, outcome.suppressed = self._unsuppressed(pipe, folded.effects)
             if to_send:
@@ -670,7 +678,7 @@ class FoldWriter:
         for name, amount in sorted(delta.items()):
             if amount:
                 pipe.hincrby(aggregate_key, name, amount)
-        self._write_positions(pipe, positions_key, new_pos, clocks, marks, links, batch_id)
+        self._write_positions(pipe, positions_key, new_pos, clocks, marks, links, batch_id, letters)
         self._count(pipe, outcome)
         pipe.execute()
         outcome.positions = new_pos
@@ -696,8 +704,11 @@ class FoldWriter:
         marks: Mapping[str, str],
         links: Sequence[tuple[str, str, Link]],
         batch_id: int | None,
+        letters: Mapping[str, str] | None = None,
     ) -> None:
-        """Queue (inside MULTI) the links, clocks, origin marks, positions and guards."""
+        """Queue (inside MULTI) the links, clocks, origin marks, letters, positions and guards."""
+        if letters:
+            pipe.hset(self.target.keys.dead_letters, mapping={f: r for f, r in letters.items()})
         keys = self.target.keys
         for via, value, link in links:
             pipe.hsetnx(keys.links(via), value, encode_link(link))
@@ -937,20 +948,67 @@ class FoldWriter:
 
     def _send_records(
         self,
+        pipe: Pipeline,
         dead: list[_DeadLetter],
         late_out: list[_DeadLetter],
         batch_id: int | None,
         outcome: BatchOutcome,
         outbox: Outbox,
-    ) -> None:
-        """Count the dead letters and queue them and the late side output in ``outbox``."""
+    ) -> dict[str, str]:
+        """Count the dead letters and queue them and the late side output in ``outbox``.
+
+        Returns:
+            The letters' entries of the generation's dead-letter index, to be written with
+            the positions. A building generation does not queue the letters the live one sent
+            already (:mod:`refold.processors.runtime.dead_letter_index`).
+        """
         outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
         outcome.rejected = sum(not d.timer for d in dead) - outcome.undecodable
         outcome.dead_letters = dict(Counter(d.reason for d in dead))
-        if dead:
-            self._send_dead_letters(dead, batch_id, outbox)
-        if late_out:
-            self._send_dead_letters(late_out, batch_id, outbox, topic=self.target.late_topic)
+        letters = [*dead, *late_out]
+        if not letters:
+            return {}
+        fields = index_fields(letters)
+        send: list[int] = list(range(len(letters)))
+        live = self._building_against(pipe, {letter.record[:2] for letter in letters})
+        if live is not None and live[0] is not None:
+            live_reasons = cast(
+                "list[bytes | None]",
+                pipe.hmget(self.target.layout.generation(live[0]).dead_letters, fields),
+            )
+            reasons = [None if r is None else r.decode() for r in live_reasons]
+            send = letters_to_send(letters, fields, live[1], reasons)
+            outcome.suppressed_letters = len(letters) - len(send)
+        chosen = set(send)
+        to_dlq = [dead[i] for i in range(len(dead)) if i in chosen]
+        to_late = [late_out[i] for i in range(len(late_out)) if i + len(dead) in chosen]
+        if to_dlq:
+            self._send_dead_letters(to_dlq, batch_id, outbox)
+        if to_late:
+            self._send_dead_letters(to_late, batch_id, outbox, topic=self.target.late_topic)
+        return {field: letter.reason for field, letter in zip(fields, letters, strict=True)}
+
+    def _building_against(
+        self, pipe: Pipeline, partitions: Iterable[tuple[str, int]]
+    ) -> tuple[int | None, dict[str, int]] | None:
+        """What a building generation compares with: the live generation and its positions.
+
+        Returns:
+            ``None`` unless this generation is ``building``; else the live generation
+            (``None``: there is none) and its applied positions of ``partitions``. Read
+            before the MULTI.
+        """
+        layout = self.target.layout
+        status = pipe.hget(layout.generations, str(self.target.generation))
+        if status not in (b"building", "building"):
+            return None
+        raw_live = pipe.get(layout.alias)
+        live = None if raw_live is None else int(cast("bytes", raw_live))
+        if live is None or live == self.target.generation:
+            return None, {}
+        fields = sorted({position_field(topic, partition) for topic, partition in partitions})
+        raw = cast("list[bytes | None]", pipe.hmget(layout.generation(live).positions, fields))
+        return live, {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
 
     def _commit_outputs(self, outbox: Outbox, new_pos: Mapping[str, int]) -> None:
         """Commit the batch's outputs in Kafka (before Redis: see the module's docstring)."""
@@ -1294,18 +1352,12 @@ class FoldWriter:
         cutover both may send one (same origin headers): at least once, never lost. With no
         live generation to compare with, a rebuild suppresses them all.
         """
-        layout = self.target.layout
-        status = pipe.hget(layout.generations, str(self.target.generation))
-        if status not in (b"building", "building"):
+        building = self._building_against(pipe, {r[:2] for r, _e in effects})
+        if building is None:
             return effects, 0
-        raw_live = pipe.get(layout.alias)
-        live = None if raw_live is None else int(cast("bytes", raw_live))
-        if live is None or live == self.target.generation:
+        live, live_pos = building
+        if live is None:
             return [], len(effects)
-        fields = sorted({position_field(r.topic, r.partition) for r, _e in effects})
-        live_keys = layout.generation(live)
-        raw = cast("list[bytes | None]", pipe.hmget(live_keys.positions, fields))
-        live_pos = {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
         send = [
             (r, e)
             for r, e in effects

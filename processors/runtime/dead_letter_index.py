@@ -1,0 +1,64 @@
+"""Dead letters once: what a generation decided, and what a rebuild must not send again.
+
+Every generation records the letters it decided, dead letters and late records alike, in its
+``dl:letters`` hash (:attr:`~refold.contracts.layout.GenerationKeys.dead_letters`): the field
+is the record's origin and the letter's rank among that record's letters
+(``<topic>/<partition>@<offset>.<n>``: a record refused by the fold has one letter, a record
+that also fired failing timers has more), the value its reason. The hash is written in the
+transaction that moves the positions, so it holds the letters of exactly the applied records.
+
+A generation being rebuilt (``building``) reads the live generation's hash for the records
+the live generation has already applied: a letter with the same origin and reason was sent
+then, and is not sent again. A letter with another reason (the new code refuses the record
+for a new reason, or refuses a record the old code applied) is sent, and its headers name the
+building generation. Records past the live generation's positions are sent as usual, so the
+cutover loses none. A live generation written before this index existed has no entries: a
+rebuild then sends its letters, as it always did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from refold.contracts.layout import position_field
+from refold.processors.runtime.dead_letter_log import DeadLetterLike
+
+__all__ = ["index_fields", "letters_to_send"]
+
+
+def index_fields(letters: Sequence[DeadLetterLike]) -> list[str]:
+    """Each letter's field in the index: its record's origin and its rank among that record's."""
+    seen: dict[tuple[str, int, int], int] = {}
+    fields = []
+    for letter in letters:
+        origin = letter.record[:3]
+        rank = seen.get(origin, 0)
+        seen[origin] = rank + 1
+        fields.append(f"{position_field(origin[0], origin[1])}@{origin[2]}.{rank}")
+    return fields
+
+
+def letters_to_send(
+    letters: Sequence[DeadLetterLike],
+    fields: Sequence[str],
+    live_positions: Mapping[str, int],
+    live_reasons: Iterable[str | None],
+) -> list[int]:
+    """The indices of the letters a building generation sends (pure).
+
+    Args:
+        letters: The batch's letters, in order.
+        fields: Their :func:`index_fields`.
+        live_positions: The live generation's applied positions (``<topic>/<partition>`` ->
+            next offset) of the letters' partitions.
+        live_reasons: The live generation's reason for each field (``None``: it has none).
+    """
+    send = []
+    for index, (letter, _field, live_reason) in enumerate(
+        zip(letters, fields, live_reasons, strict=True)
+    ):
+        topic, partition, offset = letter.record[:3]
+        applied_by_live = offset < live_positions.get(position_field(topic, partition), 0)
+        if not applied_by_live or live_reason != letter.reason:
+            send.append(index)
+    return send
