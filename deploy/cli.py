@@ -279,6 +279,10 @@ PASSED_ON: dict[str, tuple[str, str]] = {
         "run | log | redrive: deliver critical insights to a webhook (see `refold webhooks -h`)",
         "refold.deploy.webhooks_cli",
     ),
+    "dlq": (
+        "list a processor's dead letters by reason and origin (see `refold dlq -h`)",
+        "refold.deploy.dlq_cli",
+    ),
     "keys": (
         "add | list | revoke the API keys of the HTTP services (see `refold keys -h`)",
         "refold.deploy.keys_cli",

@@ -19,11 +19,12 @@ rebuild then sends its letters, as it always did.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from refold.contracts.layout import position_field
+from refold.contracts.layout import parse_position_field, position_field
 from refold.processors.runtime.dead_letter_log import DeadLetterLike
 
-__all__ = ["index_fields", "letters_to_send"]
+__all__ = ["ReasonSummary", "index_fields", "letters_to_send", "summarise_index"]
 
 
 def index_fields(letters: Sequence[DeadLetterLike]) -> list[str]:
@@ -62,3 +63,37 @@ def letters_to_send(
         if not applied_by_live or live_reason != letter.reason:
             send.append(index)
     return send
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonSummary:
+    """The letters of one reason in a generation's index (``refold dlq list``)."""
+
+    reason: str
+    count: int
+    first: tuple[str, ...]  # the first origins, ``<topic>/<partition>@<offset>``, in log order
+
+
+def _origin_order(field: str) -> tuple[str, int, int, int]:
+    origin, _, rank = field.rpartition(".")
+    where, _, offset = origin.rpartition("@")
+    topic, partition = parse_position_field(where) or (where, 0)
+    return topic, partition, int(offset), int(rank)
+
+
+def summarise_index(entries: Mapping[str, str], examples: int = 3) -> list[ReasonSummary]:
+    """A generation's dead-letter index by reason, the commonest first (pure).
+
+    Args:
+        entries: The index: ``<topic>/<partition>@<offset>.<n>`` -> reason.
+        examples: How many origins to name per reason, the first in log order.
+    """
+    by_reason: dict[str, list[str]] = {}
+    for field, reason in entries.items():
+        by_reason.setdefault(reason, []).append(field)
+    summaries = []
+    for reason, fields in by_reason.items():
+        fields.sort(key=_origin_order)
+        first = tuple(dict.fromkeys(f.rpartition(".")[0] for f in fields))[:examples]
+        summaries.append(ReasonSummary(reason, len(fields), first))
+    return sorted(summaries, key=lambda s: (-s.count, s.reason))

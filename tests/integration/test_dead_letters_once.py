@@ -8,6 +8,7 @@ The dead-letter topic must hold each (origin, reason) once, and a new reason onc
 from __future__ import annotations
 
 import dataclasses
+import json
 import zlib
 from collections import Counter
 
@@ -23,6 +24,7 @@ from refold.contracts.origin import (
     ORIGIN_PARTITION,
 )
 from refold.contracts.store.generations import GenerationRegistry
+from refold.deploy.cli import main as refold_main
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.projection import EventRejectedError, State
 from refold.processors.fold.records import SourceRecord
@@ -81,7 +83,7 @@ def _letters(bootstrap: str, topic: str) -> list[tuple[int, int, str, int]]:
 
 
 def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
-    target: FoldTarget, redis_url, kafka_bootstrap
+    target: FoldTarget, redis_url, kafka_bootstrap, monkeypatch, capsys
 ):
     records = _records()
     first, second, third = (dataclasses.replace(target, generation=g) for g in (1, 2, 3))
@@ -122,3 +124,18 @@ def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
     assert all(g == 3 for *_rest, g in newest)
     assert stricter.suppressed_letters == len(after_rebuild)
     assert max(Counter((p, o, r) for p, o, r, _g in after_stricter).values()) == 1
+
+    # `refold dlq list`: what each generation decided, by reason.
+    monkeypatch.setenv("REFOLD_REDIS__URL", redis_url)
+    monkeypatch.setenv("REFOLD_REDIS__KEY_PREFIX", target.key_prefix)
+    capsys.readouterr()
+    assert refold_main(["dlq", "list", "--processor", "order_state", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert (listed["generation"], listed["status"]) == (2, "live")
+    assert listed["letters"] == len(after_rebuild)  # everything it decided, sent or not
+    by_reason = {r["reason"]: r["count"] for r in listed["reasons"]}
+    assert by_reason == dict(Counter(r for *_po, r, _g in after_rebuild))
+    assert refold_main(["dlq", "list", "--processor", "order_state", "--generation", "3"]) == 0
+    table = capsys.readouterr().out
+    assert f"generation 3 (building): {len(after_stricter)} dead letter(s)" in table
+    assert "refold tail order_state.dlq" in table
