@@ -18,6 +18,8 @@ key                                         type    content
                                                     it (expires unless renewed; gone: abandoned)
 ``<p>:{<proc>.g<N>}:t:<table>:<key>``       string  one entity's state, JSON
 ``<p>:{<proc>.g<N>}:a:<aggregate>``         hash    aggregate counters (integers)
+``<p>:{<proc>.g<N>}:dd:<table>:<key>``      string  de-duplication: the ids of the entity's
+                                                    latest applied events, JSON list
 ``<p>:{<proc>.g<N>}:slotpos:<s>``           hash    re-keyed: writer slot s's positions
 ``<p>:{<proc>.g<N>}:guard:slot:<s>``        string  re-keyed: WATCHed by slot s's writer
 ``<p>:{<proc>.g<N>}:k:<via>``               hash    re-keyed: ``via`` value -> offset:entity
@@ -90,9 +92,10 @@ BATCH_ID_FIELD = "batch_id"
 # slotpos: re-keyed writer slots' positions, k: re-keying links, w: window buckets, wd: their
 # distinct-count sketches, tm: timers, wm: event-time clocks, om: origin marks (the highest
 # sequence applied per upstream output stream: a chained processor skips re-sent records),
-# dl: the dead letters it decided (a rebuild does not send the live generation's again).
+# dl: the dead letters it decided (a rebuild does not send the live generation's again), dd:
+# the ids of each entity's latest events (de-duplication by event id).
 STATE_NAMESPACES = (
-    *("t:", "a:", "guard:", "slotpos:", "k:", "w:", "wd:", "tm:", "wm:", "om:", "dl:"),
+    *("t:", "a:", "guard:", "slotpos:", "k:", "w:", "wd:", "tm:", "wm:", "om:", "dl:", "dd:"),
 )
 # The namespaces ``replay diff`` compares (the rest are the envelope's internals).
 RESULT_NAMESPACES = ("t:", "a:", "w:", "wd:")
@@ -196,6 +199,10 @@ class GenerationKeys:
     def table(self, table: str, key: str) -> str:
         """One entity's state in ``table``."""
         return f"{self.base}:t:{table}:{key}"
+
+    def seen_ids(self, table: str, key: str) -> str:
+        """The ids of the latest events one entity of ``table`` applied (de-duplication)."""
+        return f"{self.base}:dd:{table}:{key}"
 
     def table_pattern(self, table: str) -> str:
         """SCAN pattern matching every entity of ``table``."""

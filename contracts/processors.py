@@ -31,6 +31,7 @@ __all__ = [
     "LATE_POLICIES",
     "PROCESSOR_MODULE",
     "STOP_WITH_PARENT_ENV",
+    "EventId",
     "EventTime",
     "KeyLink",
     "ProcessLauncher",
@@ -133,6 +134,33 @@ class EventTime:
             raise ContractError("; ".join(problems))
 
 
+@dataclass(frozen=True, slots=True)
+class EventId:
+    """De-duplication by event id: an entity applies an event at most once within a horizon.
+
+    A producer that retries from a new process, or a range of the log copied twice, puts the
+    same event in the log twice. With ``dedupe=EventId()`` an entity fold remembers the ids of
+    the last ``horizon`` events each entity applied (in the generation's state, written in the
+    transaction with the entity), and passes a record whose id it remembers by, counted as a
+    duplicate. The oracle (:func:`~refold.processors.fold.oracle.fold_all` with ``dedupe=``)
+    applies the same rule, so live == oracle == replay with duplicated events in the log.
+
+    Attributes:
+        field: The event field holding the event's id; an event without it is not checked.
+        horizon: How many of each entity's latest event ids are remembered. Memory is about
+            ``horizon`` ids per entity (40-50 bytes each as JSON); a duplicate that arrives
+            after ``horizon`` newer events of its entity is applied again.
+    """
+
+    field: str = "event_id"
+    horizon: int = 1000
+
+    def __post_init__(self) -> None:
+        if not self.field or self.horizon < 1:
+            msg = f"dedupe needs a field and a horizon >= 1 (got {self.field!r}, {self.horizon})"
+            raise ContractError(msg)
+
+
 class ProcessorOptions(BaseModel):
     """Runtime options every processor has (``REFOLD_<PROCESSOR>__<OPTION>``).
 
@@ -187,6 +215,7 @@ class ProcessorSpec:
         key_links: How events without ``key`` find it (see :class:`KeyLink`).
         event_time: Its event time, lateness and late policy (see :class:`EventTime`); needed
             by windows and timers.
+        dedupe: De-duplication by event id (see :class:`EventId`); entity folds only.
         windows: Names of the windows it writes (``refold processors``, the readers).
         options: ``module:Class`` of its options (a :class:`ProcessorOptions` subclass), or
             empty for the common ones.
@@ -204,6 +233,7 @@ class ProcessorSpec:
     event_time: EventTime | None = None
     windows: tuple[str, ...] = ()
     options: str = ""
+    dedupe: EventId | None = None
     description: str = ""
     package: str = ""
 

@@ -6,8 +6,8 @@ first. Anything imported from refold's other modules is internal and moves witho
 
 - **Declaring a processor**: :class:`ProcessorSpec` (registered under the ``refold.processors``
   entry-point group), its options :class:`ProcessorOptions`, :class:`EventTime`,
-  :class:`KeyLink`; contracts as a :class:`ContractSet` (group ``refold.contracts``) of
-  :class:`TopicSpec`.
+  :class:`EventId` (de-duplication), :class:`KeyLink`; contracts as a :class:`ContractSet`
+  (group ``refold.contracts``) of :class:`TopicSpec`.
 - **Folds** (the state kinds): :class:`Projection` (entities) with :class:`State`,
   :class:`SideEffect` and its errors; windows (:class:`WindowFold` with :class:`Tumbling`,
   :class:`Hopping`, :class:`Sliding`, :class:`Measure`); timers (:class:`TimedFold`,
@@ -37,7 +37,13 @@ from refold.contracts.extras import needs_extra
 # extras installed. tests/unit/test_public_api.py checks that the block below says the same.
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "refold.contracts.errors": ("ContractError", "RefoldError"),
-    "refold.contracts.processors": ("EventTime", "KeyLink", "ProcessorOptions", "ProcessorSpec"),
+    "refold.contracts.processors": (
+        "EventId",
+        "EventTime",
+        "KeyLink",
+        "ProcessorOptions",
+        "ProcessorSpec",
+    ),
     "refold.contracts.registry": ("ContractSet",),
     "refold.contracts.settings": (
         "KafkaSettings",
@@ -103,6 +109,7 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 if TYPE_CHECKING:  # the same names, for type checkers and readers
     from refold.contracts.errors import ContractError as ContractError, RefoldError as RefoldError
     from refold.contracts.processors import (
+        EventId as EventId,
         EventTime as EventTime,
         KeyLink as KeyLink,
         ProcessorOptions as ProcessorOptions,

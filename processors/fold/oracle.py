@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from refold.contracts.processors import EventTime
+from refold.contracts.processors import EventId, EventTime
+from refold.processors.fold.dedupe import SeenIds
 from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
 from refold.processors.fold.lookups import LookupFold
 from refold.processors.fold.projection import (
@@ -65,12 +66,14 @@ class FoldResult:
     aggregate: Counter[str] = field(default_factory=Counter)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     passed: int = 0  # events of types the projection does not declare (not folded)
+    duplicates: int = 0  # events passed by as duplicates (``dedupe=``)
 
 
 def fold_all(
     projection: Projection,
     events: Iterable[tuple[str, Mapping[str, Any]]],
     resolver: KeyResolver | None = None,
+    dedupe: EventId | None = None,
 ) -> FoldResult:
     """Fold events (in log order per entity) the plain way: the oracle.
 
@@ -80,12 +83,15 @@ def fold_all(
             partition's log order is a sub-sequence of it).
         resolver: For a re-keyed processor with links: resolves each event's entity as the
             live writers do (an event without the key takes its link's), and fills it in.
+        dedupe: The processor's de-duplication by event id (its spec's ``dedupe``): the same
+            rule as the live writer (:mod:`refold.processors.fold.dedupe`).
 
     Returns:
         Final states by entity key, the aggregate (zero counters dropped) and rejected
         ``(event_id-or-key, reason)`` pairs.
     """
     result = FoldResult()
+    seen = SeenIds(dedupe) if dedupe is not None else None
     for position, (event_type, raw) in enumerate(events):
         event = raw
         # Every event may make a link (re-keyed), also one of a type the fold passes by.
@@ -104,6 +110,9 @@ def fold_all(
         except Exception as exc:  # as the sink: a record without a usable key is refused
             result.rejected.append((str(event.get("event_id")), f"no key: {exc!r}"))
             continue
+        if seen is not None and seen.is_duplicate(key, event):
+            result.duplicates += 1
+            continue
         try:
             state, _encoded, _contribution, _effects = fold_one(
                 projection, result.states.get(key), event_type, event
@@ -112,6 +121,8 @@ def fold_all(
             result.rejected.append((str(event.get("event_id", key)), str(exc)))
             continue
         result.states[key] = state
+        if seen is not None:
+            seen.remember(key, event)
     for state in result.states.values():
         result.aggregate.update(projection.contribution(state))
     result.aggregate = Counter({k: v for k, v in result.aggregate.items() if v != 0})

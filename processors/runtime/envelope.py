@@ -53,7 +53,7 @@ from refold.contracts.origin import (
     origin_id,
     parse_origin_id,
 )
-from refold.contracts.processors import EventTime
+from refold.contracts.processors import EventId, EventTime
 from refold.contracts.store.credentials import raise_if_refused
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
@@ -61,6 +61,7 @@ from refold.processors.errors import (
     SinkConflictError,
     StateStoreUnavailableError,
 )
+from refold.processors.fold.dedupe import SeenIds
 from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
 from refold.processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, encode_pending
 from refold.processors.fold.projection import (
@@ -156,6 +157,8 @@ class FoldTarget:
         created_at: The generation's ``created_at`` (registry meta). It names the output
             streams, so a generation number that gc frees and a new generation takes again
             starts new streams and markers.
+        dedupe: De-duplication by event id (entity folds): each entity skips an event whose
+            id is among those of its latest ``horizon`` applied events.
     """
 
     processor: str
@@ -173,6 +176,7 @@ class FoldTarget:
     event_time: EventTime | None = None
     topics: tuple[str, ...] = ()
     code_fingerprint: str = ""
+    dedupe: EventId | None = None
     created_at: str = ""
 
     @property
@@ -629,9 +633,13 @@ class FoldWriter:
             for e, raw in zip(entities, loaded, strict=True)
         }
         folded = _Folded(before)
+        seen = self._load_seen(pipe, entities)
         for index, (record, event_type, data, entity) in enumerate(pending):
             if queue is not None:
                 self._fire_timers(queue, record, watermarks[index], folded, dead)
+            if seen is not None and seen.is_duplicate(entity, data):
+                outcome.duplicates += 1
+                continue
             try:
                 new, encoded, contribution, effects = fold_one(
                     self.projection, folded.states[entity], event_type, data
@@ -650,6 +658,8 @@ class FoldWriter:
                 dead.append(_DeadLetter(record, exc.reason, str(exc)))
                 continue
             folded.record(record, entity, new, encoded, contribution)
+            if seen is not None:
+                seen.remember(entity, data)
             outcome.applied += 1
             if self._has_effects:
                 folded.effects.extend((record, effect) for effect in effects)
@@ -674,6 +684,10 @@ class FoldWriter:
             pipe.delete(*gone)
         if queue is not None:
             write_timers(pipe, keys, queue)
+        if seen is not None and seen.changed:
+            pipe.mset(
+                {keys.seen_ids(self.projection.table, e): ids for e, ids in seen.encoded().items()}
+            )
         aggregate_key = keys.aggregate(self.projection.aggregate)
         for name, amount in sorted(delta.items()):
             if amount:
@@ -683,6 +697,16 @@ class FoldWriter:
         pipe.execute()
         outcome.positions = new_pos
         return outcome
+
+    def _load_seen(self, pipe: Pipeline, entities: Sequence[str]) -> SeenIds | None:
+        """The latest event ids of ``entities``, when the processor de-duplicates (pre-MULTI)."""
+        dedupe = self.target.dedupe
+        if dedupe is None:
+            return None
+        table = self.projection.table
+        keys = [self.target.keys.seen_ids(table, e) for e in entities]
+        raw = cast("list[bytes | None]", pipe.mget(keys)) if keys else []
+        return SeenIds.load(dedupe, dict(zip(entities, raw, strict=True)))
 
     def _count(self, pipe: Pipeline, outcome: BatchOutcome) -> None:
         """The outcome's counts, in the transaction (exact stats: contracts/store/stats.py)."""

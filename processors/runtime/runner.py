@@ -34,7 +34,13 @@ from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.java_client import JavaClientConfigError
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import StateLayout, position_field
-from refold.contracts.processors import EventTime, ProcessorSpec, SourceFormat, consumer_group
+from refold.contracts.processors import (
+    EventId,
+    EventTime,
+    ProcessorSpec,
+    SourceFormat,
+    consumer_group,
+)
 from refold.contracts.registry import default_registry, processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.credentials import raise_if_refused
@@ -181,6 +187,7 @@ def resolve_run(
     client: redis.Redis,
     keying: Keying | None = None,
     event_time: EventTime | None = None,
+    dedupe: EventId | None = None,
 ) -> ProcessorRun:
     """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
@@ -241,6 +248,7 @@ def resolve_run(
         kafka=tuple(sorted(kafka.as_librdkafka().items())),
         dlq_topic=options.dead_letter_topic or dead_letter_topic(projection.name),
         event_time=event_time,
+        dedupe=dedupe,
         topics=tuple(t.name for t in topics),
         **_keying_fields(registry, generation, keying),
     )
@@ -456,6 +464,8 @@ def run_processor(
     )
     event_time = None if spec is None else spec.event_time
     _check_event_time(projection, event_time, keying)
+    dedupe = None if spec is None else spec.dedupe
+    _check_dedupe(projection, dedupe)
     client = redis.Redis.from_url(redis_settings.client_url())
     who = f"the processor {projection.name}"
     registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
@@ -474,6 +484,7 @@ def run_processor(
                 client,
                 keying,
                 event_time,
+                dedupe=dedupe,
             ),
             redis_settings,
             client,
@@ -486,7 +497,15 @@ def run_processor(
             # committing, and an in-place reset may have moved the checkpoint epoch.
             exact = dataclasses.replace(options, generation=picked.generation)
             run = resolve_run(
-                projection, topics, kafka, redis_settings, exact, client, keying, event_time
+                projection,
+                topics,
+                kafka,
+                redis_settings,
+                exact,
+                client,
+                keying,
+                event_time,
+                dedupe=dedupe,
             )
             if options.generation == "live" and registry.live() != run.generation:
                 logger.info("g%d is no longer live; picking again", run.generation)
@@ -983,6 +1002,29 @@ def _lookup_joiner(fold: LookupFold, run: ProcessorRun, kafka: KafkaSettings) ->
         kafka.as_librdkafka(),
         run.target.dlq_topic,
     )
+
+
+def _check_dedupe(projection: Projection, dedupe: EventId | None) -> None:
+    """De-duplication by event id is a rule of entity folds: refuse it anywhere else."""
+    if dedupe is None:
+        return
+    kind = (
+        "a DataFrame processor"
+        if is_dataframe_processor(projection)
+        else "an archive"
+        if is_archive_processor(projection)
+        else "a window fold"
+        if getattr(projection, "windows", None)
+        else "a lookup fold"
+        if getattr(projection, "lookup", None)
+        else None
+    )
+    if kind is not None:
+        msg = (
+            f"{projection.name} is {kind}, but its spec declares dedupe=, which only entity "
+            "folds apply. Operator action: remove dedupe from its ProcessorSpec."
+        )
+        raise ProcessorConfigError(msg)
 
 
 def _check_event_time(

@@ -15,7 +15,8 @@ import refold
 
 PUBLIC = {
     # declaring a processor and its contracts
-    "ProcessorSpec", "ProcessorOptions", "EventTime", "KeyLink", "ContractSet", "TopicSpec",
+    "ProcessorSpec", "ProcessorOptions", "EventTime", "EventId", "KeyLink", "ContractSet",
+    "TopicSpec",
     # folds: entities, windows, timers, lookups, patterns, Spark transforms, the archive
     "Projection", "State", "SideEffect", "EventRejectedError", "FoldError", "InvalidOutputError",
     "UnstorableStateError", "WindowFold", "Tumbling", "Hopping", "Sliding", "Measure",
