@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--web-events",
         type=int,
-        help=f"clickstream for unique_visitors (default {_WEB_SHARE:.0%} of --events; 0: none)",
+        help=f"clickstream for unique_visitors (default {_WEB_SHARE:.0%}% of --events; 0: none)",
     )
     parser.add_argument("--sample", type=int, default=200, help="keys measured per kind")
     parser.add_argument(
