@@ -23,10 +23,13 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import StateLayout
 from refold.contracts.processors import EventId, EventTime
 from refold.contracts.store.generations import GenerationRegistry
-from refold.contracts.topics import TopicSpec
+from refold.contracts.topics import TopicSpec, effects_spec
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.records import SourceRecord
-from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.order_state.projection import (
+    DEFAULT_NOTIFICATIONS_TOPIC,
+    OrderStateProjection,
+)
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.kafka_ranges import read_log
 from refold.processors.runtime.window_store import WindowCloser
@@ -64,7 +67,11 @@ def envelope_only(bootstrap: str, redis_url: str, topic: str, limit: int) -> dic
     dlq, results = f"bench-envelope-{run}.dlq", f"bench-envelope-{run}.windows"
     ensure_topics(
         dict(kafka),
-        [TopicSpec(dlq, 1, "(key)", ("(any)",)), TopicSpec(results, 4, "(group)", ("(window)",))],
+        [
+            TopicSpec(dlq, 1, "(key)", ("(any)",)),
+            TopicSpec(results, 4, "(group)", ("(window)",)),
+            effects_spec(DEFAULT_NOTIFICATIONS_TOPIC),  # order_state's side effects go there
+        ],
     )
     prefix = f"bench-envelope-{run}"
     entity = FoldTarget("order_state", 1, redis_url, prefix, kafka, dlq)
