@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,8 +46,8 @@ logger = logging.getLogger(__name__)
 
 OUTCOME_SCHEMA = (
     "records long, applied long, skipped long, rejected long, undecodable long, "
-    "effects long, suppressed long, late long, duplicates long, positions string, "
-    "dead_letters string, passed long"
+    "effects long, suppressed long, suppressed_letters long, late long, duplicates long, "
+    "positions string, dead_letters string, passed long"
 )
 _OUTCOME_ARROW = pa.schema(
     [
@@ -58,6 +58,7 @@ _OUTCOME_ARROW = pa.schema(
         ("undecodable", pa.int64()),
         ("effects", pa.int64()),
         ("suppressed", pa.int64()),
+        ("suppressed_letters", pa.int64()),
         ("late", pa.int64()),
         ("duplicates", pa.int64()),
         ("positions", pa.string()),
@@ -231,6 +232,7 @@ def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
                 "undecodable": outcome.undecodable,
                 "effects": outcome.effects,
                 "suppressed": outcome.suppressed,
+                "suppressed_letters": outcome.suppressed_letters,
                 "late": outcome.late,
                 "duplicates": outcome.duplicates,
                 "positions": json.dumps(outcome.positions),
@@ -239,6 +241,25 @@ def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
             }
         ],
         schema=_OUTCOME_ARROW,
+    )
+
+
+def _outcome_of_row(row: Any) -> BatchOutcome:
+    """The driver's side of :func:`_outcome_rows`: one task's outcome from its collected row."""
+    return BatchOutcome(  # by name: a field added to BatchOutcome must not shift the rest
+        records=row.records,
+        applied=row.applied,
+        skipped=row.skipped,
+        rejected=row.rejected,
+        undecodable=row.undecodable,
+        positions=json.loads(row.positions),
+        effects=row.effects,
+        suppressed=row.suppressed,
+        suppressed_letters=row.suppressed_letters,
+        late=row.late,
+        duplicates=row.duplicates,
+        dead_letters=json.loads(row.dead_letters),
+        passed=row.passed,
     )
 
 
@@ -336,22 +357,7 @@ class RedisFoldSink:
         outcome = BatchOutcome()
         rows = [] if tasks is None else tasks.mapInArrow(task, OUTCOME_SCHEMA).collect()
         for row in rows:
-            outcome.merge(
-                BatchOutcome(
-                    row.records,
-                    row.applied,
-                    row.skipped,
-                    row.rejected,
-                    row.undecodable,
-                    json.loads(row.positions),
-                    row.effects,
-                    row.suppressed,
-                    row.late,
-                    row.duplicates,
-                    json.loads(row.dead_letters),
-                    row.passed,
-                )
-            )
+            outcome.merge(_outcome_of_row(row))
         if self.target.slots:
             outcome.positions = self._generation_positions(outcome.positions)
         elif self.closes_ranges:
