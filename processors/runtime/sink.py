@@ -7,6 +7,7 @@ handled by exactly one task, which reports its counts back to the driver.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -44,27 +45,20 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-OUTCOME_SCHEMA = (
-    "records long, applied long, skipped long, rejected long, undecodable long, "
-    "effects long, suppressed long, suppressed_letters long, late long, duplicates long, "
-    "positions string, dead_letters string, passed long"
+# A task's BatchOutcome crosses to the driver as one Arrow row: its counters as longs, its
+# mappings (positions, dead letters per reason) as JSON. Derived from the dataclass, so a field
+# added there travels without another edit here.
+_JSON_FIELDS = frozenset(
+    f.name for f in dataclasses.fields(BatchOutcome) if f.type not in ("int", int)
 )
 _OUTCOME_ARROW = pa.schema(
     [
-        ("records", pa.int64()),
-        ("applied", pa.int64()),
-        ("skipped", pa.int64()),
-        ("rejected", pa.int64()),
-        ("undecodable", pa.int64()),
-        ("effects", pa.int64()),
-        ("suppressed", pa.int64()),
-        ("suppressed_letters", pa.int64()),
-        ("late", pa.int64()),
-        ("duplicates", pa.int64()),
-        ("positions", pa.string()),
-        ("dead_letters", pa.string()),
-        ("passed", pa.int64()),
+        (f.name, pa.string() if f.name in _JSON_FIELDS else pa.int64())
+        for f in dataclasses.fields(BatchOutcome)
     ]
+)
+OUTCOME_SCHEMA = ", ".join(
+    f"{field.name} {'string' if field.name in _JSON_FIELDS else 'long'}" for field in _OUTCOME_ARROW
 )
 
 # One FoldWriter per (target, processor) per Python worker: Spark reuses workers, so the Redis
@@ -222,44 +216,23 @@ def _apply_all(
 def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
     if not outcome.records:
         return
-    yield pa.RecordBatch.from_pylist(
-        [
-            {
-                "records": outcome.records,
-                "applied": outcome.applied,
-                "skipped": outcome.skipped,
-                "rejected": outcome.rejected,
-                "undecodable": outcome.undecodable,
-                "effects": outcome.effects,
-                "suppressed": outcome.suppressed,
-                "suppressed_letters": outcome.suppressed_letters,
-                "late": outcome.late,
-                "duplicates": outcome.duplicates,
-                "positions": json.dumps(outcome.positions),
-                "dead_letters": json.dumps(outcome.dead_letters),
-                "passed": outcome.passed,
-            }
-        ],
-        schema=_OUTCOME_ARROW,
-    )
+    row = {
+        f.name: json.dumps(value) if f.name in _JSON_FIELDS else value
+        for f in dataclasses.fields(BatchOutcome)
+        for value in (getattr(outcome, f.name),)
+    }
+    yield pa.RecordBatch.from_pylist([row], schema=_OUTCOME_ARROW)
 
 
 def _outcome_of_row(row: Any) -> BatchOutcome:
     """The driver's side of :func:`_outcome_rows`: one task's outcome from its collected row."""
-    return BatchOutcome(  # by name: a field added to BatchOutcome must not shift the rest
-        records=row.records,
-        applied=row.applied,
-        skipped=row.skipped,
-        rejected=row.rejected,
-        undecodable=row.undecodable,
-        positions=json.loads(row.positions),
-        effects=row.effects,
-        suppressed=row.suppressed,
-        suppressed_letters=row.suppressed_letters,
-        late=row.late,
-        duplicates=row.duplicates,
-        dead_letters=json.loads(row.dead_letters),
-        passed=row.passed,
+    return BatchOutcome(
+        **{
+            f.name: json.loads(getattr(row, f.name))
+            if f.name in _JSON_FIELDS
+            else getattr(row, f.name)
+            for f in dataclasses.fields(BatchOutcome)
+        }
     )
 
 
