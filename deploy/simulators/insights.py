@@ -98,18 +98,38 @@ def produce_insights(
     records: list[SimulatedInsight],
     *,
     codec: EventCodec | None = None,
+    per_transaction: int = 0,
 ) -> None:
     """Produce ``records`` to ``topic`` (acks=all) and wait for every acknowledgement.
+
+    Args:
+        bootstrap_servers: The broker.
+        topic: The insight topic.
+        records: The insights, produced in this order.
+        codec: The codec to encode them with.
+        per_transaction: When set, produce them in Kafka transactions of this many records, as
+            a processor writes its outputs: each transaction ends with a commit marker, which
+            takes an offset no consumer reads.
 
     Raises:
         DeadLetterError: The broker did not acknowledge them all.
     """
     codec = codec or EventCodec()
-    sent = Deliveries(
-        output_producer({"bootstrap.servers": bootstrap_servers}), f"{len(records)} insights"
-    )
-    for record in records:
-        sent.produce(
-            topic, codec.encode(INSIGHT, record.fields), record.key.encode(), record.headers
-        )
-    sent.wait()
+    kafka = {"bootstrap.servers": bootstrap_servers}
+    if per_transaction:
+        kafka["transactional.id"] = f"refold-simulated-insights.{topic}"
+    producer = output_producer(kafka)
+    if per_transaction:
+        producer.init_transactions()
+    step = per_transaction or max(1, len(records))
+    for start in range(0, len(records), step):
+        sent = Deliveries(producer, f"{len(records[start : start + step])} insights")
+        if per_transaction:
+            producer.begin_transaction()
+        for record in records[start : start + step]:
+            sent.produce(
+                topic, codec.encode(INSIGHT, record.fields), record.key.encode(), record.headers
+            )
+        sent.wait()
+        if per_transaction:
+            producer.commit_transaction()

@@ -370,12 +370,15 @@ class WebhookDispatcher:
         """Read, attempt and commit, interleaved, until stopped (or caught up)."""
         settings = self.settings
         window = UncommittedWindow()
-        last_commit = last_report = time.monotonic()
+        last_commit = last_report = last_unseen = time.monotonic()
         reported = 0
         while not self._stop.is_set():
             if lease.lost.is_set():
                 msg = f"{settings.name}: lost the lease; another dispatcher took over"
                 raise WebhookLeaseError(msg)
+            if time.monotonic() - last_unseen >= _COMMIT_INTERVAL_S:
+                self._commit_past_unseen(window, lease, consumer)
+                last_unseen = time.monotonic()
             if self.until_end and not window.size and _caught_up(self.stats.committed, ends):
                 logger.info("%s (%s): caught up", settings.name, self.role)
                 return
@@ -484,6 +487,29 @@ class WebhookDispatcher:
         self.stats.skipped += counts["skipped"]
         self.stats.commits += 1
         self.stats.committed.update(positions)
+
+    def _commit_past_unseen(
+        self, window: UncommittedWindow, lease: DispatcherLease, consumer: Consumer
+    ) -> None:
+        """Move a position with nothing in flight past offsets no record is read from.
+
+        Insights come out of Kafka transactions: each one ends with a commit marker, which
+        takes an offset and is never handed to the application (nor are aborted records). The
+        position after the last record read stays below the log end, so a partition would
+        look one behind forever (``until_end`` would never end, lag never reach 0). The
+        consumer's own position does move past them; with no record of the partition in
+        flight, every offset below it is settled.
+        """
+        idle = [TopicPartition(t, p) for (t, p) in self.stats.committed if not window.holds((t, p))]
+        moved = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in consumer.position(idle)
+            if tp.offset > self.stats.committed[tp.topic, tp.partition]
+        }
+        if moved:
+            self.store.commit(lease, moved, [], {})
+            self._mirror(consumer, moved)
+            self.stats.committed.update(moved)
 
     def _attempt(self, sender: WebhookSender, item: DeliveryItem) -> AttemptResult:
         """One POST (in a worker thread); an unexpected error rejects the item, not the batch."""

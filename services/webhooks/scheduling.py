@@ -123,6 +123,10 @@ class UncommittedWindow:
         """True when some partition's oldest record is settled (a prefix can be popped)."""
         return any(q and q[0].final is not None for q in self._partitions.values())
 
+    def holds(self, tp: TP) -> bool:
+        """True when a record of ``tp`` was read and is not committed yet."""
+        return bool(self._partitions.get(tp))
+
     def pop_settled(self) -> tuple[dict[TP, int], list[DeliveryItem]]:
         """Take every partition's settled prefix.
 

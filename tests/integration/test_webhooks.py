@@ -28,7 +28,12 @@ from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import WebhookKeys
 from refold.deploy.simulators.insights import SimulatedInsight, insights, produce_insights
 from refold.deploy.simulators.webhook_receiver import WebhookReceiver
-from refold.services.webhooks import WebhookDispatcher, WebhookSettings, WebhookStore
+from refold.services.webhooks import (
+    DispatcherThread,
+    WebhookDispatcher,
+    WebhookSettings,
+    WebhookStore,
+)
 from tests.support.waiting import assert_eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -509,6 +514,28 @@ def test_only_critical_insights_are_pushed_unless_told_otherwise(
     assert set(receiver.accepted) == {r.origin_id for r in records}
     assert receiver.duplicates == 20  # the second dispatcher sent the critical ones again
     delete_topics({"bootstrap.servers": kafka_bootstrap}, [every.dlq_topic])
+
+
+def test_insights_written_in_transactions_settle_up_to_the_end_of_the_log(
+    kafka_bootstrap, make_topic, redis_client, receiver, name, prefix
+):
+    # A processor writes its insights in Kafka transactions; each ends with a commit marker, an
+    # offset no consumer reads. The positions must still reach the log's end: until_end ends,
+    # and the demo, which waits for the end offsets, is not left waiting (it was, for 120 s).
+    topic = make_topic(partitions=2, prefix="insights")
+    records = list(insights(40, seed=12, source_topic="orders-12"))
+    produce_insights(kafka_bootstrap, topic, records, per_transaction=10)
+    kafka = {"bootstrap.servers": kafka_bootstrap}
+    with LogOffsets(kafka) as offsets:
+        ends = offsets.end_offsets([(topic, 0), (topic, 1)])
+    assert sum(ends.values()) > len(records)  # the markers take offsets
+    settings = _settings(name, receiver.url, topic)
+    dispatcher = _dispatcher(settings, kafka_bootstrap, redis_client, prefix, until_end=True)
+    with DispatcherThread(dispatcher).start() as running:
+        running.join(60)
+        assert not running.alive, "until_end did not end: a position stayed below a marker"
+    assert set(receiver.accepted) == {r.origin_id for r in records}
+    assert _store(redis_client, name, prefix).positions() == ends
 
 
 def test_a_redis_that_lost_the_positions_delivers_nothing_twice(
