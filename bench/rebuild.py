@@ -19,7 +19,7 @@ import redis
 
 from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher
-from refold.contracts.progress import progress_bar
+from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.generations import GenerationRegistry
@@ -74,8 +74,7 @@ def measure_rebuild(
 
         def _progress(progress: RebuildProgress) -> None:
             samples.append((time.monotonic(), progress.done))
-            bar.n = progress.done
-            bar.refresh()
+            move_to(bar, progress.done)
             if progress.caught_up and not near_cutover.is_set():
                 near_cutover.set()  # the flip follows this call: read every millisecond
                 time.sleep(2 * _READ_SLOWLY_S)

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-__all__ = ["LINE_INTERVAL_S", "progress_bar"]
+__all__ = ["LINE_INTERVAL_S", "move_to", "progress_bar"]
 
 # Off a terminal: how often a progress line is written (a log gets ~6 lines a minute).
 LINE_INTERVAL_S = 10.0
@@ -59,3 +59,15 @@ def progress_bar(*iterable: Any, shown: bool = True, **options: Any) -> tqdm[Any
         "dynamic_ncols": False,
     }
     return tqdm(*iterable, **lines)
+
+
+def move_to(bar: tqdm[Any], done: int, note: str | None = None) -> None:
+    """Set ``bar`` to ``done`` (and its note), drawn only as often as the bar draws itself.
+
+    For progress read from somewhere (positions, a rebuild's callback) rather than counted by
+    steps. Setting ``bar.n`` and calling ``refresh()`` draws every time: one line per poll in a
+    log.
+    """
+    if note is not None:
+        bar.set_postfix_str(note, refresh=False)
+    bar.update(done - bar.n)

@@ -1,7 +1,7 @@
 """The end-to-end demo behind ``make run``: produce, process, query, replay, cut over.
 
-Runs on a private local stack (free loopback ports, in-memory broker) and stops everything it
-started, also on Ctrl-C or failure.
+Runs on a private local stack (Apache Kafka and redis-server on free loopback ports) and stops
+everything it started, also on Ctrl-C or failure.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher
-from refold.contracts.progress import progress_bar
+from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import default_registry, processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
@@ -120,8 +120,7 @@ def wait_until_caught_up(
                 gen = reader.registry.live()
             positions = reader.freshness(gen) if gen is not None else {}
             done = sum(min(positions.get(tp, 0), end) for tp, end in ends.items())
-            bar.n = done
-            bar.refresh()
+            move_to(bar, done)
             if done >= total:
                 return time.monotonic() - started
             if alive is not None and not alive():
@@ -445,8 +444,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
 
                 def _progress(progress: RebuildProgress) -> None:
                     bar.total = progress.total
-                    bar.n = progress.done
-                    bar.set_postfix_str(f"lag {sum(progress.lag.values())}")
+                    move_to(bar, progress.done, f"lag {sum(progress.lag.values())}")
 
                 result = run_rebuild(
                     plan,

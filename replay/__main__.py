@@ -22,7 +22,7 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import StateLayout
 from refold.contracts.logconfig import configure_logging
 from refold.contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
-from refold.contracts.progress import progress_bar
+from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import default_registry, processor_spec, with_fallback
 from refold.contracts.store.credentials import redis_refused
 from refold.contracts.store.generations import GenerationRegistry
@@ -330,12 +330,9 @@ def _plan_one(
         def _progress(progress: RebuildProgress) -> None:
             nonlocal announced
             bar.total = progress.total
-            bar.n = progress.done
             worst = max(progress.lag.items(), key=lambda kv: kv[1], default=None)
-            bar.set_postfix_str(
-                f"lag {sum(progress.lag.values())}"
-                + (f" (most: {worst[0][0]}/{worst[0][1]} {worst[1]})" if worst and worst[1] else "")
-            )
+            most = f" (most: {worst[0][0]}/{worst[0][1]} {worst[1]})" if worst and worst[1] else ""
+            move_to(bar, progress.done, f"lag {sum(progress.lag.values())}{most}")
             if progress.caught_up and not announced:
                 announced = True
                 bar.write("caught up with the log end taken at the start; cutting over")

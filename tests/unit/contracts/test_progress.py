@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from refold.contracts.progress import progress_bar
+from refold.contracts.progress import move_to, progress_bar
 
 
 class _Terminal(io.StringIO):
@@ -35,3 +35,15 @@ def test_a_bar_that_is_not_left_behind_leaves_no_blank_line():
     with progress_bar(total=2, file=log, desc="backfill", leave=False) as bar:
         bar.update(2)
     assert all(line.strip() for line in log.getvalue().splitlines())
+
+
+def test_progress_read_from_somewhere_draws_as_seldom_as_counted_progress():
+    # The demo and replay set a bar to positions they poll, four times a second.
+    log = io.StringIO()
+    with progress_bar(total=400, file=log, desc="archive") as bar:
+        for done in range(1, 401):
+            move_to(bar, done, f"lag {400 - done}")
+    lines = log.getvalue().splitlines()
+    assert len(lines) <= 3
+    assert "400/400" in lines[-1]
+    assert "lag 0" in lines[-1]
