@@ -57,7 +57,6 @@ from bench.windows import measure_windows, window_rows
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
@@ -140,7 +139,7 @@ def _catch_up(
                 state / "logs" / f"{prefix}-{'+'.join(names)}.log",
             ),
             tuple(
-                Watched(name, GenerationRegistry(client, StateLayout(name, prefix)), totals[name])
+                Watched(name, GenerationRegistry.of(client, name, prefix), totals[name])
                 for name in names
             ),
         )
@@ -255,7 +254,7 @@ def _latency(
     )
     prefix = "bench-latency"
     client = redis.Redis.from_url(stack.redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    registry = GenerationRegistry.of(client, "order_state", prefix)
     launcher = _launcher(
         stack, prefix, state, {"order_state": _order_state(topic, trigger_interval=trigger)}
     )

@@ -20,7 +20,6 @@ import redis
 
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import EventId, EventTime
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec, effects_spec
@@ -91,9 +90,7 @@ def envelope_only(bootstrap: str, redis_url: str, topic: str, limit: int) -> dic
     # The envelope takes either kind of fold; it is typed for entity folds.
     windows_s = _apply(FoldWriter(windows, cast("Projection", SalesWindows())), records)
     client = redis.Redis.from_url(redis_url)
-    GenerationRegistry(client, StateLayout("sales_windows", prefix)).create(
-        {"topics": [topic]}, live=True
-    )
+    GenerationRegistry.of(client, "sales_windows", prefix).create({"topics": [topic]}, live=True)
     closer = WindowCloser(
         windows.layout,
         1,

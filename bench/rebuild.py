@@ -17,7 +17,6 @@ from pathlib import Path
 
 import redis
 
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import processor_spec
@@ -53,7 +52,7 @@ def measure_rebuild(
     kafka = KafkaSettings(bootstrap_servers=bootstrap)
     settings = RedisSettings(url=redis_url, key_prefix=prefix)
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    registry = GenerationRegistry.of(client, "order_state", prefix)
     spec = processor_spec("order_state")
     plan = plan_replay(spec, ToEarliest(), kafka, client, prefix, scan_limit=0)
     reads: list[tuple[float, int]] = []

@@ -51,7 +51,6 @@ from fastapi import FastAPI, Response
 from bench.http_load import Server, get_request, post_request, run_load, serve
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.admin import ensure_topics
-from refold.contracts.layout import StateLayout
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec
@@ -370,7 +369,7 @@ def _prepare_state(stack: LocalStack, orders: int) -> tuple[list[str], dict[str,
     publisher.emit_many(events)
     publisher.close()
     client = redis.Redis.from_url(stack.redis_url)
-    registry = GenerationRegistry(client, StateLayout(PROCESSOR, PREFIX))
+    registry = GenerationRegistry.of(client, PROCESSOR, PREFIX)
     generation = registry.create({"topics": [ORDERS.name]}, live=True)
     target = FoldTarget(
         PROCESSOR, generation, stack.redis_url, PREFIX, tuple(kafka.items()), DLQ.name

@@ -46,7 +46,6 @@ from bench.catch_up import ProcessorCatchUp, Run, Watched, run_catch_up
 from bench.envelope_only import envelope_only, envelope_rows
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
@@ -92,7 +91,7 @@ def catch_up_alone(
             launcher.env(),
             state / "logs" / f"{prefix}-{name}.log",
         ),
-        (Watched(name, GenerationRegistry(client, StateLayout(name, prefix)), total),),
+        (Watched(name, GenerationRegistry.of(client, name, prefix), total),),
     )
     result = run_catch_up([run], f"{name} catch-up")
     return result.processors[name], result.peak_rss_mb
@@ -168,7 +167,7 @@ def memory_per_key(
 
 
 def _live_base(client: redis.Redis, name: str, prefix: str) -> str:
-    registry = GenerationRegistry(client, StateLayout(name, prefix))
+    registry = GenerationRegistry.of(client, name, prefix)
     live = registry.live()
     if live is None:
         msg = f"{name} has no live generation under {prefix!r}"

@@ -469,7 +469,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
                 f"{len(after[1])} counters compared key by key)"
             )
             print(f"readers now see generation {reader.live_generation()}")
-            registry = GenerationRegistry(client, StateLayout(PROCESSOR))
+            registry = GenerationRegistry.of(client, PROCESSOR, redis_settings.key_prefix)
             taken_over = _wait_for_takeover(registry, result.generation, processor)
             print(
                 f"the live processor (pid {processor.pid}) "

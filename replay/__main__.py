@@ -19,7 +19,6 @@ import redis
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout
 from refold.contracts.logconfig import configure_logging
 from refold.contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
 from refold.contracts.progress import move_to, progress_bar
@@ -286,7 +285,7 @@ def _plan_one(
     if args.export:
         print(plan.export_csv(), end="")
         return 0
-    abandoned = GenerationRegistry(client, StateLayout(spec.name, settings.redis.key_prefix))
+    abandoned = GenerationRegistry.of(client, spec.name, settings.redis.key_prefix)
     left = abandoned.abandoned()
     if left:
         print(
@@ -464,7 +463,7 @@ def _cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Re
 
 
 def _cmd_snapshot(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
-    registry = GenerationRegistry(client, StateLayout(args.processor, settings.redis.key_prefix))
+    registry = GenerationRegistry.of(client, args.processor, settings.redis.key_prefix)
     store = SnapshotStore(registry)
     if args.list:
         snapshots = store.list(args.generation)

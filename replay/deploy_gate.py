@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import redis
 
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessorSpec, process_argv
 from refold.contracts.store.generations import GenerationRegistry
 from refold.replay.errors import ReplayError
@@ -79,7 +78,7 @@ def check_deploy(
     spec: ProcessorSpec, client: redis.Redis, key_prefix: str, deployed: dict[str, str]
 ) -> GateVerdict:
     """Compare deployed fingerprints with the live generation's."""
-    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    registry = GenerationRegistry.of(client, spec.name, key_prefix)
     live = registry.live()
     recorded = registry.meta(live) if live is not None else {}
     changed = tuple(n for n in _FIELDS if live is not None and recorded.get(n) != deployed.get(n))

@@ -107,7 +107,7 @@ def generation_status(
         offsets: Used to compute lag; None skips it.
         known: False for a processor no installed package registers (shown as such).
     """
-    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    registry = GenerationRegistry.of(client, spec.name, key_prefix)
     rows = []
     ends: Positions | None = None
     for info in registry.list():
@@ -148,7 +148,7 @@ def rollback(spec: ProcessorSpec, client: redis.Redis, key_prefix: str) -> tuple
     Raises:
         ReplayError: Nothing to roll back to (no live generation, or the previous one is gone).
     """
-    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    registry = GenerationRegistry.of(client, spec.name, key_prefix)
     live = registry.live()
     if live is None:
         msg = f"{spec.name} has no live generation"
@@ -196,7 +196,7 @@ def collect_garbage(
     Returns:
         ``(generation, keys removed)`` per generation removed (keys 0 in a dry run).
     """
-    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    registry = GenerationRegistry.of(client, spec.name, key_prefix)
     abandoned = set(registry.abandoned())
     done = []
     for info in registry.list():

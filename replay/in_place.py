@@ -22,7 +22,7 @@ import redis
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.layout import position_field
 from refold.contracts.processors import consumer_group
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.store.generations import (
@@ -123,7 +123,7 @@ def reset_in_place(
     if generation is None:
         msg = f"{plan.processor} has no live generation to reset in place"
         raise PlanError(msg)
-    registry = GenerationRegistry(client, StateLayout(plan.processor, key_prefix))
+    registry = GenerationRegistry.of(client, plan.processor, key_prefix)
     # The reset holds the generation's lease itself: no processor can start in the middle.
     lease = GenerationLease(registry, generation)
     try:

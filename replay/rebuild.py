@@ -39,7 +39,6 @@ import redis
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import STOP_WITH_PARENT_ENV, ProcessLauncher, ProcessorSpec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import (
@@ -133,7 +132,7 @@ def plan_replay(
     Raises:
         PlanError: See :func:`refold.replay.plan.build_plan`; also when offsets cannot be read.
     """
-    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    registry = GenerationRegistry.of(client, spec.name, key_prefix)
     topics = processor_topics(spec, registry)
     offsets = LogOffsets(kafka.as_librdkafka())
     try:
@@ -348,7 +347,7 @@ def run_rebuild(
         )
         raise PlanError(msg)
     client = redis.Redis.from_url(redis_settings.client_url())
-    registry = GenerationRegistry(client, StateLayout(spec.name, redis_settings.key_prefix))
+    registry = GenerationRegistry.of(client, spec.name, redis_settings.key_prefix)
     store = SnapshotStore(registry)
     seed = store.get(plan.seed.generation, plan.seed.snapshot) if plan.seed is not None else None
     topics = sorted({row.topic for row in plan.partitions})

@@ -19,6 +19,7 @@ from redis.typing import EncodableT, FieldT
 from refold.contracts.errors import RefoldError
 from refold.contracts.layout import (
     BATCH_ID_FIELD,
+    DEFAULT_KEY_PREFIX,
     GenerationKeys,
     GenerationStatus,
     StateLayout,
@@ -188,6 +189,13 @@ class GenerationRegistry:
     def __init__(self, client: redis.Redis, layout: StateLayout) -> None:
         self.client = client
         self.layout = layout
+
+    @classmethod
+    def of(
+        cls, client: redis.Redis, processor: str, key_prefix: str = DEFAULT_KEY_PREFIX
+    ) -> GenerationRegistry:
+        """The registry of ``processor``'s generations under ``key_prefix``."""
+        return cls(client, StateLayout(processor, key_prefix))
 
     def keys(self, generation: int) -> GenerationKeys:
         """Key names of one generation."""

@@ -41,7 +41,6 @@ from refold.contracts.cli_parser import CommandParser
 from refold.contracts.codec import MAGIC, EventCodec
 from refold.contracts.errors import DeserializationError, RefoldError
 from refold.contracts.kafka.offsets import LogOffsets, TopicPartitionKey
-from refold.contracts.layout import StateLayout
 from refold.contracts.progress import progress_bar
 from refold.contracts.registry import default_registry, import_reference
 from refold.contracts.store.generations import GenerationRegistry
@@ -112,9 +111,7 @@ class TableStatus:
 def _applied(plan: ArchivePlan) -> dict[TopicPartitionKey, int]:
     """The archive generation's applied positions (what its files are committed up to)."""
     client = redis.Redis.from_url(plan.target.redis_url)
-    registry = GenerationRegistry(
-        client, StateLayout(plan.target.processor, plan.target.key_prefix)
-    )
+    registry = GenerationRegistry.of(client, plan.target.processor, plan.target.key_prefix)
     return registry.positions(plan.target.generation)[0]
 
 

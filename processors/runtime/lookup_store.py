@@ -102,7 +102,7 @@ class LookupJoiner(DriverTask):
     def table(self) -> tuple[int, int | None] | None:
         """The table processor's live generation and its watermark (None: no live one yet)."""
         ref = self.fold.lookup
-        registry = GenerationRegistry(self.redis, StateLayout(ref.processor, self.layout.prefix))
+        registry = GenerationRegistry.of(self.redis, ref.processor, self.layout.prefix)
         live = registry.live()
         if live is None:
             return None

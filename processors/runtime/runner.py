@@ -33,7 +33,7 @@ from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.java_client import JavaClientConfigError
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.layout import position_field
 from refold.contracts.processors import (
     EventId,
     EventTime,
@@ -190,7 +190,7 @@ def resolve_run(
     dedupe: EventId | None = None,
 ) -> ProcessorRun:
     """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
-    registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
+    registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
     fingerprints = build_fingerprints(projection)
     meta = {
         "topics": [t.name for t in topics],
@@ -468,7 +468,7 @@ def run_processor(
     _check_dedupe(projection, dedupe)
     client = redis.Redis.from_url(redis_settings.client_url())
     who = f"the processor {projection.name}"
-    registry = GenerationRegistry(client, StateLayout(projection.name, redis_settings.key_prefix))
+    registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
     following = options.generation == "live" and not options.available_now
     wait_s = options.lease_wait_s
     restarts = 0

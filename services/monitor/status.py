@@ -129,7 +129,7 @@ class Monitor:
 
     def generations(self, info: ProcessorInfo) -> list[GenerationView]:
         """Every generation of a processor, oldest first, with positions and lease."""
-        registry = GenerationRegistry(self.client, StateLayout(info.name, self.prefix))
+        registry = GenerationRegistry.of(self.client, info.name, self.prefix)
         listed = registry.list()
         with self.client.pipeline(transaction=False) as pipe:
             for gen in listed:
@@ -155,7 +155,7 @@ class Monitor:
 
     def live(self, info: ProcessorInfo) -> int | None:
         """The live generation of a processor."""
-        return GenerationRegistry(self.client, StateLayout(info.name, self.prefix)).live()
+        return GenerationRegistry.of(self.client, info.name, self.prefix).live()
 
     def generation(self, info: ProcessorInfo, generation: int | None) -> GenerationView | None:
         """One generation (default the live one); None when it does not exist.

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import redis
 
-from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.layout import position_field
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.registry import default_registry
 from refold.contracts.store.generations import GenerationRegistry
@@ -86,7 +86,7 @@ def topics_of(
     client: redis.Redis, spec: ProcessorSpec, key_prefix: str, generation: int
 ) -> list[str]:
     """The topics a generation reads: its metadata (options may rename them), else the spec's."""
-    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
+    registry = GenerationRegistry.of(client, spec.name, key_prefix)
     recorded = registry.meta(generation).get("topics")
     return list(json.loads(recorded)) if recorded else list(spec.topics)
 

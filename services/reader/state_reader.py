@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import redis
 
-from refold.contracts.layout import DEFAULT_KEY_PREFIX, StateLayout
+from refold.contracts.layout import DEFAULT_KEY_PREFIX
 from refold.contracts.store.generations import GenerationRegistry, Positions
 from refold.services.errors import NoLiveGenerationError
 
@@ -51,7 +51,7 @@ class StateReader:
         self, client: redis.Redis, processor: str, key_prefix: str = DEFAULT_KEY_PREFIX
     ) -> None:
         self.client = client
-        self.registry = GenerationRegistry(client, StateLayout(processor, key_prefix))
+        self.registry = GenerationRegistry.of(client, processor, key_prefix)
 
     @classmethod
     def from_url(

@@ -17,7 +17,6 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from refold.contracts.commerce import ORDERS
-from refold.contracts.layout import StateLayout
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.serve_cli import build_app
@@ -50,7 +49,7 @@ def api_schema(redis_url, kafka_bootstrap, make_topic, unique, tmp_path):
         serve=HttpSettings(auth="off", consistency_timeout_s=0.2),
     )
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    registry = GenerationRegistry.of(client, "order_state", prefix)
     live = registry.create({"topics": f'["{topic}"]'}, live=True)
     folded = fold_all(OrderStateProjection(), list(OrderSimulator(5, seed=1)))
     keys = registry.keys(live)

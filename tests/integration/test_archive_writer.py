@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.layout import position_field
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import PAGEVIEWS
@@ -56,7 +56,7 @@ class World:
     @property
     def registry(self) -> GenerationRegistry:
         target = self.plan.target
-        return GenerationRegistry(self.client, StateLayout(target.processor, target.key_prefix))
+        return GenerationRegistry.of(self.client, target.processor, target.key_prefix)
 
     def ends(self) -> dict[tuple[str, int], int]:
         offsets = LogOffsets(self.kafka.as_librdkafka())

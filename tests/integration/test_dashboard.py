@@ -201,7 +201,7 @@ def monitored(
     """order_state with a live generation lagging behind and a building one (a replay)."""
     topic = make_topic(partitions=PARTITIONS, prefix="dash")
     _produce(kafka_bootstrap, topic)
-    registry = GenerationRegistry(served.client, StateLayout(PROCESSOR, served.key_prefix))
+    registry = GenerationRegistry.of(served.client, PROCESSOR, served.key_prefix)
     # The meta names the test's own topic: the monitor reads a generation's topics from its
     # meta, where the processor runner records them (else from the processor's spec).
     live = registry.create({"topics": [topic]}, live=True)

@@ -16,7 +16,6 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.layout import StateLayout
 from refold.contracts.origin import (
     DEAD_LETTER_REASON,
     ORIGIN_GENERATION,
@@ -88,7 +87,7 @@ def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
     records = _records()
     first, second, third = (dataclasses.replace(target, generation=g) for g in (1, 2, 3))
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", target.key_prefix))
+    registry = GenerationRegistry.of(client, "order_state", target.key_prefix)
     assert registry.create({"topics": ["orders"]}, live=True) == 1
 
     # Live: two thirds of the log. Each partition's first two thirds.

@@ -4,7 +4,6 @@ import pytest
 import redis
 
 from refold.contracts.commerce import ORDERS
-from refold.contracts.layout import StateLayout
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.processors.errors import ProcessorConfigError
@@ -36,7 +35,7 @@ def live_generation(redis_url, kafka_bootstrap, unique, monkeypatch, tmp_path):
         )
 
     first = run()
-    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    registry = GenerationRegistry.of(client, "order_state", prefix)
     return run, registry, first.generation
 
 

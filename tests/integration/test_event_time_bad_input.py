@@ -215,7 +215,7 @@ def _click(offset: int, customer: str | None, at: int) -> SourceRecord:
 def test_a_failing_lookup_is_a_letter_and_the_others_join(target, redis_url, kafka_bootstrap):
     client = redis.Redis.from_url(redis_url)
     prefix = target.key_prefix
-    tables = GenerationRegistry(client, StateLayout("customer_profiles", prefix))
+    tables = GenerationRegistry.of(client, "customer_profiles", prefix)
     live = tables.create({"topics": ["crm"]}, live=True)
     tables.set_positions(live, {position_field("crm", 0): 0})
     table = dataclasses.replace(

@@ -7,7 +7,6 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.layout import StateLayout
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from refold.deploy.simulators.orders import OrderSimulator
@@ -177,7 +176,7 @@ def test_concurrent_writers_of_one_generation_apply_each_record_once(target, red
 
 def test_reader_follows_the_alias_flip(target, redis_url):
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", target.key_prefix))
+    registry = GenerationRegistry.of(client, "order_state", target.key_prefix)
     first = registry.create({"note": "first"}, live=True)
     events = list(OrderSimulator(20, seed=1, anomaly_rate=0))
     FoldWriter(target, P).apply(records_for(events))

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from refold.contracts.errors import RefoldError
-from refold.contracts.layout import StateLayout, WebhookKeys
+from refold.contracts.layout import WebhookKeys
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.lease import GenerationLease, LeaseHeldError, RedisLease
 from refold.services.webhooks.errors import WebhookLeaseError
@@ -35,7 +35,7 @@ class Kind:
 
 
 def _generation_lease(client: redis.Redis, prefix: str) -> RedisLease:
-    return GenerationLease(GenerationRegistry(client, StateLayout("order_state", prefix)), 3)
+    return GenerationLease(GenerationRegistry.of(client, "order_state", prefix), 3)
 
 
 def _dispatcher_lease(client: redis.Redis, prefix: str) -> RedisLease:

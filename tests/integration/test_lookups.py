@@ -84,7 +84,7 @@ def test_clicks_join_the_profile_valid_at_their_time_whatever_the_table_s_progre
         event_time=CUSTOMER_PROFILES.event_time,
         topics=("crm",),
     )
-    tables = GenerationRegistry(client, StateLayout("customer_profiles", prefix))
+    tables = GenerationRegistry.of(client, "customer_profiles", prefix)
     starts = {position_field("crm", p): 0 for p in range(PARTITIONS)}  # as a processor starts
     tables.set_positions(tables.create({"topics": ["crm"]}, live=True), starts)
     table_writer = FoldWriter(table, CustomerProfilesProjection())

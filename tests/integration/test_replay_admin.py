@@ -6,7 +6,6 @@ import pytest
 import redis
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.layout import StateLayout
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from refold.deploy.simulators.orders import OrderSimulator
@@ -26,7 +25,7 @@ def two_generations(kafka_bootstrap, redis_url, make_topic, unique, monkeypatch,
     monkeypatch.setenv("REFOLD_REDIS__KEY_PREFIX", prefix)
     monkeypatch.setenv("REFOLD_STATE_DIR", str(tmp_path))
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    registry = GenerationRegistry.of(client, "order_state", prefix)
     codec = EventCodec()
     events = list(OrderSimulator(50, seed=3, anomaly_rate=0))
     records = [
@@ -62,7 +61,7 @@ def test_status_lists_generations_with_lag(two_generations, capsys):
 
 def test_status_shows_processors_in_redis_that_no_package_registers(two_generations, capsys):
     client, _registry, prefix, _gens, _tmp = two_generations
-    ghost = GenerationRegistry(client, StateLayout("ghost_stats", prefix))
+    ghost = GenerationRegistry.of(client, "ghost_stats", prefix)
     ghost.create({"topics": []}, live=True)  # e.g. a plug-in uninstalled since
     assert replay(["status", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
-from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.layout import position_field
 from refold.contracts.processors import consumer_group
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings
@@ -69,7 +69,7 @@ class World:
         self.kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
         self.redis_url = redis_url
         self.client = redis.Redis.from_url(redis_url)
-        self.registry = GenerationRegistry(self.client, StateLayout("order_state", prefix))
+        self.registry = GenerationRegistry.of(self.client, "order_state", prefix)
         self.reader = StateReader(self.client, "order_state", prefix)
         self.codec = EventCodec()
         self.events = list(OrderSimulator(120, seed=11, anomaly_rate=0))
@@ -569,7 +569,7 @@ def test_sigterm_stops_the_rebuild_processor_and_leaves_readers_on_the_live_gene
     publisher.emit_many(events)
     publisher.close()
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    registry = GenerationRegistry.of(client, "order_state", prefix)
     live = registry.create({"topics": [topic]}, live=True)  # readers' generation, never changed
     building = live + 1
     out_path = tmp_path / "replay.out"

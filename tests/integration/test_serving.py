@@ -20,7 +20,6 @@ from fastapi.testclient import TestClient
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
-from refold.contracts.layout import StateLayout
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.local_stack import LocalStack
@@ -72,7 +71,7 @@ def stack(redis_url, kafka_bootstrap, make_topic, unique) -> Iterator[Stack]:
         serve=HttpSettings(auth="off", page_size=7, consistency_timeout_s=20),
     )
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    registry = GenerationRegistry.of(client, "order_state", prefix)
     registry.create({"topics": f'["{topic}"]'}, live=True)
     context = ServiceContext(settings, client, topics=[dataclasses.replace(ORDERS, name=topic)])
     kafka = {"bootstrap.servers": kafka_bootstrap}
@@ -184,7 +183,7 @@ def test_pagination_is_complete_without_duplicates_while_a_flip_happens(stack: S
     events = list(OrderSimulator(60, seed=9))
     assert stack.client.post("/v1/events", json=_batch(events)).status_code == 200
     stack.fold(1)
-    registry = GenerationRegistry(stack.redis, StateLayout("order_state", stack.target.key_prefix))
+    registry = GenerationRegistry.of(stack.redis, "order_state", stack.target.key_prefix)
     wanted = fold_all(OrderStateProjection(), events).states
     url = "/v1/processors/order_state/tables/orders/entities"
     first = stack.client.get(url, params={"limit": 10}).json()
@@ -259,7 +258,7 @@ def test_scopes_are_enforced_on_the_real_routes_and_the_client_reads_its_writes(
         serve=HttpSettings(auth="keys"),
     )
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_state", prefix))
+    registry = GenerationRegistry.of(client, "order_state", prefix)
     registry.create({"topics": f'["{topic}"]'}, live=True)
     keys = ApiKeyStore(client, prefix)
     ingest, query, admin = (keys.add(s, [s]) for s in ("ingest", "query", "admin"))

@@ -18,7 +18,6 @@ import pytest
 import redis
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
@@ -153,7 +152,7 @@ def _state(client: redis.Redis, registry: GenerationRegistry, generation: int) -
 def test_snapshot_seed_diff_reset_and_gc_cover_every_state_kind(target, redis_url, kind, tmp_path):
     chosen, fold, records, namespaces = kind(target)
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout(chosen.processor, chosen.key_prefix))
+    registry = GenerationRegistry.of(client, chosen.processor, chosen.key_prefix)
     first = registry.create({"topics": list(chosen.topics)}, live=True)
     FoldWriter(dataclasses.replace(chosen, generation=first), fold).apply(records)
     state = _state(client, registry, first)

@@ -77,7 +77,7 @@ def _commit(client: redis.Redis, keys: GenerationKeys, delta: WindowDelta) -> No
 def world(redis_url, unique) -> World:
     client = redis.Redis.from_url(redis_url)
     prefix = f"test-{unique}"
-    return World(client, prefix, GenerationRegistry(client, StateLayout("sales_windows", prefix)))
+    return World(client, prefix, GenerationRegistry.of(client, "sales_windows", prefix))
 
 
 def sales(n: int = 300, seed: int = 7, minutes: int = 20) -> list[Record]:
@@ -199,7 +199,7 @@ def test_distinct_over_a_range_is_the_union_of_the_hourly_sketches(world):
     fold = UniqueVisitors()
     records = page_views()
     oracle = fold_windows(fold, VISITS_TIME, records)
-    registry = GenerationRegistry(world.client, StateLayout(fold.name, world.prefix))
+    registry = GenerationRegistry.of(world.client, fold.name, world.prefix)
     gen = registry.create({}, live=True)
     world.write(gen, fold, VISITS_TIME, records)
     reader = WindowReader.from_fold(world.client, fold, world.prefix)
@@ -246,7 +246,7 @@ def test_groups_are_parsed_from_keys_even_with_colons(world):
         assert view.generation == gen
         assert view.value == sorted(CURRENCIES)
     # A window with data and another processor's keys under the same prefix do not mix.
-    other = GenerationRegistry(world.client, StateLayout("other", world.prefix))
+    other = GenerationRegistry.of(world.client, "other", world.prefix)
     keys = other.keys(other.create({}, live=True))
     world.client.hset(keys.window_bucket("per_minute", T0, "XYZ"), "count", 1)
     assert reader.groups("per_minute").value == sorted(CURRENCIES)
@@ -379,7 +379,7 @@ def test_the_query_api_reads_windows_from_the_generations_meta_as_the_reader_doe
         (sales_fold, SALES_TIME, sales()),
         (visits_fold, VISITS_TIME, page_views()),
     ):
-        registry = GenerationRegistry(world.client, StateLayout(fold.name, world.prefix))
+        registry = GenerationRegistry.of(world.client, fold.name, world.prefix)
         gen = registry.create(window_meta(fold.windows, fold.distinct), live=True)
         world.write(gen, fold, event_time, records)
     settings = ServeSettings(

@@ -17,7 +17,7 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.layout import position_field
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.windows import result_from_record
 from refold.deploy.simulators.orders import OrderSimulator
@@ -203,7 +203,7 @@ def test_the_closer_emits_each_passed_window_once_then_expires_it(
     writer.apply(records, batch_id=0)
     client = redis.Redis.from_url(redis_url)
     # One generation of a registered processor: the closer reads its status.
-    registry = GenerationRegistry(client, StateLayout("sales_windows", chosen.key_prefix))
+    registry = GenerationRegistry.of(client, "sales_windows", chosen.key_prefix)
     assert registry.create({"topics": ["orders"]}, live=True) == 1
     kafka = {"bootstrap.servers": kafka_bootstrap}
     closer = WindowCloser(
@@ -242,7 +242,7 @@ def test_a_record_folded_while_its_window_closes_keeps_the_timer_for_a_correctio
     writer = FoldWriter(chosen, FOLD)
     writer.apply(records)
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("sales_windows", chosen.key_prefix))
+    registry = GenerationRegistry.of(client, "sales_windows", chosen.key_prefix)
     registry.create({"topics": ["orders"]}, live=True)
     closer = WindowCloser(
         chosen.layout, 1, FOLD, 0, redis_url, {"bootstrap.servers": kafka_bootstrap}, results_topic
@@ -308,7 +308,7 @@ def test_decimal_measures_are_exact_in_any_order_and_reported_in_the_user_s_unit
             minute = event["paid_at"] - event["paid_at"] % 60_000
             key = (minute, event["currency"])
             expected[key] = expected.get(key, Decimal(0)) + Decimal(event["amount_minor"]) / 100
-    registry = GenerationRegistry(client, StateLayout("sales_windows", chosen.key_prefix))
+    registry = GenerationRegistry.of(client, "sales_windows", chosen.key_prefix)
     assert registry.create({"topics": ["orders"]}, live=True) == 1
     reader = WindowReader.from_fold(client, fold, chosen.key_prefix)
     per_minute = next(w for w in fold.windows if w.name == "per_minute")
@@ -347,7 +347,7 @@ def test_after_a_flip_the_new_generation_emits_only_the_windows_the_old_one_did_
     results_topic, reference_topic = (make_topic(partitions=1, prefix=p) for p in ("win", "ref"))
     client = redis.Redis.from_url(redis_url)
     first, second, third = (_windows_target(target, g) for g in (1, 2, 3))
-    registry = GenerationRegistry(client, StateLayout("sales_windows", first.key_prefix))
+    registry = GenerationRegistry.of(client, "sales_windows", first.key_prefix)
     assert registry.create({"topics": ["orders"]}, live=True) == 1
 
     def closer(generation: int, topic: str) -> WindowCloser:

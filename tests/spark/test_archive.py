@@ -23,7 +23,6 @@ from confluent_kafka import Producer
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -101,7 +100,7 @@ def test_the_archive_equals_the_log_through_a_kill_9_read_by_pyarrow_duckdb_and_
     orders = list(OrderSimulator(350, seed=31))
     clicks = list(ClickstreamSimulator(150, seed=31))
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("archive", prefix))
+    registry = GenerationRegistry.of(client, "archive", prefix)
 
     def archived() -> int:
         live = registry.live()
@@ -142,7 +141,7 @@ def test_the_archive_equals_the_log_through_a_kill_9_read_by_pyarrow_duckdb_and_
             alive=process.alive,
             message=process.log_tail,
         )
-        order_state = GenerationRegistry(client, StateLayout("order_state", prefix))
+        order_state = GenerationRegistry.of(client, "order_state", prefix)
         orders_end = {tp: o for tp, o in end.items() if tp[0] == names[0]}
         assert_eventually(
             lambda: order_state.positions(1)[0] == orders_end,

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import process_argv
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.demo import wait_until_caught_up
@@ -112,7 +111,7 @@ def test_a_running_processor_stops_at_a_cutover_to_other_code_and_new_code_conti
         "REFOLD_ORDER_SUMS__MAX_OFFSETS_PER_TRIGGER": "5000",
     }
     reader = StateReader(world.client, PROCESSOR, world.redis.key_prefix)
-    registry = GenerationRegistry(world.client, StateLayout(PROCESSOR, world.redis.key_prefix))
+    registry = GenerationRegistry.of(world.client, PROCESSOR, world.redis.key_prefix)
     publisher = world.publisher()
     events = list(OrderSimulator(600, seed=41))
     publisher.emit_many(events)

@@ -10,7 +10,6 @@ from pathlib import Path
 import redis
 
 from refold.contracts.commerce import ORDERS
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -80,7 +79,7 @@ def test_rekeyed_customer_stats_equals_the_oracle_through_three_kill_9s(
     quarter = len(events) // 4
     chunks = [events[i * quarter : (i + 1) * quarter] for i in range(3)] + [events[3 * quarter :]]
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout(NAME, redis_settings.key_prefix))
+    registry = GenerationRegistry.of(client, NAME, redis_settings.key_prefix)
 
     def applied() -> int:
         live = registry.live()

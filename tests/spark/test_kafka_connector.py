@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, SparkSettings
@@ -68,7 +67,7 @@ def test_the_kafka_source_equals_refolds_source_through_an_older_redis_and_a_tim
         dict(oracle(first + second).aggregate),
     )
 
-    SnapshotStore(GenerationRegistry(world.client, StateLayout("order_state", prefix))).take(
+    SnapshotStore(GenerationRegistry.of(world.client, "order_state", prefix)).take(
         live
     )  # what a replay from a time starts from
     time.sleep(1.1)  # record timestamps are milliseconds: `third` starts strictly later

@@ -9,7 +9,6 @@ from pathlib import Path
 import redis
 
 from refold.contracts.commerce import ORDERS
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import RESET_PENDING_FIELD, GenerationRegistry
@@ -148,7 +147,7 @@ def test_three_processors_in_one_application_equal_their_oracles(
 def test_a_failing_processor_stops_alone(kafka_bootstrap, redis_url, make_topic, unique, tmp_path):
     shop = _shop(kafka_bootstrap, redis_url, make_topic, unique, tmp_path)
     # session_stats' live generation is half reset: its query must refuse to start...
-    registry = GenerationRegistry(shop.client, StateLayout("session_stats", shop.prefix))
+    registry = GenerationRegistry.of(shop.client, "session_stats", shop.prefix)
     broken = registry.create({"topics": []}, live=True)
     registry.update_meta(broken, {RESET_PENDING_FIELD: "to-earliest"})
     order_events, _web = _traffic(200, 10, seed=42)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 
-from refold.contracts.layout import StateLayout
 from refold.contracts.registry import processor_spec
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.demo import wait_until_caught_up
@@ -38,7 +37,7 @@ def test_shadow_rebuild_under_live_traffic_cuts_over_and_the_live_processor_foll
     publisher = world.publisher()
     first = list(OrderSimulator(800, seed=21))
     produced = list(zip(first, publisher.emit_many(first), strict=True))
-    registry = GenerationRegistry(world.client, StateLayout("order_state", world.redis.key_prefix))
+    registry = GenerationRegistry.of(world.client, "order_state", world.redis.key_prefix)
     reader = world.reader()
     live_process = world.processor(name="live").start()
     late = list(OrderSimulator(1000, seed=22, order_prefix="late-"))

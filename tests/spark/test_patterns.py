@@ -17,7 +17,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import MAGIC, EventCodec
 from refold.contracts.commerce import ORDERS
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
@@ -74,7 +73,7 @@ def test_order_alerts_equal_their_oracle_through_kills(
     # payments wait more than 10 minutes for their shipping, and deadlines are armed at a kill.
     events = list(OrderSimulator(2_500, seed=21, concurrency=2_000))
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout(NAME, redis_settings.key_prefix))
+    registry = GenerationRegistry.of(client, NAME, redis_settings.key_prefix)
     reader = StateReader(client, NAME, redis_settings.key_prefix)
 
     def applied() -> int:

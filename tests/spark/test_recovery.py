@@ -11,7 +11,7 @@ import time
 from confluent_kafka import Producer
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.layout import position_field
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
@@ -48,7 +48,7 @@ def test_a_restart_while_another_processor_lets_go_of_the_lease_waits_for_it(spa
     events = list(OrderSimulator(300, seed=13))
     world.publisher().emit_many(events[:1000])
     generation = world.run_available_now(spark)
-    registry = GenerationRegistry(world.client, StateLayout("order_state", world.redis.key_prefix))
+    registry = GenerationRegistry.of(world.client, "order_state", world.redis.key_prefix)
     # Like replay's processor finishing its last batch right after a cutover: alive, still
     # holding the lease for a few seconds.
     holder = f"{socket.gethostname()}:{os.getpid()}:cutover"

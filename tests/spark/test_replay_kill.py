@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from refold.contracts.layout import StateLayout
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.orders import OrderSimulator
 
@@ -100,7 +99,7 @@ def test_a_killed_replay_leaves_no_rebuild_running_and_its_generation_is_abandon
     world.publisher().emit_many(events)
     assert world.run_available_now(spark) == 1  # the live generation the replays rebuild
     env = {**world.env, "REFOLD_ORDER_STATE__MAX_OFFSETS_PER_TRIGGER": BATCH}
-    registry = GenerationRegistry(world.client, StateLayout("order_state", world.redis.key_prefix))
+    registry = GenerationRegistry.of(world.client, "order_state", world.redis.key_prefix)
     execute = ("--processor", "order_state", "--to-earliest", "--execute")
     log = tmp_path / "replay.log"
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import redis
 
 from refold.contracts.commerce import ORDER_CHANGES, ORDERS
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -74,7 +73,7 @@ def test_a_chained_processor_counts_each_change_once_through_a_kill(
     publisher = EventPublisher(kafka, topics=[dataclasses.replace(ORDERS, name=orders)])
     events = list(OrderSimulator(1_500, seed=8))
     client = redis.Redis.from_url(redis_url)
-    upstream = GenerationRegistry(client, StateLayout("order_state", redis_settings.key_prefix))
+    upstream = GenerationRegistry.of(client, "order_state", redis_settings.key_prefix)
     names = ["order_state", "customer_orders"]
     processes: list[ProcessorProcess] = []
 
@@ -157,7 +156,7 @@ def test_webhooks_deliver_every_insight_and_send_nothing_while_replay_builds(
     events = list(OrderSimulator(1_600, seed=5, concurrency=1_200))
     first_part, second_part = events[: len(events) * 2 // 3], events[len(events) * 2 // 3 :]
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout("order_alerts", redis_settings.key_prefix))
+    registry = GenerationRegistry.of(client, "order_alerts", redis_settings.key_prefix)
     receiver = WebhookReceiver(fail_every=4).start()
     settings = WebhookSettings(
         name=f"wh-{unique}",

@@ -15,7 +15,6 @@ import redis
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -63,7 +62,7 @@ def test_sales_native_equals_the_window_oracle_through_a_kill_and_a_replay(
     publisher = EventPublisher(kafka, topics=[dataclasses.replace(ORDERS, name=orders)])
     events = list(OrderSimulator(1_500, seed=21))
     client = redis.Redis.from_url(redis_url)
-    registry = GenerationRegistry(client, StateLayout(NAME, redis_settings.key_prefix))
+    registry = GenerationRegistry.of(client, NAME, redis_settings.key_prefix)
 
     def applied_batch() -> int | None:
         generation = registry.live()

@@ -14,7 +14,6 @@ import orjson
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -87,9 +86,7 @@ def test_sessions_and_the_search_join_equal_their_oracles_through_a_kill_and_a_r
     ]
     client = redis.Redis.from_url(redis_url)
     names = ["web_sessions", "search_ctr"]
-    registries = {
-        n: GenerationRegistry(client, StateLayout(n, redis_settings.key_prefix)) for n in names
-    }
+    registries = {n: GenerationRegistry.of(client, n, redis_settings.key_prefix) for n in names}
 
     def applied(name: str) -> int:
         live = registries[name].live()

@@ -114,9 +114,7 @@ def test_windows_equal_their_oracles_through_a_kill_and_a_replay(
         if e[0] == "PageViewed"
     ]
     client = redis.Redis.from_url(redis_url)
-    registries = {
-        n: GenerationRegistry(client, StateLayout(n, redis_settings.key_prefix)) for n in FOLDS
-    }
+    registries = {n: GenerationRegistry.of(client, n, redis_settings.key_prefix) for n in FOLDS}
 
     def closed() -> int:
         return len(_emitted(kafka_bootstrap, results["sales_windows"]))
