@@ -23,6 +23,7 @@ from refold.contracts.layout import StateLayout
 from refold.contracts.settings import StackSettings
 from refold.contracts.store.credentials import redis_refused
 from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.scan import SCAN_COUNT
 from refold.contracts.topics import dead_letter_topic
 from refold.processors.runtime.dead_letter_index import summarise_index
 
@@ -38,7 +39,6 @@ and reason, so each generation's list is what it decided, and the topic holds ea
 Settings: REFOLD_REDIS__URL, REFOLD_REDIS__USERNAME, REFOLD_REDIS__PASSWORD,
 REFOLD_REDIS__KEY_PREFIX.
 """
-_SCAN_COUNT = 1000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +79,7 @@ def _list(args: argparse.Namespace, client: redis.Redis, prefix: str) -> int:
     entries = {
         cast("bytes", field).decode(): cast("bytes", reason).decode()
         for field, reason in client.hscan_iter(
-            layout.generation(generation).dead_letters, count=_SCAN_COUNT
+            layout.generation(generation).dead_letters, count=SCAN_COUNT
         )
     }
     summaries = summarise_index(entries, args.examples)

@@ -26,6 +26,7 @@ from refold.contracts.store.generations import (
     processors_in_redis,
     starting_positions,
 )
+from refold.contracts.store.scan import scan_batches, unlink_matching
 from refold.processors.runtime.checkpoints import remove_generation_checkpoints
 from refold.replay.errors import ReplayError
 
@@ -40,7 +41,6 @@ __all__ = [
     "unregistered_spec",
 ]
 
-_SCAN_COUNT = 1000  # keys per SCAN round trip
 _EXAMPLES = 5
 # The window namespaces of RESULT_NAMESPACES (refold.contracts.layout): bucket hashes, distinct
 # sketches.
@@ -166,19 +166,6 @@ def rollback(spec: ProcessorSpec, client: redis.Redis, key_prefix: str) -> tuple
     return target, live
 
 
-def _unlink_pattern(client: redis.Redis, pattern: str) -> int:
-    removed = 0
-    batch: list[Any] = []
-    for name in client.scan_iter(match=pattern, count=_SCAN_COUNT):
-        batch.append(name)
-        if len(batch) >= _SCAN_COUNT:
-            removed += client.unlink(*batch)
-            batch = []
-    if batch:
-        removed += client.unlink(*batch)
-    return removed
-
-
 def collect_garbage(
     spec: ProcessorSpec,
     client: redis.Redis,
@@ -204,7 +191,7 @@ def collect_garbage(
             continue
         removed = 0
         if execute:
-            removed = _unlink_pattern(client, registry.keys(info.generation).pattern())
+            removed = unlink_matching(client, registry.keys(info.generation).pattern())
             client.hdel(registry.layout.generations, str(info.generation))
             remove_generation_checkpoints(checkpoint_root, spec.name, info.generation, spark)
         done.append((info.generation, removed))
@@ -285,21 +272,15 @@ class GenerationDiff:
 
 
 def _entities(client: redis.Redis, pattern: str, prefix_len: int) -> Iterator[tuple[str, bytes]]:
-    batch: list[bytes] = []
-    for name in client.scan_iter(match=pattern, count=_SCAN_COUNT):
-        batch.append(cast("bytes", name))
-        if len(batch) >= _SCAN_COUNT:
-            yield from _load(client, batch, prefix_len)
-            batch = []
-    if batch:
+    for batch in scan_batches(client, pattern):
         yield from _load(client, batch, prefix_len)
 
 
-def _load(client: redis.Redis, names: list[bytes], prefix_len: int) -> Iterator[tuple[str, bytes]]:
+def _load(client: redis.Redis, names: list[str], prefix_len: int) -> Iterator[tuple[str, bytes]]:
     values = cast("list[bytes | None]", client.mget(names))
     for name, value in zip(names, values, strict=True):
         if value is not None:
-            yield name.decode()[prefix_len:], value
+            yield name[prefix_len:], value
 
 
 def diff_generations(
@@ -372,23 +353,17 @@ def _window_keys(
     client: redis.Redis,
     keys: GenerationKeys,
     namespace: str,
-    load: Callable[[redis.Redis, list[bytes]], list[Any]],
+    load: Callable[[redis.Redis, list[str]], list[Any]],
 ) -> dict[str, Any]:
     """Every key of one namespace of a generation, named without the generation's base."""
     head = len(keys.base) + 1
     found: dict[str, Any] = {}
-    batch: list[bytes] = []
-    for name in client.scan_iter(match=keys.namespace_pattern(namespace), count=_SCAN_COUNT):
-        batch.append(cast("bytes", name))
-        if len(batch) >= _SCAN_COUNT:
-            found.update(zip((n.decode()[head:] for n in batch), load(client, batch), strict=True))
-            batch = []
-    if batch:
-        found.update(zip((n.decode()[head:] for n in batch), load(client, batch), strict=True))
+    for batch in scan_batches(client, keys.namespace_pattern(namespace)):
+        found.update(zip((n[head:] for n in batch), load(client, batch), strict=True))
     return found
 
 
-def _bucket_values(client: redis.Redis, names: list[bytes]) -> list[dict[str, int]]:
+def _bucket_values(client: redis.Redis, names: list[str]) -> list[dict[str, int]]:
     with client.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.hgetall(name)
@@ -396,7 +371,7 @@ def _bucket_values(client: redis.Redis, names: list[bytes]) -> list[dict[str, in
     return [{k.decode(): int(v) for k, v in raw.items()} for raw in raws]
 
 
-def _sketch_counts(client: redis.Redis, names: list[bytes]) -> list[int]:
+def _sketch_counts(client: redis.Redis, names: list[str]) -> list[int]:
     with client.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.pfcount(name)

@@ -31,6 +31,7 @@ from refold.contracts.store.generations import (
     GenerationRegistry,
 )
 from refold.contracts.store.lease import GenerationLease, LeaseHeldError
+from refold.contracts.store.scan import unlink_matching
 from refold.contracts.store.stats import ProcessorStats
 from refold.replay.errors import PlanError
 from refold.replay.plan import ReplayPlan
@@ -39,8 +40,6 @@ from refold.replay.snapshots import Snapshot, SnapshotStore
 __all__ = ["InPlaceResult", "reset_in_place"]
 
 logger = logging.getLogger(__name__)
-
-_UNLINK_CHUNK = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,17 +80,7 @@ def _reset_state(
     """Empty the generation's state (or restore ``snapshot``); set where folding resumes."""
     client = registry.client
     keys = registry.keys(generation)
-    removed = 0
-    batch: list[str] = []
-    for raw in client.scan_iter(match=keys.pattern(), count=1_000):
-        name = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if keys.is_state_key(name):
-            batch.append(name)
-        if len(batch) >= _UNLINK_CHUNK:
-            removed += int(client.unlink(*batch))
-            batch = []
-    if batch:
-        removed += int(client.unlink(*batch))
+    removed = unlink_matching(client, keys.pattern(), only=keys.is_state_key)
     # Not state, but counted by checkpoint and batch id: the new checkpoint epoch starts both
     # again, and the stats describe the generation's folding from its new start.
     ProcessorStats(client, registry.layout).reset(generation)

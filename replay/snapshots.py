@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -34,6 +33,7 @@ import redis
 
 from refold.contracts.layout import position_field
 from refold.contracts.store.generations import GenerationRegistry, Positions
+from refold.contracts.store.scan import scan_names, unlink_matching
 from refold.replay.errors import PlanError
 
 __all__ = ["Snapshot", "SnapshotError", "SnapshotStore"]
@@ -108,10 +108,6 @@ class SnapshotStore:
     def _snapshot_base(self, generation: int, snapshot: int) -> str:
         return f"{self.registry.keys(generation).base}:snap:{snapshot}"
 
-    def _scan(self, pattern: str) -> Iterator[str]:
-        for key in self.client.scan_iter(match=pattern, count=1_000):
-            yield key.decode() if isinstance(key, bytes) else str(key)
-
     def take(self, generation: int, *, attempts: int = 50) -> Snapshot:
         """Copy ``generation``'s state and positions at one instant.
 
@@ -144,7 +140,9 @@ class SnapshotStore:
                         )
                         raise SnapshotError(msg)
                     # Listed after WATCH: a commit that adds keys after this aborts the copy.
-                    names = [k for k in self._scan(keys.pattern()) if keys.is_state_key(k)]
+                    names = [
+                        k for k in scan_names(self.client, keys.pattern()) if keys.is_state_key(k)
+                    ]
                     snapshot = int(self.client.incr(self._sequence(generation)))
                     target = self._snapshot_base(generation, snapshot)
                     info = Snapshot(
@@ -245,7 +243,7 @@ class SnapshotStore:
         """
         source = self._snapshot_base(snapshot.generation, snapshot.snapshot)
         target = self.registry.keys(generation).base
-        names = list(self._scan(f"{source}:*"))
+        names = list(scan_names(self.client, f"{source}:*"))
         copied = 0
         for start in range(0, len(names), _COPY_CHUNK):
             chunk = names[start : start + _COPY_CHUNK]
@@ -276,9 +274,6 @@ class SnapshotStore:
 
     def delete(self, generation: int, snapshot: int) -> int:
         """Remove one snapshot; returns the keys removed."""
-        names = list(self._scan(f"{self._snapshot_base(generation, snapshot)}:*"))
-        removed = 0
-        for start in range(0, len(names), _COPY_CHUNK):
-            removed += int(self.client.unlink(*names[start : start + _COPY_CHUNK]))
+        removed = unlink_matching(self.client, f"{self._snapshot_base(generation, snapshot)}:*")
         self.client.hdel(self._index(generation), str(snapshot))
         return removed

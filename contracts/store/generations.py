@@ -33,6 +33,7 @@ from refold.contracts.store.lease import (
     lease_holder_alive,
     release_lease,
 )
+from refold.contracts.store.scan import scan_names
 
 __all__ = [
     "CHECKPOINT_EPOCH_FIELD",
@@ -135,17 +136,14 @@ def _decode(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-_SCAN_COUNT = 1000  # keys per SCAN round trip
-
-
 def processors_in_redis(client: redis.Redis, key_prefix: str) -> list[str]:
     """Every processor that has a generations registry in Redis, registered or not.
 
     One SCAN over the whole keyspace: callers that ask often cache the answer.
     """
     names = set()
-    for key in client.scan_iter(match=registries_pattern(key_prefix), count=_SCAN_COUNT):
-        name = processor_of_registry_key(_decode(cast("bytes | str", key)), key_prefix)
+    for key in scan_names(client, registries_pattern(key_prefix)):
+        name = processor_of_registry_key(key, key_prefix)
         if name is not None:
             names.add(name)
     return sorted(names)

@@ -15,11 +15,10 @@ import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
 from refold.contracts.store.generations import GenerationRegistry, Positions
+from refold.contracts.store.scan import scan_batches
 from refold.services.errors import NoLiveGenerationError
 
 __all__ = ["StateReader", "StateView"]
-
-_SCAN_COUNT = 1000  # keys per SCAN round trip
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,20 +118,12 @@ class StateReader:
         """Every entity of a table as ``(key, state)``, in no particular order."""
         gen = self.live_generation() if generation is None else generation
         prefix = self.registry.keys(gen).table(table, "")
-        batch: list[bytes] = []
-        for name in self.client.scan_iter(
-            match=self.registry.keys(gen).table_pattern(table), count=_SCAN_COUNT
-        ):
-            batch.append(cast("bytes", name))
-            if len(batch) >= _SCAN_COUNT:
-                yield from self._load(batch, prefix)
-                batch = []
-        if batch:
+        for batch in scan_batches(self.client, self.registry.keys(gen).table_pattern(table)):
             yield from self._load(batch, prefix)
 
-    def _load(self, names: list[bytes], prefix: str) -> Iterator[tuple[str, Any]]:
+    def _load(self, names: list[str], prefix: str) -> Iterator[tuple[str, Any]]:
         for name, raw in zip(
             names, cast("list[bytes | None]", self.client.mget(names)), strict=True
         ):
             if raw is not None:
-                yield name.decode()[len(prefix) :], json.loads(raw)
+                yield name[len(prefix) :], json.loads(raw)

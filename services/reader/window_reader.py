@@ -21,6 +21,7 @@ from typing import Protocol, cast
 import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
+from refold.contracts.store.scan import scan_names
 from refold.contracts.windows import (
     Hopping,
     Sliding,
@@ -36,7 +37,6 @@ from refold.services.reader.state_reader import StateReader, StateView
 __all__ = ["MAX_BUCKETS", "Watermark", "WindowReader"]
 
 MAX_BUCKETS = 10_000  # buckets (or sketches) one call reads at most
-_SCAN_COUNT = 1000  # keys per SCAN round trip
 
 
 class WindowSource(Protocol):
@@ -336,7 +336,7 @@ class WindowReader:
 
     def _buckets(self, keys: GenerationKeys, name: str) -> Iterator[tuple[int, str]]:
         """``(start, group)`` of every bucket of window ``name`` (SCAN, in no order)."""
-        for raw in self.client.scan_iter(match=keys.window_pattern(name), count=_SCAN_COUNT):
-            parsed = keys.parse_window_bucket(cast("bytes", raw).decode())
+        for key in scan_names(self.client, keys.window_pattern(name)):
+            parsed = keys.parse_window_bucket(key)
             if parsed is not None and parsed[0] == name:
                 yield parsed[1], parsed[2]

@@ -22,6 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from refold.contracts.layout import WebhookKeys, parse_position_field, position_field
 from refold.contracts.store.lease import LEASE_TTL_MS, RedisLease
+from refold.contracts.store.scan import scan_names
 from refold.services.webhooks.errors import WebhookLeaseError, WebhookStoreError
 
 __all__ = [
@@ -266,8 +267,7 @@ class WebhookStore:
 def list_dispatchers(client: redis.Redis, prefix: str) -> list[str]:
     """Names of the dispatchers that have counters under ``prefix``."""
     names = {
-        WebhookKeys.name_of(key.decode() if isinstance(key, bytes) else str(key), prefix)
-        for key in client.scan_iter(match=WebhookKeys.pattern(prefix), count=1000)
+        WebhookKeys.name_of(key, prefix) for key in scan_names(client, WebhookKeys.pattern(prefix))
     }
     return sorted(n for n in names if n)
 
