@@ -15,12 +15,27 @@ import fastavro
 from fastavro.validation import ValidationError, validate
 
 from refold.contracts.catalog import SchemaCatalog, SchemaVersion, default_catalog
-from refold.contracts.errors import DeserializationError, EventValidationError
+from refold.contracts.errors import DeserializationError, EventValidationError, UnknownSchemaError
 
-__all__ = ["MAGIC", "DecodedEvent", "EventCodec"]
+__all__ = ["MAGIC", "DecodedEvent", "EventCodec", "fingerprint_of"]
 
 MAGIC = b"\xc3\x01"
 _HEADER_LEN = len(MAGIC) + 8
+
+
+def fingerprint_of(value: bytes | None) -> bytes | None:
+    """The writer schema's fingerprint in a record's single-object header, without decoding.
+
+    Args:
+        value: A record's value, as read from Kafka.
+
+    Returns:
+        The 8 fingerprint bytes after :data:`MAGIC`, or ``None`` when ``value`` is not single-object
+        encoded (``None``, shorter than the 10-byte header, or another magic).
+    """
+    if value is None or len(value) < _HEADER_LEN or value[:2] != MAGIC:
+        return None
+    return value[2:_HEADER_LEN]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +50,8 @@ class DecodedEvent:
 class EventCodec:
     """Validate, encode and decode events of the catalog's record types.
 
-    Picklable (holds only the catalog) and safe to share between threads.
+    Picklable (the catalog and per-fingerprint caches, so it travels in a plan pickled into
+    Spark tasks; each task's copy fills its own caches) and safe to share between threads.
 
     Args:
         catalog: The schema registry; default the shipped schemas.
@@ -60,6 +76,30 @@ class EventCodec:
         if reader is None:
             reader = self._readers[event_type] = self.catalog.latest(event_type)
         return reader
+
+    def writer_of(self, value: bytes | None) -> SchemaVersion | None:
+        """The writer schema named by a record's header, without decoding its body.
+
+        For skipping records of types a reader does not want before paying for a decode. Cached
+        per fingerprint with :meth:`decode`'s plans, so each fingerprint is looked up once.
+
+        Args:
+            value: A record's value, as read from Kafka.
+
+        Returns:
+            The writer schema, or ``None`` when ``value`` is not single-object encoded or its
+            fingerprint is not in the catalog: :meth:`decode` refuses such a record, saying why.
+        """
+        fingerprint = fingerprint_of(value)
+        if fingerprint is None:
+            return None
+        plan = self._plans.get(fingerprint)
+        if plan is None:
+            try:
+                plan = self._plan(fingerprint)
+            except UnknownSchemaError:
+                return None  # not cached: rare, and decode reports it per record anyway
+        return plan[0]
 
     def validate(self, event_type: str, data: dict[str, Any]) -> SchemaVersion:
         """Check ``data`` against the newest ``event_type`` schema.
@@ -143,21 +183,18 @@ class EventCodec:
             DeserializationError: Not single-object encoded, unknown fingerprint, or a body that
                 does not match its writer schema. ``raw`` holds the payload.
         """
-        if payload is None or len(payload) < _HEADER_LEN or payload[:2] != MAGIC:
-            head = b"" if payload is None else payload[:10]
+        if payload is None or (fingerprint := fingerprint_of(payload)) is None:
+            head = b"" if payload is None else payload[:_HEADER_LEN]
             reason = "bad-magic"
             detail = f"not Avro single-object encoded (starts with {head.hex() or 'nothing'})"
             raise DeserializationError(reason, detail, payload)
-        fingerprint = payload[2:_HEADER_LEN]
         plan = self._plans.get(fingerprint)
         if plan is None:
             try:
-                writer = self.catalog.by_fingerprint(fingerprint)
+                plan = self._plan(fingerprint)
             except DeserializationError as exc:
                 exc.raw = payload
                 raise
-            reader = self.reader_for(writer.name)
-            plan = self._plans[fingerprint] = (writer, None if reader is writer else reader.parsed)
         writer, reader_schema = plan
         body = BytesIO(payload)  # shares the bytes (no copy); skip the header by seeking
         body.seek(_HEADER_LEN)
@@ -175,6 +212,17 @@ class EventCodec:
             detail = f"{writer.name} v{writer.version} body has {extra} bytes after the record"
             raise DeserializationError(reason, detail, payload)
         return DecodedEvent(writer.name, writer, cast("dict[str, Any]", data))
+
+    def _plan(self, fingerprint: bytes) -> tuple[SchemaVersion, Any]:
+        """Look up and cache how to decode records of one writer fingerprint.
+
+        Raises:
+            UnknownSchemaError: No schema in the catalog has this fingerprint.
+        """
+        writer = self.catalog.by_fingerprint(fingerprint)
+        reader = self.reader_for(writer.name)
+        plan = self._plans[fingerprint] = (writer, None if reader is writer else reader.parsed)
+        return plan
 
 
 def _field_problems(schema: SchemaVersion, data: dict[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.codec import EventCodec, fingerprint_of
 from refold.contracts.compat import reader_problem
 from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.logs import routed
@@ -38,7 +38,6 @@ __all__ = [
     "state_check",
 ]
 
-_HEADER = len(MAGIC) + 8
 NOT_AVRO = "not-avro"
 # Start-up of a rebuild's Spark processor before its first batch (JVM, session, workers).
 REBUILD_STARTUP_S = 20.0
@@ -111,9 +110,8 @@ def scan_fingerprints(
                 if offset >= ends[tp]:
                     todo.discard(tp)
                     continue
-                value = message.value() or b""
-                ok = len(value) >= _HEADER and value[: len(MAGIC)] == MAGIC
-                counts[value[len(MAGIC) : _HEADER].hex() if ok else NOT_AVRO] += 1
+                fingerprint = fingerprint_of(message.value())
+                counts[NOT_AVRO if fingerprint is None else fingerprint.hex()] += 1
                 scanned += 1
                 if offset + 1 >= ends[tp]:
                     todo.discard(tp)

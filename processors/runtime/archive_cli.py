@@ -38,7 +38,7 @@ import redis
 from tqdm import tqdm
 
 from refold.contracts.cli_parser import CommandParser
-from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.codec import EventCodec
 from refold.contracts.errors import DeserializationError, RefoldError
 from refold.contracts.kafka.offsets import LogOffsets, TopicPartitionKey
 from refold.contracts.progress import progress_bar
@@ -126,13 +126,12 @@ def _sorted_unique(table: pa.Table) -> pa.Table:
 
 
 def _wanted_type(codec: EventCodec, value: bytes | None, types: frozenset[str]) -> bool:
-    """Whether a record is of one of ``types``, read off its header (undecodable: True)."""
-    if value is None or len(value) < 10 or value[:2] != MAGIC:
-        return True
-    try:
-        return codec.catalog.by_fingerprint(value[2:10]).name in types
-    except DeserializationError:
-        return True
+    """Whether a record is of one of ``types``, read off its header (undecodable: True).
+
+    The writer is cached per fingerprint by ``codec``, so pass the same codec for every record.
+    """
+    writer = codec.writer_of(value)
+    return writer is None or writer.name in types
 
 
 def _read_dates(

@@ -35,7 +35,7 @@ import pyarrow as pa
 import redis
 from confluent_kafka import Producer
 
-from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.codec import EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import BATCH_ID_FIELD
@@ -135,16 +135,16 @@ def _wanted(plan: DecodePlan, value: bytes | None) -> bool:
 
     Read off the 10-byte single-object header, so records of other types are never decoded.
     """
-    if value is None or len(value) < 10 or value[:2] != MAGIC:
+    fingerprint = fingerprint_of(value)
+    if fingerprint is None:
         return True
-    key = (plan.target.processor, plan.target.generation, value[2:10])
+    key = (plan.target.processor, plan.target.generation, fingerprint)
     wanted = _WANTED.get(key)
     if wanted is None:
-        try:
-            name = plan.codec.catalog.by_fingerprint(value[2:10]).name
-        except DeserializationError:
+        writer = plan.codec.writer_of(value)
+        if writer is None:
             return True
-        wanted = _WANTED[key] = name in plan.event_types
+        wanted = _WANTED[key] = writer.name in plan.event_types
     return wanted
 
 

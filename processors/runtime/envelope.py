@@ -37,7 +37,7 @@ import redis
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from refold.contracts.codec import MAGIC, DecodedEvent, EventCodec
+from refold.contracts.codec import DecodedEvent, EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
 from refold.contracts.layout import (
     BATCH_ID_FIELD,
@@ -1225,17 +1225,16 @@ class FoldWriter:
         A processor often folds some types of several on its topics (sales_windows:
         ``OrderPaid``, a tenth of the orders topic), so the others are never decoded.
         """
-        value = record.value
-        if value is None or len(value) < 10 or value[:2] != MAGIC:
+        fingerprint = fingerprint_of(record.value)
+        if fingerprint is None:
             return True
-        fingerprint = value[2:10]
+        # Per fingerprint, not writer_of per record: this runs for every record of the fold.
         counted = self._counts.get(fingerprint)
         if counted is None:
-            try:
-                name = self.codec.catalog.by_fingerprint(fingerprint).name
-            except DeserializationError:
+            writer = self.codec.writer_of(record.value)
+            if writer is None:
                 return True
-            counted = self._counts[fingerprint] = name in self.projection.event_types
+            counted = self._counts[fingerprint] = writer.name in self.projection.event_types
         return counted
 
     def _carries_key(self, record: SourceRecord) -> bool:
@@ -1244,17 +1243,16 @@ class FoldWriter:
         Such records make links, so every slot decodes them; so are records whose schema is
         not known (the decode says why).
         """
-        value = record.value
-        if value is None or len(value) < 10 or value[:2] != MAGIC:
+        fingerprint = fingerprint_of(record.value)
+        if fingerprint is None:
             return True
-        fingerprint = value[2:10]
         carries = self._carries.get(fingerprint)
         if carries is None:
-            try:
-                fields = self.codec.catalog.by_fingerprint(fingerprint).raw.get("fields", [])
-            except DeserializationError:
+            writer = self.codec.writer_of(record.value)
+            if writer is None:
                 return True
             key = self.target.key_field
+            fields = writer.raw.get("fields", [])
             carries = self._carries[fingerprint] = any(f.get("name") == key for f in fields)
         return carries
 

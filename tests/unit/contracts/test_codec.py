@@ -1,10 +1,11 @@
+import pickle
 from typing import Any
 
 import avro.schema
 import pytest
 
 from refold.contracts.catalog import SchemaCatalog, default_catalog
-from refold.contracts.codec import MAGIC, EventCodec
+from refold.contracts.codec import MAGIC, EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError, EventValidationError, UnknownSchemaError
 
 
@@ -104,6 +105,40 @@ def test_unknown_fingerprint_is_reported_with_the_bytes():
     assert info.value.reason == "unknown-fingerprint"
     assert info.value.raw == payload
     assert "0102030405060708" in str(info.value)
+
+
+def test_fingerprint_of_reads_the_header_only():
+    codec = EventCodec()
+    version = codec.catalog.latest("OrderPaid")
+    payload = codec.encode("OrderPaid", sample(version.raw))
+    assert fingerprint_of(payload) == version.fingerprint
+    assert fingerprint_of(payload[:10]) == version.fingerprint  # header alone: body not read
+    assert fingerprint_of(payload[:9]) is None  # shorter than the header
+    assert fingerprint_of(MAGIC) is None
+    assert fingerprint_of(b"") is None
+    assert fingerprint_of(None) is None
+    assert fingerprint_of(b'{"json": true, "more": 1}') is None
+    assert fingerprint_of(b"\xc3\x02" + payload[2:]) is None  # another magic
+
+
+def test_writer_of_names_the_writer_schema():
+    codec = EventCodec()
+    v1 = codec.catalog.versions("OrderPlaced")[0]
+    payload = _encode_with(v1, sample(v1.raw))
+    assert codec.writer_of(payload) is v1  # an old writer, not the reader it resolves to
+    assert codec.writer_of(payload[:10]) is v1
+    assert codec.decode(payload).writer is v1  # same cache as decode's
+    copy = pickle.loads(pickle.dumps(codec))  # noqa: S301 - our own bytes (Spark ships it)
+    assert copy.writer_of(payload) == v1
+
+
+def test_writer_of_is_none_for_what_decode_refuses():
+    codec = EventCodec()
+    unknown = MAGIC + b"\x01\x02\x03\x04\x05\x06\x07\x08" + b"\x00"
+    for value in (unknown, b'{"json": true}', MAGIC, None):
+        assert codec.writer_of(value) is None
+        with pytest.raises(DeserializationError):
+            codec.decode(value)
 
 
 def test_truncated_body_is_not_decodable():
