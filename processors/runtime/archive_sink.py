@@ -27,7 +27,6 @@ event twice; they may see a batch's files a moment before its positions move.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections import Counter
@@ -65,6 +64,7 @@ from refold.processors.runtime.batch_stats import BatchStatsRecorder
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
+from refold.processors.runtime.outcome_rows import OutcomeRows
 from refold.processors.runtime.sink import ranges_of
 
 if TYPE_CHECKING:
@@ -83,21 +83,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ARCHIVE_OUTCOME_SCHEMA = (
-    "records long, archived long, skipped long, undecodable long, files long, positions string, "
-    "dead_letters string"
-)
-_OUTCOME_ARROW = pa.schema(
-    [
-        ("records", pa.int64()),
-        ("archived", pa.int64()),
-        ("skipped", pa.int64()),
-        ("undecodable", pa.int64()),
-        ("files", pa.int64()),
-        ("positions", pa.string()),
-        ("dead_letters", pa.string()),
-    ]
-)
 # Rows of one (event type, date) group kept as Python dicts before they become an Arrow batch:
 # Arrow holds a row in ~5x less memory than a decoded dict.
 _ROWS_PER_BATCH = 5_000
@@ -361,6 +346,11 @@ def _send_dead_letters(
     sent.wait()
 
 
+# A task's ArchiveOutcome crosses to the driver as one Arrow row (see OutcomeRows).
+_OUTCOME_ROWS = OutcomeRows(ArchiveOutcome)
+ARCHIVE_OUTCOME_SCHEMA = _OUTCOME_ROWS.ddl
+
+
 def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) -> ArchiveOutcome:
     """Archive the records of ``ranges`` exactly once (executor side; see the module docstring).
 
@@ -431,20 +421,7 @@ def _archive_task(
     """``mapInArrow`` (executor side): archive the task's ranges; one outcome row."""
     outcome = archive_ranges(plan, ranges_of(batches), batch_id)
     if outcome.records:
-        yield pa.RecordBatch.from_pylist(
-            [
-                {
-                    "records": outcome.records,
-                    "archived": outcome.archived,
-                    "skipped": outcome.skipped,
-                    "undecodable": outcome.undecodable,
-                    "files": outcome.files,
-                    "positions": json.dumps(outcome.positions),
-                    "dead_letters": json.dumps(outcome.dead_letters),
-                }
-            ],
-            schema=_OUTCOME_ARROW,
-        )
+        yield from _OUTCOME_ROWS.rows(outcome)
 
 
 def prepare_archive(
@@ -508,17 +485,7 @@ class ArchiveSink:
         task = functools.partial(_archive_task, self.plan, batch_id)
         outcome = ArchiveOutcome()
         for row in df.mapInArrow(task, ARCHIVE_OUTCOME_SCHEMA).collect():
-            outcome.merge(
-                ArchiveOutcome(
-                    row.records,
-                    row.archived,
-                    row.skipped,
-                    row.undecodable,
-                    row.files,
-                    json.loads(row.positions),
-                    json.loads(row.dead_letters),
-                )
-            )
+            outcome.merge(_OUTCOME_ROWS.of_row(row))
         self.total.merge(outcome)
         if self.mirror is not None:
             self.mirror.commit(outcome.positions)

@@ -7,9 +7,7 @@ handled by exactly one task, which reports its counts back to the driver.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -31,6 +29,7 @@ from refold.processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWri
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
 from refold.processors.runtime.offset_log import batch_ranges
+from refold.processors.runtime.outcome_rows import OutcomeRows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -45,21 +44,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# A task's BatchOutcome crosses to the driver as one Arrow row: its counters as longs, its
-# mappings (positions, dead letters per reason) as JSON. Derived from the dataclass, so a field
-# added there travels without another edit here.
-_JSON_FIELDS = frozenset(
-    f.name for f in dataclasses.fields(BatchOutcome) if f.type not in ("int", int)
-)
-_OUTCOME_ARROW = pa.schema(
-    [
-        (f.name, pa.string() if f.name in _JSON_FIELDS else pa.int64())
-        for f in dataclasses.fields(BatchOutcome)
-    ]
-)
-OUTCOME_SCHEMA = ", ".join(
-    f"{field.name} {'string' if field.name in _JSON_FIELDS else 'long'}" for field in _OUTCOME_ARROW
-)
+# A task's BatchOutcome crosses to the driver as one Arrow row (see OutcomeRows).
+_OUTCOME_ROWS = OutcomeRows(BatchOutcome)
+OUTCOME_SCHEMA = _OUTCOME_ROWS.ddl
 
 # One FoldWriter per (target, processor) per Python worker: Spark reuses workers, so the Redis
 # connection and the dead-letter producer survive from task to task.
@@ -214,26 +201,13 @@ def _apply_all(
 
 
 def _outcome_rows(outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
-    if not outcome.records:
-        return
-    row = {
-        f.name: json.dumps(value) if f.name in _JSON_FIELDS else value
-        for f in dataclasses.fields(BatchOutcome)
-        for value in (getattr(outcome, f.name),)
-    }
-    yield pa.RecordBatch.from_pylist([row], schema=_OUTCOME_ARROW)
+    if outcome.records:
+        yield from _OUTCOME_ROWS.rows(outcome)
 
 
 def _outcome_of_row(row: Any) -> BatchOutcome:
     """The driver's side of :func:`_outcome_rows`: one task's outcome from its collected row."""
-    return BatchOutcome(
-        **{
-            f.name: json.loads(getattr(row, f.name))
-            if f.name in _JSON_FIELDS
-            else getattr(row, f.name)
-            for f in dataclasses.fields(BatchOutcome)
-        }
-    )
+    return _OUTCOME_ROWS.of_row(row)
 
 
 class RedisFoldSink:
