@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import redis
-
 from refold.contracts.errors import RefoldError
+from refold.contracts.store.outage import REDIS_UNAVAILABLE  # re-exported: its old home
 
 __all__ = [
     "REDIS_UNAVAILABLE",
@@ -14,11 +13,6 @@ __all__ = [
     "SinkConflictError",
     "StateStoreUnavailableError",
 ]
-
-
-# Redis errors that mean "not reachable right now" (a restart, a failover, a network cut): the
-# processor waits and retries. A replica answering READONLY is a failover in progress.
-REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
 
 
 class ProcessorError(RefoldError):

@@ -44,9 +44,9 @@ from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import BATCH_ID_FIELD, position_field
 from refold.contracts.origin import dead_letter_headers
+from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
-    REDIS_UNAVAILABLE,
     ProcessorConfigError,
     SinkConflictError,
     StateStoreUnavailableError,
@@ -87,10 +87,8 @@ logger = logging.getLogger(__name__)
 # Arrow holds a row in ~5x less memory than a decoded dict.
 _ROWS_PER_BATCH = 5_000
 # As the fold envelope: a few WATCH conflicts are a transient overlap, more mean two processes
-# write one generation; an unreachable Redis is waited out this long (nothing is lost meanwhile).
+# write one generation.
 _MAX_ATTEMPTS = 5
-_REDIS_OUTAGE_S = 600.0
-_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
 
 _T = TypeVar("_T")
 
@@ -146,25 +144,17 @@ class ArchiveOutcome:
         )
 
 
-def _redis_call(target: FoldTarget, call: Callable[[], _T]) -> _T:
-    """Run ``call``, waiting (with backoff, bounded) while Redis is unreachable."""
-    started = time.monotonic()
-    delay = _BACKOFF_FIRST_S
-    while True:
-        try:
-            return call()
-        except REDIS_UNAVAILABLE as exc:
-            waited = time.monotonic() - started
-            if waited > _REDIS_OUTAGE_S:
-                msg = (
-                    f"{target.processor} g{target.generation}: Redis unreachable for "
-                    f"{waited:.0f}s ({exc}); the batch's positions did not move and nothing is "
-                    "lost. Operator action: bring Redis back; a restart archives the batch."
-                )
-                raise StateStoreUnavailableError(msg) from exc
-            logger.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, _BACKOFF_MAX_S)
+def _redis_call(target: FoldTarget, client: redis.Redis, call: Callable[[], _T]) -> _T:
+    """Run ``call``, waiting out an unreachable Redis (:func:`wait_out_redis`)."""
+
+    def give_up(waited: float, exc: Exception) -> StateStoreUnavailableError:
+        return StateStoreUnavailableError(
+            f"{target.processor} g{target.generation}: Redis unreachable for {waited:.0f}s "
+            f"({exc}); the batch's positions did not move and nothing is lost. Operator "
+            "action: bring Redis back; a restart archives the batch."
+        )
+
+    return wait_out_redis(call, f"the archive processor {target.processor}", client, give_up)
 
 
 class _Writer:
@@ -188,6 +178,7 @@ class _Writer:
         keys = self.plan.target.keys
         raw = _redis_call(
             self.plan.target,
+            self.redis,
             lambda: cast("list[bytes | None]", self.redis.hmget(keys.positions, fields)),
         )
         return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
@@ -410,7 +401,7 @@ def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) 
         outcome.dead_letters = dict(Counter(exc.reason for _record, exc in dead))
         _send_dead_letters(writer, dead, batch_id)
     moves = {position_field(t, p): (applied.get(position_field(t, p)), e) for t, p, _b, e in todo}
-    _redis_call(plan.target, lambda: writer.commit(moves, batch_id, outcome))
+    _redis_call(plan.target, writer.redis, lambda: writer.commit(moves, batch_id, outcome))
     outcome.positions = {f: end for f, (_expected, end) in moves.items()}
     return outcome
 

@@ -40,6 +40,7 @@ from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import BATCH_ID_FIELD
 from refold.contracts.origin import dead_letter_headers
+from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
     REDIS_UNAVAILABLE,
@@ -91,8 +92,6 @@ _JSON_OPTIONS = {"timeZone": "UTC", "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SS
 _MAX_ATTEMPTS = 5
 # As the fold envelope: how long a write waits for an unreachable Redis before failing the batch
 # (the processor exits; a restart runs the batch again, which nothing has applied).
-_REDIS_OUTAGE_S = 600.0
-_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
 
 
 # -- decoding (executors) -----------------------------------------------------------------
@@ -268,14 +267,13 @@ class TableUpsert:
 
         Raises:
             SinkConflictError: Another writer kept changing the positions.
-            StateStoreUnavailableError: Redis stayed unreachable for ``_REDIS_OUTAGE_S``.
+            StateStoreUnavailableError: Redis stayed unreachable for 10 minutes.
         """
-        deadline = time.monotonic() + _REDIS_OUTAGE_S
-        delay = _BACKOFF_FIRST_S
+        outage: RedisOutage | None = None
         attempts = 0
         while True:
             try:
-                return self._write_once(rows, positions, batch_id)
+                written = self._write_once(rows, positions, batch_id)
             except redis.WatchError:
                 attempts += 1
                 if attempts >= _MAX_ATTEMPTS:
@@ -286,16 +284,20 @@ class TableUpsert:
                     )
                     raise SinkConflictError(msg) from None
             except REDIS_UNAVAILABLE as exc:
-                if time.monotonic() > deadline:
-                    msg = (
-                        f"Redis unreachable for {_REDIS_OUTAGE_S:.0f}s writing batch {batch_id} "
-                        f"of {self.target.processor} g{self.target.generation}: {exc}"
-                    )
-                    raise StateStoreUnavailableError(msg) from exc
-                logger.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, _BACKOFF_MAX_S)
-                self._redis = None
+                outage = outage or RedisOutage(
+                    f"the processor {self.target.processor}",
+                    self.redis,
+                    lambda waited, last: StateStoreUnavailableError(
+                        f"Redis unreachable for {waited:.0f}s writing batch {batch_id} of "
+                        f"{self.target.processor} g{self.target.generation}: {last}"
+                    ),
+                )
+                outage.wait(exc)
+                self._redis = None  # a new connection for the next attempt
+            else:
+                if outage is not None:
+                    outage.over()
+                return written
 
     def _write_once(
         self, rows: Sequence[tuple[str, str]], positions: Mapping[str, int], batch_id: int

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
-import time
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,7 +53,7 @@ from refold.contracts.origin import (
     parse_origin_id,
 )
 from refold.contracts.processors import EventId, EventTime
-from refold.contracts.store.credentials import raise_if_refused
+from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
     REDIS_UNAVAILABLE,
@@ -105,8 +104,6 @@ _MAX_ATTEMPTS = 5
 # How long a write waits for an unreachable Redis before it fails its batch (the processor then
 # exits and a restart applies the batch again): long enough for a failover, or for a restart
 # that loads a large RDB. Positions only move with the state, so waiting never loses anything.
-_REDIS_OUTAGE_S = 600.0
-_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
 # Re-keyed generations: the generation's positions are the minimum over its writer slots'
 # positions, recomputed atomically in the slot's transaction (KEYS[1] positions, KEYS[2..] the
 # slots' hashes, ARGV the fields). A slot without a position for a field leaves it alone.
@@ -280,39 +277,6 @@ def _check_holes(
         raise _HoleError(holes)
 
 
-class _Outage:
-    """Waits out an unreachable Redis with exponential backoff, within a bound."""
-
-    def __init__(self, target: FoldTarget) -> None:
-        self.target = target
-        self.started = time.monotonic()
-        self.delay = _BACKOFF_FIRST_S
-
-    def wait(self, exc: Exception) -> None:
-        waited = time.monotonic() - self.started
-        if waited > _REDIS_OUTAGE_S:
-            msg = (
-                f"{self.target.processor} g{self.target.generation}: Redis unreachable for "
-                f"{waited:.0f}s ({exc}); the batch was not applied and nothing is lost. "
-                "Operator action: bring Redis back; the processor applies the batch on restart."
-            )
-            raise StateStoreUnavailableError(msg) from exc
-        if self.delay == _BACKOFF_FIRST_S:
-            logger.warning(
-                "Redis unreachable (%s); waiting up to %.0fs",
-                exc,
-                _REDIS_OUTAGE_S,
-                extra={"generation": self.target.generation},
-            )
-        time.sleep(self.delay)
-        self.delay = min(self.delay * 2, _BACKOFF_MAX_S)
-
-    def over(self) -> None:
-        logger.warning(
-            "Redis reachable again after %.1fs; carrying on", time.monotonic() - self.started
-        )
-
-
 class _Folded:
     """One transaction's folded entities: states, their JSON and contributions, and sources."""
 
@@ -483,7 +447,7 @@ class FoldWriter:
             StateStoreUnavailableError: Redis stayed unreachable for too long.
         """
         outcome = BatchOutcome()
-        outage: _Outage | None = None
+        outage: RedisOutage | None = None
         while True:
             try:
                 outcome.merge(self._apply_guarded(records, batch_id, covered or {}))
@@ -493,9 +457,20 @@ class FoldWriter:
             except _HoleError as hole:
                 outcome.merge(self._refill(hole.ranges, batch_id))
             except REDIS_UNAVAILABLE as exc:
-                raise_if_refused(exc, f"the processor {self.target.processor}", self.redis)
-                outage = outage or _Outage(self.target)
+                outage = outage or RedisOutage(
+                    f"the processor {self.target.processor}",
+                    self.redis,
+                    self._unavailable,
+                    log_extra={"generation": self.target.generation},
+                )
                 outage.wait(exc)
+
+    def _unavailable(self, waited: float, exc: Exception) -> StateStoreUnavailableError:
+        return StateStoreUnavailableError(
+            f"{self.target.processor} g{self.target.generation}: Redis unreachable for "
+            f"{waited:.0f}s ({exc}); the batch was not applied and nothing is lost. "
+            "Operator action: bring Redis back; the processor applies the batch on restart."
+        )
 
     def _apply_guarded(
         self,

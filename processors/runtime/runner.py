@@ -43,7 +43,6 @@ from refold.contracts.processors import (
 )
 from refold.contracts.registry import default_registry, processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from refold.contracts.store.credentials import raise_if_refused
 from refold.contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
@@ -52,6 +51,7 @@ from refold.contracts.store.generations import (
     Positions,
 )
 from refold.contracts.store.lease import GenerationLease
+from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.topics import TopicSpec, dead_letter_spec, dead_letter_topic, effects_spec
 from refold.contracts.windows import window_meta
 from refold.processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError, ProcessorError
@@ -602,22 +602,16 @@ def _until_redis_answers(
         RedisCredentialsError: Redis refused ``client``'s login (``who`` in the message).
         ProcessorConfigError: Redis did not answer within the start budget.
     """
-    deadline = time.monotonic() + _REDIS_START_WAIT_S
-    delay = 0.5
-    while True:
-        try:
-            return call()
-        except REDIS_UNAVAILABLE as exc:
-            raise_if_refused(exc, who, client)
-            if time.monotonic() > deadline:
-                msg = (
-                    f"Redis at {redis_settings.url} unreachable for {_REDIS_START_WAIT_S:.0f}s: "
-                    f"{exc}. Operator action: start Redis, or fix REFOLD_REDIS__URL."
-                )
-                raise ProcessorConfigError(msg) from exc
-            logger.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+
+    def give_up(_waited: float, exc: Exception) -> ProcessorConfigError:
+        return ProcessorConfigError(
+            f"Redis at {redis_settings.url} unreachable for {_REDIS_START_WAIT_S:.0f}s: {exc}. "
+            "Operator action: start Redis, or fix REFOLD_REDIS__URL."
+        )
+
+    return wait_out_redis(
+        call, who, client, give_up, patience_s=_REDIS_START_WAIT_S, first_delay_s=0.5
+    )
 
 
 def _record_starting_positions(

@@ -18,10 +18,10 @@ from dataclasses import dataclass, fields
 from typing import Any, cast
 
 import redis
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from refold.contracts.layout import WebhookKeys, parse_position_field, position_field
 from refold.contracts.store.lease import LEASE_TTL_MS, RedisLease
+from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.store.scan import scan_names
 from refold.services.webhooks.errors import WebhookLeaseError, WebhookStoreError
 
@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 # How long a commit keeps trying while Redis is unreachable (a restart, a failover) before the
 # dispatcher stops; the batch stays uncommitted, so a restart delivers it again.
 _COMMIT_PATIENCE_S = 120.0
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
 
 # KEYS: lease, positions, log, counters. ARGV: owner, maxlen, positions, counters, entries
 # (JSON: {field: "offset"}, {name: n}, [[field, value, ...], ...]). 0 when the lease is not ours.
@@ -135,21 +134,6 @@ _STORED_FIELDS = tuple(f.name for f in fields(LogEntry) if f.name != "entry_id")
 _FIELD_TYPES = {f.name: str(f.type) for f in fields(LogEntry)}  # "int", "float", "str"
 
 
-def _with_patience(what: str) -> Retrying:
-    """Retry a Redis call while Redis is unreachable, up to :data:`_COMMIT_PATIENCE_S`."""
-
-    def _log(state: Any) -> None:
-        logger.warning("Redis unreachable while %s; retrying (%s)", what, state.outcome.exception())
-
-    return Retrying(
-        retry=retry_if_exception_type(_REDIS_DOWN),
-        stop=stop_after_delay(_COMMIT_PATIENCE_S),
-        wait=wait_exponential(multiplier=0.1, max=5),
-        before_sleep=_log,
-        reraise=True,
-    )
-
-
 class WebhookStore:
     """Positions, log and counters of one dispatcher.
 
@@ -215,15 +199,17 @@ class WebhookStore:
         self._run("committing a batch", lambda: self._commit(keys=keys, args=args))
 
     def _run(self, what: str, call: Any) -> None:
-        try:
-            done = _with_patience(what)(call)
-        except _REDIS_DOWN as exc:
-            msg = (
-                f"Redis unreachable for {_COMMIT_PATIENCE_S:.0f}s while {what} ({exc}); the "
-                "batch stays uncommitted and is delivered again on restart. Operator action: "
-                "check Redis (REFOLD_REDIS__URL), then restart the dispatcher."
+        def give_up(waited: float, exc: Exception) -> WebhookStoreError:
+            return WebhookStoreError(
+                f"Redis unreachable for {waited:.0f}s while {what} ({exc}); the batch stays "
+                "uncommitted and is delivered again on restart. Operator action: check Redis "
+                "(REFOLD_REDIS__URL), then restart the dispatcher."
             )
-            raise WebhookStoreError(msg) from exc
+
+        who = f"the webhook dispatcher {self.keys.name}"
+        done = wait_out_redis(
+            call, who, self.client, give_up, patience_s=_COMMIT_PATIENCE_S, first_delay_s=0.1
+        )
         if not done:
             msg = (
                 f"{self.keys.name}: lost the dispatcher lease while {what}: another dispatcher "
