@@ -51,7 +51,7 @@ from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 from refold.contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
 from refold.contracts.layout import WebhookKeys
 from refold.contracts.store.credentials import raise_if_refused
-from refold.contracts.topics import TopicSpec
+from refold.contracts.topics import dead_letter_spec
 from refold.services.webhooks.config import WebhookSettings
 from refold.services.webhooks.delivery import AttemptResult, RetryPolicy, WebhookSender
 from refold.services.webhooks.errors import (
@@ -266,7 +266,7 @@ class WebhookDispatcher:
     # -- start ----------------------------------------------------------------------------
 
     def _ensure_dlq_topic(self) -> None:
-        spec = TopicSpec(self.settings.dlq_topic, 1, "(original key)", ("(any)",))
+        spec = dead_letter_spec(self.settings.name, self.settings.dlq_topic)
         try:
             ensure_topics(self.kafka, [spec])
         except (RefoldError, KafkaException) as exc:
