@@ -39,9 +39,18 @@ class TopicSpec:
             raise ValueError(msg)
 
 
-def dead_letter_topic(processor: str) -> str:
-    """The dead-letter topic of a processor: ``<processor>.dlq``."""
-    return f"{processor}.dlq"
+def dead_letter_topic(processor: str, custom: str | None = None) -> str:
+    """A processor's dead-letter topic: its ``dead_letter_topic`` option, else ``<processor>.dlq``.
+
+    The one place this rule lives: the processor that sends dead letters, the archive's
+    commands and ``refold dlq`` / ``refold topics`` all resolve the name here.
+
+    Args:
+        processor: The processor's name.
+        custom: The processor's ``dead_letter_topic`` option
+            (``REFOLD_<PROCESSOR>__DEAD_LETTER_TOPIC``); None or empty for the default.
+    """
+    return custom or f"{processor}.dlq"
 
 
 def effects_spec(name: str) -> TopicSpec:
@@ -49,9 +58,13 @@ def effects_spec(name: str) -> TopicSpec:
     return TopicSpec(name, 4, "(entity key)", ("(side effect)",))
 
 
-def dead_letter_spec(processor: str) -> TopicSpec:
-    """The dead-letter topic of a processor as a spec: one partition, any record, original key.
+def dead_letter_spec(processor: str, custom: str | None = None) -> TopicSpec:
+    """A dead-letter topic as a spec: one partition, any record, original key.
 
     One partition keeps dead letters in the order they were found; the volume is small.
+
+    Args:
+        processor: The processor (or other sender, such as a webhook dispatcher) it belongs to.
+        custom: Its name when it is not ``<processor>.dlq`` (see :func:`dead_letter_topic`).
     """
-    return TopicSpec(dead_letter_topic(processor), 1, "(original key)", ("(any)",))
+    return TopicSpec(dead_letter_topic(processor, custom), 1, "(original key)", ("(any)",))

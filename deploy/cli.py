@@ -199,6 +199,7 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     from refold.contracts.registry import default_registry
     from refold.contracts.settings import StackSettings
     from refold.contracts.topics import dead_letter_spec
+    from refold.processors.runtime.cli import configured_dead_letter_topic
 
     registry = default_registry()
     unknown = sorted(set(args.sets) - set(registry.contract_sets))
@@ -208,10 +209,14 @@ def _cmd_topics(args: argparse.Namespace) -> int:
         return 2
     chosen = [registry.contract_sets[n] for n in args.sets or sorted(registry.contract_sets)]
     specs = [t for contract_set in chosen for t in contract_set.topics]
-    if not args.sets:
-        specs += [dead_letter_spec(name) for name in sorted(registry.processors)]
     kafka = StackSettings().kafka
     try:
+        if not args.sets:
+            # Each processor's dead-letter topic as it will run (its option, if set).
+            specs += [
+                dead_letter_spec(name, configured_dead_letter_topic(spec, os.environ))
+                for name, spec in sorted(registry.processors.items())
+            ]
         ensure_topics(kafka.as_librdkafka(), specs)
     except (RefoldError, KafkaException) as exc:
         print(f"refold topics: {exc}", file=sys.stderr)

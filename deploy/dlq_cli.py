@@ -3,23 +3,27 @@
 Reads the dead-letter index a generation keeps in Redis (``dl:letters``: every letter it
 decided, with its reason; see :mod:`refold.processors.runtime.dead_letter_index`), the live
 generation's by default. The letters themselves, with their error and headers, are on the
-processor's dead-letter topic: ``refold tail <processor>.dlq``. Settings: ``REFOLD_REDIS__*``.
-This module is the only one that reads the environment.
+processor's dead-letter topic: ``refold tail <processor>.dlq``, or the topic its
+``REFOLD_<PROCESSOR>__DEAD_LETTER_TOPIC`` option names. Settings: ``REFOLD_REDIS__*`` and the
+processor's options. This module is the only one that reads the environment.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import cast
 
 import redis
 
 from refold.contracts.cli_parser import CommandParser
+from refold.contracts.errors import ContractError, RefoldError
 from refold.contracts.layout import StateLayout
+from refold.contracts.registry import default_registry
 from refold.contracts.settings import StackSettings
 from refold.contracts.store.credentials import redis_refused
 from refold.contracts.store.generations import GenerationRegistry
@@ -27,7 +31,7 @@ from refold.contracts.store.scan import SCAN_COUNT
 from refold.contracts.topics import dead_letter_topic
 from refold.processors.runtime.dead_letter_index import summarise_index
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "dead_letter_topic_of", "main"]
 
 _EXAMPLES = """examples:
   refold dlq list --processor order_state
@@ -37,7 +41,7 @@ _EXAMPLES = """examples:
 A rebuild sends a dead letter only if the live generation did not send it for the same record
 and reason, so each generation's list is what it decided, and the topic holds each letter once.
 Settings: REFOLD_REDIS__URL, REFOLD_REDIS__USERNAME, REFOLD_REDIS__PASSWORD,
-REFOLD_REDIS__KEY_PREFIX.
+REFOLD_REDIS__KEY_PREFIX; REFOLD_<PROCESSOR>__DEAD_LETTER_TOPIC when the processor has one.
 """
 
 
@@ -68,7 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _list(args: argparse.Namespace, client: redis.Redis, prefix: str) -> int:
+def dead_letter_topic_of(processor: str, environ: Mapping[str, str]) -> str:
+    """The dead-letter topic of ``processor`` as it runs with ``environ``'s options.
+
+    A processor no installed package registers (its Redis state read from elsewhere) has the
+    default ``<processor>.dlq``: its options cannot be read without its spec.
+
+    Raises:
+        ProcessorConfigError: The processor's options are invalid.
+    """
+    from refold.processors.runtime.cli import configured_dead_letter_topic
+
+    try:
+        spec = default_registry().processor(processor)
+    except ContractError:  # unknown here, or no registry: the name alone decides
+        return dead_letter_topic(processor)
+    return configured_dead_letter_topic(spec, environ)
+
+
+def _list(args: argparse.Namespace, client: redis.Redis, prefix: str, topic: str) -> int:
     layout = StateLayout(args.processor, prefix)
     registry = GenerationRegistry(client, layout)
     generation = args.generation if args.generation is not None else registry.live()
@@ -83,12 +105,12 @@ def _list(args: argparse.Namespace, client: redis.Redis, prefix: str) -> int:
         )
     }
     summaries = summarise_index(entries, args.examples)
-    topic = dead_letter_topic(args.processor)
     if args.json:
         print(
             json.dumps(
                 {
                     "processor": args.processor,
+                    "topic": topic,
                     "generation": generation,
                     "status": registry.status(generation),
                     "letters": len(entries),
@@ -111,12 +133,20 @@ def _list(args: argparse.Namespace, client: redis.Redis, prefix: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code (1: nothing to list or Redis refused, 2: usage)."""
+    """Entry point; returns the exit code.
+
+    1: nothing to list, Redis refused, or the processor's options are invalid; 2: usage.
+    """
     args = build_parser().parse_args(argv)
     settings = StackSettings()
+    try:
+        topic = dead_letter_topic_of(args.processor, os.environ)
+    except RefoldError as exc:
+        print(f"refold dlq: {exc}", file=sys.stderr)
+        return 1
     client = redis.Redis.from_url(settings.redis.client_url())
     try:
-        return _list(args, client, settings.redis.key_prefix)
+        return _list(args, client, settings.redis.key_prefix, topic)
     except redis.AuthenticationError as exc:
         print(f"refold dlq: {redis_refused('refold dlq', client, exc)}", file=sys.stderr)
         return 1

@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from refold.contracts.codec import EventCodec, fingerprint_of
 from refold.contracts.compat import reader_problem
 from refold.contracts.errors import DeserializationError
-from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.consumers import passive_consumer
 from refold.replay.errors import PlanError
 from refold.replay.plan import PlanCheck, ReplayPlan
 
@@ -73,17 +73,11 @@ def scan_fingerprints(
         return FingerprintScan({}, 0, total)
     share = max(1, limit // len(rows))
     ends = {(r.topic, r.partition): min(r.log_end, r.begin + share) for r in rows}
-    consumer = Consumer(
-        routed(
-            {
-                **kafka,
-                "group.id": "refold-replay-scan",  # assign() only: never joined or committed
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "allow.auto.create.topics": False,  # a misspelt topic is an error, not a topic
-                "fetch.queue.backoff.ms": 10,  # the 1 s default throttles bulk reads ~8x
-            }
-        )
+    consumer = passive_consumer(
+        kafka,
+        "refold-replay-scan",  # assign() only: never joined or committed
+        tuning={"fetch.queue.backoff.ms": 10},  # the 1 s default throttles bulk reads ~8x
+        eof=True,  # reaching the log end finishes a partition
     )
     counts: Counter[str] = Counter()
     scanned = 0

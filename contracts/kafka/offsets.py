@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.consumers import passive_consumer_config
 from refold.contracts.kafka.credentials import AuthWatch, refused
 from refold.contracts.kafka.logs import routed
 
@@ -47,20 +48,9 @@ _TUNING: Final[dict[str, Any]] = {
     "fetch.max.bytes": 1_048_576,
     "queued.min.messages": 20_000,
     "queued.max.messages.kbytes": 8_192,
-    # A position below the log start (retention raced the read) restarts at the start.
-    "auto.offset.reset": "earliest",
 }
-_REQUIRED: Final[dict[str, Any]] = {
-    # librdkafka wants a group id; the reader never subscribes, commits or joins it.
-    "group.id": "refold-offset-probe",
-    "enable.auto.commit": False,
-    "enable.auto.offset.store": False,
-    # An empty partition answers with an end-of-partition event, not with a record.
-    "enable.partition.eof": True,
-    # A misspelt topic is an error, never a new topic.
-    "allow.auto.create.topics": False,
-    "isolation.level": "read_uncommitted",
-}
+# librdkafka wants a group id; the reader never subscribes, commits or joins it.
+_GROUP: Final = "refold-offset-probe"
 _TIMEOUT_S: Final = 30.0
 _CLIENT: Final = "the offsets client (log ends, partitions)"
 # Local librdkafka events that it retries by itself; the call's deadline covers them.
@@ -89,7 +79,8 @@ class LogOffsets:
     Args:
         config: librdkafka settings (at least ``bootstrap.servers``). Tuning keys may be
             overridden; the keys that keep the reader passive (group, commits, EOF events,
-            auto-creation, isolation) are always set by this class.
+            auto-creation, isolation, offset reset) are always set, by
+            :func:`~refold.contracts.kafka.consumers.passive_consumer_config`.
         timeout: Seconds before a call gives up.
     """
 
@@ -97,7 +88,21 @@ class LogOffsets:
         # Every client of this reader tells it when Kafka refuses the login.
         self._auth = AuthWatch()
         self._admin_config: dict[str, Any] = {**config, "error_cb": self._auth}
-        self._config: dict[str, Any] = {**_TUNING, **config, **_REQUIRED, "error_cb": self._auth}
+        self._config: dict[str, Any] = {
+            **passive_consumer_config(
+                config,
+                _GROUP,
+                tuning=_TUNING,
+                # The record at an offset as written: read_committed would wait out an open
+                # transaction before answering record_timestamp.
+                isolation="read_uncommitted",
+                # An empty partition answers with an end-of-partition event, not a record.
+                eof=True,
+                # A position below the log start (retention raced the read) restarts there.
+                offset_reset="earliest",
+            ),
+            "error_cb": self._auth,
+        }
         self._timeout = timeout
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None

@@ -479,7 +479,7 @@ def _plan(name: str) -> tuple[ArchivePlan, list[str]]:
         redis_url=settings.redis.client_url(),
         key_prefix=prefix,
         kafka=tuple(sorted(settings.kafka.as_librdkafka().items())),
-        dlq_topic=options.dead_letter_topic or dead_letter_topic(name),
+        dlq_topic=dead_letter_topic(name, options.dead_letter_topic),
     )
     return ArchivePlan(target, archive, EventCodec()), list(options.topics or spec.topics)
 

@@ -36,7 +36,7 @@ from refold.contracts.processors import (
 )
 from refold.contracts.registry import Registry, default_registry, import_reference, with_fallback
 from refold.contracts.settings import StackSettings
-from refold.contracts.topics import TopicSpec
+from refold.contracts.topics import TopicSpec, dead_letter_topic
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.fold.projection import Projection
 from refold.processors.runtime.checkpoints import checkpoint_root
@@ -48,7 +48,14 @@ from refold.processors.runtime.runner import (
     run_processors,
 )
 
-__all__ = ["ProcessSettings", "build_job", "build_parser", "load_options", "main"]
+__all__ = [
+    "ProcessSettings",
+    "build_job",
+    "build_parser",
+    "configured_dead_letter_topic",
+    "load_options",
+    "main",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +107,18 @@ def load_options(spec: ProcessorSpec, environ: Mapping[str, str]) -> ProcessorOp
     except ValidationError as exc:
         msg = f"{spec.name}: invalid options ({prefix}*): {exc}"
         raise ProcessorConfigError(msg) from exc
+
+
+def configured_dead_letter_topic(spec: ProcessorSpec, environ: Mapping[str, str]) -> str:
+    """The dead-letter topic the processor sends to, its ``dead_letter_topic`` option included.
+
+    For commands that name a processor's dead letters without running it (``refold dlq``,
+    ``refold topics``): they read the same ``REFOLD_<PROCESSOR>__*`` options the processor does.
+
+    Raises:
+        ProcessorConfigError: The processor's options are invalid (it would not start either).
+    """
+    return dead_letter_topic(spec.name, load_options(spec, environ).dead_letter_topic)
 
 
 def _topics(spec: ProcessorSpec, options: ProcessorOptions, registry: Registry) -> list[TopicSpec]:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 
+from refold.contracts.kafka.consumers import passive_consumer_config
 from refold.contracts.kafka.logs import routed
 from refold.contracts.layout import parse_position_field
 
@@ -37,11 +38,10 @@ class ConsumerGroupMirror:
 
     def __init__(self, kafka: Mapping[str, str], group_id: str) -> None:
         self.group_id = group_id
+        # The passive configuration keeps librdkafka from committing on its own; commit()
+        # below is the only writer of the group's offsets, explicitly.
         self._config = {
-            **kafka,
-            "group.id": group_id,
-            "enable.auto.commit": "false",
-            "allow.auto.create.topics": "false",
+            **passive_consumer_config(kafka, group_id),
             "on_commit": self._committed,
         }
         self._consumer: Consumer | None = None

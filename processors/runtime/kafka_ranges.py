@@ -17,11 +17,11 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.consumers import passive_consumer
 from refold.contracts.kafka.offsets import LogOffsets, TopicPartitionKey
 
 __all__ = [
@@ -160,6 +160,14 @@ def coalesce_ranges(
     return [tuple(sorted(b)) for b in bins if b]
 
 
+# A range reader's defaults (the user's librdkafka settings may override them):
+_READ_TUNING: Final[Mapping[str, Any]] = {
+    "fetch.queue.backoff.ms": 10,  # the 1 s default throttles bulk reads ~8x
+    # Ranges end at or near the log end, where a fetch waits up to this long for more
+    # data; one fetch per broker is in flight, so the other partitions wait behind it.
+    # 10 ms instead of 100 took reading 3k records over 8 partitions from ~50 to ~10 ms.
+    "fetch.wait.max.ms": 10,
+}
 # Executor side: one consumer per (Kafka config) per Python worker process.
 _CONSUMERS: dict[tuple[str, tuple[tuple[str, str], ...]], Consumer] = {}
 
@@ -167,23 +175,17 @@ _CONSUMERS: dict[tuple[str, tuple[tuple[str, str], ...]], Consumer] = {}
 def _consumer(kafka: tuple[tuple[str, str], ...], slot: str) -> Consumer:
     consumer = _CONSUMERS.get((slot, kafka))
     if consumer is None:
-        config: dict[str, Any] = {
-            "group.id": "refold-source",  # required by librdkafka; never joined or committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,  # tells a range that ends at the log end it is done
-            "allow.auto.create.topics": False,  # a misspelt topic is an error, never a new topic
-            "auto.offset.reset": "earliest",  # a start below the log start is checked below
-            "fetch.queue.backoff.ms": 10,  # the 1 s default throttles bulk reads ~8x
-            # Ranges end at or near the log end, where a fetch waits up to this long for more
-            # data; one fetch per broker is in flight, so the other partitions wait behind it.
-            # 10 ms instead of 100 took reading 3k records over 8 partitions from ~50 to ~10 ms.
-            "fetch.wait.max.ms": 10,
+        # The user's settings tune the read but, applied before the passive keys, can never
+        # make it commit or change what it reads.
+        consumer = _CONSUMERS[slot, kafka] = passive_consumer(
+            dict(kafka),
+            "refold-source",  # required by librdkafka; never joined or committed
+            tuning=_READ_TUNING,
             # Processors write their outputs in transactions: an aborted batch is never read.
-            "isolation.level": "read_committed",
-            **dict(kafka),
-        }
-        consumer = _CONSUMERS[slot, kafka] = Consumer(routed(config))
+            isolation="read_committed",
+            eof=True,  # tells a range that ends at the log end it is done
+            offset_reset="earliest",  # a start below the log start is checked below
+        )
     return consumer
 
 

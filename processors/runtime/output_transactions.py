@@ -42,6 +42,7 @@ from typing import TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from refold.contracts.kafka.consumers import passive_consumer_config
 from refold.contracts.kafka.logs import routed
 from refold.contracts.kafka.outputs import DeadLetterError, output_producer
 from refold.contracts.origin import Headers
@@ -315,16 +316,19 @@ class OutputTransactions:
     def _group_consumer(self) -> Consumer:
         """A client of the marker group: it reads the markers and never joins the group."""
         if self._consumer is None:
+            # It reads committed() and lends its group metadata to the transactions, which
+            # commit the markers (send_offsets_to_transaction); it never commits itself.
+            # read_committed makes committed() ask for stable offsets (it waits out a
+            # transaction in flight).
+            config = passive_consumer_config(self.kafka, self.group, isolation="read_committed")
             self._consumer = Consumer(
                 routed(
                     {
-                        **self.kafka,
-                        "group.id": self.group,
-                        "enable.auto.commit": False,
-                        "enable.auto.offset.store": False,
+                        **config,
                         # Right after a transaction commits, its offsets are unstable for a
                         # few ms (until the markers are written): the default 100 ms backoff
-                        # made a marker read ~110 ms, 10 ms makes it ~11 ms.
+                        # made a marker read ~110 ms, 10 ms makes it ~11 ms. Applied after the
+                        # user's settings, as before: a marker read must stay this fast.
                         "retry.backoff.ms": 10,
                         "retry.backoff.max.ms": 50,
                     }

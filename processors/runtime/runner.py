@@ -246,7 +246,7 @@ def resolve_run(
         redis_url=redis_settings.client_url(),
         key_prefix=redis_settings.key_prefix,
         kafka=tuple(sorted(kafka.as_librdkafka().items())),
-        dlq_topic=options.dead_letter_topic or dead_letter_topic(projection.name),
+        dlq_topic=dead_letter_topic(projection.name, options.dead_letter_topic),
         event_time=event_time,
         dedupe=dedupe,
         topics=tuple(t.name for t in topics),
@@ -684,7 +684,7 @@ def _run_generation(
     query from Redis' positions; a DataFrame processor stops), ``vanished`` when the
     generation is gone from Redis.
     """
-    dead_letters = dataclasses.replace(dead_letter_spec(projection.name), name=run.target.dlq_topic)
+    dead_letters = dead_letter_spec(projection.name, run.target.dlq_topic)
     outputs = list(getattr(projection, "effect_topics", ()))
     closer: DriverTask | None = None
     if getattr(projection, "lookup", None):

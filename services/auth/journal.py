@@ -17,12 +17,12 @@ import logging
 import time
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.admin import ensure_topics
-from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.consumers import passive_consumer
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.topics import TopicSpec
@@ -108,17 +108,7 @@ class ApiKeyJournal:
         latest: dict[str, bytes] = {}
         if not end:
             return latest
-        consumer = Consumer(
-            routed(
-                {
-                    **self.kafka,
-                    "group.id": "refold-api-keys-restore",  # never joined nor committed
-                    "enable.auto.commit": False,
-                    "allow.auto.create.topics": False,
-                    "auto.offset.reset": "earliest",
-                }
-            )
-        )
+        consumer = passive_consumer(self.kafka, "refold-api-keys-restore")  # never joined
         try:
             consumer.assign([TopicPartition(self.topic, 0, 0)])
             position, deadline = 0, time.monotonic() + _READ_TIMEOUT_S

@@ -46,12 +46,12 @@ from confluent_kafka import (
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.admin import ensure_topics
-from refold.contracts.kafka.logs import routed
+from refold.contracts.kafka.consumers import passive_consumer
 from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 from refold.contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
 from refold.contracts.layout import WebhookKeys
 from refold.contracts.store.credentials import raise_if_refused
-from refold.contracts.topics import TopicSpec
+from refold.contracts.topics import dead_letter_spec
 from refold.services.webhooks.config import WebhookSettings
 from refold.services.webhooks.delivery import AttemptResult, RetryPolicy, WebhookSender
 from refold.services.webhooks.errors import (
@@ -78,23 +78,6 @@ _CONSUMER_TUNING: Mapping[str, Any] = {
     "fetch.wait.max.ms": 250,
     "fetch.queue.backoff.ms": 10,  # the 1 s default throttles catching up on a backlog
     "queued.min.messages": 10_000,  # prefetch; a batch waiting out an outage holds little
-    # Insights are a processor's outputs, written in Kafka transactions: the records of a
-    # batch that did not commit are never delivered.
-    "isolation.level": "read_committed",
-}
-# ... and the settings that keep the consumer passive, always applied last:
-_CONSUMER_REQUIRED: Mapping[str, Any] = {
-    # The dispatcher assigns partitions itself and never joins or commits a group: its
-    # positions live in Redis (and are copied to Kafka; see WebhookPositions), and a leased
-    # role needs no rebalance.
-    "enable.auto.commit": False,
-    "enable.auto.offset.store": False,
-    # A misspelt topic is an error, never a new topic (topics come from their specs).
-    "allow.auto.create.topics": False,
-    "enable.partition.eof": False,
-    # Only when the stored position is gone: below the log start (retention; logged at start)
-    # or past the end (the topic was recreated): start at what the log holds.
-    "auto.offset.reset": "earliest",
 }
 _PROGRESS_S = 10.0  # progress log period
 _SCHEDULER_TICK_S = 0.2  # longest wait for answers when no new record could be read anyway
@@ -212,16 +195,21 @@ class WebhookDispatcher:
         pool: ThreadPoolExecutor | None = None
         try:
             self._ensure_dlq_topic()
-            consumer = Consumer(
-                routed(
-                    {
-                        **_CONSUMER_TUNING,
-                        **self.kafka,
-                        **_CONSUMER_REQUIRED,
-                        # Never joined; it keeps a copy of the positions (see _mirror).
-                        "group.id": f"refold-webhooks.{settings.name}.{self.role}",
-                    }
-                )
+            # The dispatcher assigns partitions itself and never joins a group: its positions
+            # live in Redis, and a leased role needs no rebalance. Auto-commit stays off (the
+            # passive keys win over any user setting); _mirror commits a copy of the positions
+            # to this group explicitly, for standard lag tools.
+            consumer = passive_consumer(
+                self.kafka,
+                f"refold-webhooks.{settings.name}.{self.role}",
+                tuning=_CONSUMER_TUNING,
+                # Insights are a processor's outputs, written in Kafka transactions: the
+                # records of a batch that did not commit are never delivered.
+                isolation="read_committed",
+                # Only when the stored position is gone: below the log start (retention;
+                # logged at start) or past the end (the topic was recreated): start at what
+                # the log holds.
+                offset_reset="earliest",
             )
             try:
                 ends, positions = self._start_positions(lease, consumer)
@@ -278,7 +266,7 @@ class WebhookDispatcher:
     # -- start ----------------------------------------------------------------------------
 
     def _ensure_dlq_topic(self) -> None:
-        spec = TopicSpec(self.settings.dlq_topic, 1, "(original key)", ("(any)",))
+        spec = dead_letter_spec(self.settings.name, self.settings.dlq_topic)
         try:
             ensure_topics(self.kafka, [spec])
         except (RefoldError, KafkaException) as exc:

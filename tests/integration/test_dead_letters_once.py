@@ -130,11 +130,14 @@ def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
     capsys.readouterr()
     assert refold_main(["dlq", "list", "--processor", "order_state", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
+    assert listed["topic"] == "order_state.dlq"  # no option: the default name
     assert (listed["generation"], listed["status"]) == (2, "live")
     assert listed["letters"] == len(after_rebuild)  # everything it decided, sent or not
     by_reason = {r["reason"]: r["count"] for r in listed["reasons"]}
     assert by_reason == dict(Counter(r for *_po, r, _g in after_rebuild))
+    # The processor's dead_letter_topic option names the topic its letters went to.
+    monkeypatch.setenv("REFOLD_ORDER_STATE__DEAD_LETTER_TOPIC", target.dlq_topic)
     assert refold_main(["dlq", "list", "--processor", "order_state", "--generation", "3"]) == 0
     table = capsys.readouterr().out
     assert f"generation 3 (building): {len(after_stricter)} dead letter(s)" in table
-    assert "refold tail order_state.dlq" in table
+    assert f"refold tail {target.dlq_topic})" in table
