@@ -43,7 +43,6 @@ from refold.contracts.codec import EventCodec
 from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import BATCH_ID_FIELD, position_field
-from refold.contracts.origin import dead_letter_headers
 from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
@@ -61,6 +60,7 @@ from refold.processors.fold.archive import (
 from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.archive_store import ArchiveStore, Intent
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
+from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
@@ -317,23 +317,9 @@ def _send_dead_letters(
 ) -> None:
     """Produce the undecodable records with reason and origin; wait for every ack."""
     target = writer.plan.target
+    letters = [DeadLetter(record, exc.reason, str(exc)) for record, exc in dead]
     sent = Deliveries(writer.producer, f"{len(dead)} dead letters to {target.dlq_topic}")
-    for record, exc in dead:
-        origin = (record.topic, record.partition, record.offset)
-        headers = dead_letter_headers(
-            exc.reason, str(exc), origin, target.processor, target.generation
-        )
-        sent.produce(target.dlq_topic, record.value, record.key, headers)
-        logger.warning(
-            "dead-lettered: %s",
-            exc,
-            extra={
-                "topic": record.topic,
-                "partition": record.partition,
-                "offset": record.offset,
-                "batch_id": batch_id,
-            },
-        )
+    produce_letters(sent, target.dlq_topic, letters, target.processor, target.generation, batch_id)
     sent.wait()
 
 

@@ -39,7 +39,6 @@ from refold.contracts.codec import EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import BATCH_ID_FIELD
-from refold.contracts.origin import dead_letter_headers
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
@@ -57,8 +56,8 @@ from refold.processors.fold.dataframe import (
     events_ddl,
     output_mode_of,
 )
-from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
+from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.offset_log import batch_end_offsets
@@ -147,21 +146,6 @@ def _wanted(plan: DecodePlan, value: bytes | None) -> bool:
     return wanted
 
 
-def _dead_letter(
-    plan: DecodePlan, record: SourceRecord, exc: DeserializationError, sent: Deliveries
-) -> None:
-    target = plan.target
-    headers = dead_letter_headers(
-        exc.reason, str(exc), record[:3], target.processor, target.generation
-    )
-    sent.produce(target.dlq_topic, record.value, record.key, headers)
-    logger.warning(
-        "dead-lettered: %s",
-        exc,
-        extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
-    )
-
-
 def _decode_task(
     plan: DecodePlan, ranges_mode: bool, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
@@ -172,8 +156,7 @@ def _decode_task(
     """
     ranges = ranges_of(batches) if ranges_mode else ()
     parts = records_of_ranges(plan.target, ranges) if ranges_mode else records_of_rows(batches)
-    sent = Deliveries(_producer(plan.target.kafka), f"dead letters to {plan.target.dlq_topic}")
-    dead = 0
+    dead: list[DeadLetter] = []
     rows: list[dict[str, Any]] = []
     for part in parts:
         for record in part:
@@ -182,8 +165,7 @@ def _decode_task(
             try:
                 event = plan.codec.decode(record.value)
             except DeserializationError as exc:
-                _dead_letter(plan, record, exc, sent)
-                dead += 1
+                dead.append(DeadLetter(record, exc.reason, str(exc)))
                 continue
             if event.event_type not in plan.event_types:  # the header could not tell
                 continue
@@ -193,6 +175,11 @@ def _decode_task(
                 yield pa.RecordBatch.from_pylist(rows, schema=plan.arrow)
                 rows = []
     if dead:  # acknowledged before the rows go on (the batch fails and runs again if not)
+        target = plan.target
+        sent = Deliveries(
+            _producer(target.kafka), f"{len(dead)} dead letters to {target.dlq_topic}"
+        )
+        produce_letters(sent, target.dlq_topic, dead, target.processor, target.generation)
         sent.wait()
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=plan.arrow)

@@ -22,12 +22,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from refold.contracts.layout import parse_position_field, position_field
-from refold.processors.runtime.dead_letter_log import DeadLetterLike
+from refold.processors.runtime.dead_letters import DeadLetter
 
 __all__ = ["ReasonSummary", "index_fields", "letters_to_send", "summarise_index"]
 
 
-def index_fields(letters: Sequence[DeadLetterLike]) -> list[str]:
+def index_fields(letters: Sequence[DeadLetter]) -> list[str]:
     """Each letter's field in the index: its record's origin and its rank among that record's."""
     seen: dict[tuple[str, int, int], int] = {}
     fields = []
@@ -40,7 +40,7 @@ def index_fields(letters: Sequence[DeadLetterLike]) -> list[str]:
 
 
 def letters_to_send(
-    letters: Sequence[DeadLetterLike],
+    letters: Sequence[DeadLetter],
     fields: Sequence[str],
     live_positions: Mapping[str, int],
     live_reasons: Iterable[str | None],

@@ -47,7 +47,6 @@ from refold.contracts.layout import (
 )
 from refold.contracts.origin import (
     ORIGIN_ID,
-    dead_letter_headers,
     origin_headers,
     origin_id,
     parse_origin_id,
@@ -89,7 +88,7 @@ from refold.processors.fold.timers import (
 )
 from refold.processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
 from refold.processors.runtime.dead_letter_index import index_fields, letters_to_send
-from refold.processors.runtime.dead_letter_log import summarise_letters
+from refold.processors.runtime.dead_letters import DeadLetter, letter_message, log_letters
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
 from refold.processors.runtime.window_store import write_timers, write_windows
@@ -235,16 +234,6 @@ class BatchOutcome:
 def _parse_seq(raw: bytes) -> tuple[int, int]:
     offset, _dot, index = raw.decode().partition(".")
     return int(offset), int(index or 0)
-
-
-@dataclass(frozen=True, slots=True)
-class _DeadLetter:
-    """A record that was not applied (or, ``timer``: a timer that failed, the record applied)."""
-
-    record: SourceRecord
-    reason: str
-    detail: str
-    timer: bool = False
 
 
 class _HoleError(Exception):
@@ -551,7 +540,7 @@ class FoldWriter:
         _check_holes(records, applied_pos, covered)
         outbox = Outbox()
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]] = []
-        dead: list[_DeadLetter] = []
+        dead: list[DeadLetter] = []
         new_pos: dict[str, int] = {}
         links: list[tuple[str, str, Link]] = []
         if self.slot is None:
@@ -566,7 +555,7 @@ class FoldWriter:
         if any(p[0].origin is not None for p in pending):
             pending, marks = self._drop_resent(pipe, pending, outcome)
         clocks: dict[str, int] = {}
-        late_out: list[_DeadLetter] = []
+        late_out: list[DeadLetter] = []
         watermarks: list[int | None] = []
         if self.target.event_time is not None and pending:
             pending, clocks, watermarks = self._judge_lateness(
@@ -627,10 +616,10 @@ class FoldWriter:
                     if isinstance(exc, InvalidOutputError)
                     else "rejected"
                 )
-                dead.append(_DeadLetter(record, reason, str(exc)))
+                dead.append(DeadLetter(record, reason, str(exc)))
                 continue
             except UnstorableStateError as exc:
-                dead.append(_DeadLetter(record, exc.reason, str(exc)))
+                dead.append(DeadLetter(record, exc.reason, str(exc)))
                 continue
             folded.record(record, entity, new, encoded, contribution)
             if seen is not None:
@@ -775,8 +764,8 @@ class FoldWriter:
         self,
         pipe: Pipeline,
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
-        dead: list[_DeadLetter],
-        late_out: list[_DeadLetter],
+        dead: list[DeadLetter],
+        late_out: list[DeadLetter],
         outcome: BatchOutcome,
     ) -> tuple[
         list[tuple[SourceRecord, str, dict[str, Any], str]], dict[str, int], list[int | None]
@@ -807,7 +796,7 @@ class FoldWriter:
             try:
                 at = event_time_ms(data, event_time.field_of(event_type))
             except EventRejectedError as exc:
-                dead.append(_DeadLetter(record, "no-event-time", str(exc)))
+                dead.append(DeadLetter(record, "no-event-time", str(exc)))
                 continue
             verdict = clocks.observe(position_field(record.topic, record.partition), at)
             mark = groups.advance(record.topic, record.partition, at)
@@ -823,11 +812,11 @@ class FoldWriter:
             )
             if event_time.late == "accept":  # expired: beyond the retention
                 detail = f"{behind}, and beyond the retention ({event_time.retention_ms} ms)"
-                dead.append(_DeadLetter(record, "expired", detail))
+                dead.append(DeadLetter(record, "expired", detail))
             elif event_time.late == "side-output":
-                late_out.append(_DeadLetter(record, "late", behind))
+                late_out.append(DeadLetter(record, "late", behind))
             else:
-                dead.append(_DeadLetter(record, "late", behind))
+                dead.append(DeadLetter(record, "late", behind))
         return kept, clocks.changed, marks
 
     def _due(self, state: State | None) -> int | None:
@@ -868,7 +857,7 @@ class FoldWriter:
         record: SourceRecord,
         mark: int | None,
         folded: _Folded,
-        dead: list[_DeadLetter],
+        dead: list[DeadLetter],
     ) -> None:
         """Fire the timers of the record's partition group due at its watermark, in order."""
         for due, entity in queue.pop_due(record.partition, mark):
@@ -892,7 +881,7 @@ class FoldWriter:
                     f"on_timer of {entity!r} (due {due}, watermark {watermark}) raised "
                     f"{exc!r}; the entity keeps its state and has no timer until it changes"
                 )
-                dead.append(_DeadLetter(record, "timer-error", detail, timer=True))
+                dead.append(DeadLetter(record, "timer-error", detail, timer=True))
                 continue
             folded.record(record, entity, after, encoded, contribution)
             if self._has_effects:
@@ -902,7 +891,7 @@ class FoldWriter:
     def _count_windows(
         self,
         pending: Sequence[tuple[SourceRecord, str, dict[str, Any], str]],
-        dead: list[_DeadLetter],
+        dead: list[DeadLetter],
         outcome: BatchOutcome,
     ) -> WindowDelta:
         """A window processor: add each record's measures to its buckets (in memory)."""
@@ -913,10 +902,10 @@ class FoldWriter:
             try:
                 measures = [scaled(m, self._scales) for m in fold.measure(event_type, data)]
             except EventRejectedError as exc:
-                dead.append(_DeadLetter(record, "rejected", str(exc)))
+                dead.append(DeadLetter(record, "rejected", str(exc)))
                 continue
             except Exception as exc:  # user code: one record's failure must not stop the stream
-                dead.append(_DeadLetter(record, "fold-error", f"measure() raised {exc!r}"))
+                dead.append(DeadLetter(record, "fold-error", f"measure() raised {exc!r}"))
                 continue
             at = event_time_ms(data, event_time.field_of(event_type))
             for measure in measures:
@@ -927,7 +916,7 @@ class FoldWriter:
     def _pending_lookups(
         self,
         pending: Sequence[tuple[SourceRecord, str, dict[str, Any], str]],
-        dead: list[_DeadLetter],
+        dead: list[DeadLetter],
         outcome: BatchOutcome,
     ) -> dict[bytes, int]:
         """A lookup processor: each record waits for its table, scored by its event time."""
@@ -939,7 +928,7 @@ class FoldWriter:
             try:
                 member = encode_pending(origin)
             except TypeError as exc:  # orjson: a value JSON cannot hold
-                dead.append(_DeadLetter(record, "unserialisable", f"cannot wait: {exc}"))
+                dead.append(DeadLetter(record, "unserialisable", f"cannot wait: {exc}"))
                 continue
             waiting[member] = at
             outcome.applied += 1
@@ -948,8 +937,8 @@ class FoldWriter:
     def _send_records(
         self,
         pipe: Pipeline,
-        dead: list[_DeadLetter],
-        late_out: list[_DeadLetter],
+        dead: list[DeadLetter],
+        late_out: list[DeadLetter],
         batch_id: int | None,
         outcome: BatchOutcome,
         outbox: Outbox,
@@ -1025,7 +1014,7 @@ class FoldWriter:
         records: Sequence[SourceRecord],
         applied_pos: Mapping[str, int],
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
-        dead: list[_DeadLetter],
+        dead: list[DeadLetter],
         new_pos: dict[str, int],
         outcome: BatchOutcome,
     ) -> None:
@@ -1057,7 +1046,7 @@ class FoldWriter:
         records: Sequence[SourceRecord],
         applied_pos: Mapping[str, int],
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
-        dead: list[_DeadLetter],
+        dead: list[DeadLetter],
         new_pos: dict[str, int],
         links: list[tuple[str, str, Link]],
         outcome: BatchOutcome,
@@ -1088,11 +1077,11 @@ class FoldWriter:
             if owner != slot and not self._carries_key(record):
                 continue  # another slot's: its entity comes from that link; not decoded here
             event = self._decode(record)
-            if not isinstance(event, _DeadLetter):
+            if not isinstance(event, DeadLetter):
                 # A record off its partition key's partition must not make or use links: its
                 # order relative to the rest of its order_id (say) is not defined.
                 event = self._check_partition_key(record, event)
-            if isinstance(event, _DeadLetter):
+            if isinstance(event, DeadLetter):
                 if owner == slot and not done:
                     dead.append(event)
                     own += 1
@@ -1121,28 +1110,28 @@ class FoldWriter:
             pending.append((record, event.event_type, data, cast("str", entity)))
         outcome.records = own
 
-    def _decode(self, record: SourceRecord) -> DecodedEvent | _DeadLetter:
+    def _decode(self, record: SourceRecord) -> DecodedEvent | DeadLetter:
         try:
             return self.codec.decode(record.value)
         except DeserializationError as exc:
-            return _DeadLetter(record, exc.reason, str(exc))
+            return DeadLetter(record, exc.reason, str(exc))
         except Exception as exc:  # the codec's own guard missed a kind: still this record only
-            return _DeadLetter(record, "undecodable", repr(exc))
+            return DeadLetter(record, "undecodable", repr(exc))
 
     def _check_rekeyed(
         self, record: SourceRecord, event: DecodedEvent, entity: str | None
-    ) -> _DeadLetter | None:
+    ) -> DeadLetter | None:
         if entity is None:
             detail = (
                 f"this {event.event_type} has no {self.target.key_field} and no earlier event "
                 f"links it to one (through {', '.join(self.target.key_links) or 'no link'})"
             )
-            return _DeadLetter(record, "key-missing", detail)
+            return DeadLetter(record, "key-missing", detail)
         return None
 
     def _check_partition_key(
         self, record: SourceRecord, event: DecodedEvent
-    ) -> DecodedEvent | _DeadLetter:
+    ) -> DecodedEvent | DeadLetter:
         """Re-keyed: the record's Kafka key must be its topic's partition key field."""
         partition_key = self._partition_keys.get(record.topic)
         if not self.target.check_keys or partition_key is None:
@@ -1156,7 +1145,7 @@ class FoldWriter:
             "links to. Operator action: produce it again keyed by "
             f"{partition_key} (the producer SDK does)."
         )
-        return _DeadLetter(record, "key-mismatch", detail)
+        return DeadLetter(record, "key-mismatch", detail)
 
     def _stored_links(
         self, pipe: Pipeline, records: Sequence[SourceRecord]
@@ -1263,9 +1252,9 @@ class FoldWriter:
             events = []
             for record in records:
                 event = self._decode(record)
-                if not isinstance(event, _DeadLetter):
+                if not isinstance(event, DeadLetter):
                     event = self._check_partition_key(record, event)
-                if not isinstance(event, _DeadLetter):
+                if not isinstance(event, DeadLetter):
                     events.append((record, event))
             stored = self._stored_links(pipe, [r for r, _e in events])
             for record, event in events:
@@ -1276,21 +1265,21 @@ class FoldWriter:
         self,
         record: SourceRecord,
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
-    ) -> _DeadLetter | None:
+    ) -> DeadLetter | None:
         """Decode one record and find its entity; a dead letter when that is not possible."""
         try:
             event = self.codec.decode(record.value)
         except DeserializationError as exc:
-            return _DeadLetter(record, exc.reason, str(exc))
+            return DeadLetter(record, exc.reason, str(exc))
         except Exception as exc:  # the codec's own guard missed a kind: still this record only
-            return _DeadLetter(record, "undecodable", repr(exc))
+            return DeadLetter(record, "undecodable", repr(exc))
         if self._keyless:  # a window or lookup processor has no entity: any partition
             pending.append((record, event.event_type, event.data, ""))
             return None
         try:
             entity = str(self.projection.key(event.event_type, event.data))
         except Exception as exc:  # user code
-            return _DeadLetter(record, "fold-error", f"the processor's key() raised {exc!r}")
+            return DeadLetter(record, "fold-error", f"the processor's key() raised {exc!r}")
         if self.target.check_keys and record.key != entity.encode():
             # One writer per entity (DESIGN.md decision 8): an entity's records must all sit on
             # one partition, which only a Kafka key equal to the entity key guarantees.
@@ -1300,12 +1289,12 @@ class FoldWriter:
                 "events, where another writer folds them. Operator action: produce it again "
                 "keyed by the entity (the producer SDK does)."
             )
-            return _DeadLetter(record, "key-mismatch", detail)
+            return DeadLetter(record, "key-mismatch", detail)
         pending.append((record, event.event_type, event.data, entity))
         return None
 
     def _delta(
-        self, pipe: Pipeline, folded: _Folded, dead: list[_DeadLetter], outcome: BatchOutcome
+        self, pipe: Pipeline, folded: _Folded, dead: list[DeadLetter], outcome: BatchOutcome
     ) -> Counter[str]:
         """The aggregate's increments; records that would overflow a counter are dead letters.
 
@@ -1333,7 +1322,7 @@ class FoldWriter:
                 continue
             detail = f"a counter ({', '.join(sorted(change))}) would leave signed 64 bits"
             for record in folded.undo(entity):
-                dead.append(_DeadLetter(record, "overflow", detail))
+                dead.append(DeadLetter(record, "overflow", detail))
                 outcome.applied -= 1
         return folded.delta(self.projection)
 
@@ -1395,7 +1384,7 @@ class FoldWriter:
 
     def _send_dead_letters(
         self,
-        dead: Iterable[_DeadLetter],
+        dead: Iterable[DeadLetter],
         batch_id: int | None,
         outbox: Outbox,
         topic: str | None = None,
@@ -1403,39 +1392,8 @@ class FoldWriter:
         """Queue records with their reason and origin headers in ``outbox``."""
         topic = topic or self.target.dlq_topic
         letters = list(dead)
+        target = self.target
         for letter in letters:
-            record = letter.record
-            headers = dead_letter_headers(
-                letter.reason,
-                letter.detail,
-                record[:3],
-                self.target.processor,
-                self.target.generation,
-            )
-            value = record.value
-            if letter.timer:  # the record was applied: the letter describes the timer
-                headers.append(("refold.timer", b"1"))
-                value = orjson.dumps({"timer": letter.detail})
-            outbox.add(record[:3], topic, value, record.key, headers)
-            logger.debug(
-                "to %s (%s): %s",
-                topic,
-                letter.reason,
-                letter.detail,
-                extra={
-                    "topic": record.topic,
-                    "partition": record.partition,
-                    "offset": record.offset,
-                    "batch_id": batch_id,
-                },
-            )
-        if letters:
-            logger.warning(
-                "%s",
-                summarise_letters(letters, topic),
-                extra={
-                    "processor": self.target.processor,
-                    "generation": self.target.generation,
-                    "batch_id": batch_id,
-                },
-            )
+            value, key, headers = letter_message(letter, target.processor, target.generation)
+            outbox.add(letter.record[:3], topic, value, key, headers)
+        log_letters(letters, topic, target.processor, target.generation, batch_id)

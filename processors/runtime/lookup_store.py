@@ -22,12 +22,13 @@ from confluent_kafka import Producer
 
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import StateLayout
-from refold.contracts.origin import dead_letter_headers
 from refold.contracts.processors import EventTime
 from refold.contracts.store.generations import GenerationRegistry
 from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, decode_pending
+from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.background import DriverTask
+from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
 from refold.processors.runtime.window_store import generation_watermark
 
 __all__ = ["LookupJoiner"]
@@ -173,19 +174,14 @@ class LookupJoiner(DriverTask):
         """The events the fold failed on, to the dead-letter topic (acknowledged first)."""
         if self._producer is None:
             self._producer = output_producer(self.kafka)
-        sent = Deliveries(self._producer, f"{len(failed)} failed lookups to {self.dlq_topic}")
-        for pending, detail in failed:
-            logger.warning("dead-lettered: %s", detail)
-            sent.produce(
-                self.dlq_topic,
-                orjson.dumps(pending.event),
-                None,
-                dead_letter_headers(
-                    "enrich-error",
-                    detail,
-                    (pending.topic, pending.partition, pending.offset),
-                    self.keys.processor,
-                    self.keys.generation,
-                ),
+        letters = [
+            DeadLetter(
+                SourceRecord(p.topic, p.partition, p.offset, None, orjson.dumps(p.event)),
+                "enrich-error",
+                detail,
             )
+            for p, detail in failed
+        ]
+        sent = Deliveries(self._producer, f"{len(failed)} failed lookups to {self.dlq_topic}")
+        produce_letters(sent, self.dlq_topic, letters, self.keys.processor, self.keys.generation)
         sent.wait()
