@@ -12,9 +12,11 @@ partitions, read as they are by ``pyarrow.dataset(partitioning="hive")``, DuckDB
 ``read_parquet(..., hive_partitioning=true)`` and ``spark.read.parquet``.
 
 Columns: the fields of the event type's reader schema (Avro types mapped by
-:func:`arrow_type`: ``timestamp-millis`` as ``timestamp[ms, UTC]``, enums as strings, records,
-arrays and maps as structs, lists and maps, nullable unions as nullable columns), then where the
-row comes from (:data:`META_COLUMNS`): ``kafka_topic``, ``kafka_partition``, ``kafka_offset``,
+:func:`arrow_type`: ``timestamp-millis`` as ``timestamp[ms, UTC]``, decimals on ``bytes`` or
+``fixed`` as ``decimal128`` (``decimal256`` above 38 digits), enums as strings, records, arrays
+and maps as structs, lists and maps, nullable unions as nullable columns; the walk is
+:mod:`refold.processors.fold.avro_types`'s), then where the row comes from
+(:data:`META_COLUMNS`): ``kafka_topic``, ``kafka_partition``, ``kafka_offset``,
 ``kafka_timestamp``, ``kafka_key`` and the writer's ``schema_version``. So "the archive equals
 the log, event for event" is checkable by ``(topic, partition, offset)``.
 
@@ -33,7 +35,6 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,18 @@ import pyarrow as pa
 
 from refold.contracts.errors import ContractError
 from refold.contracts.processors import EventTime
+from refold.processors.fold.avro_types import (
+    AvroField,
+    AvroTypeWalker,
+    Conversion,
+    LogicalType,
+    Primitive,
+    Walked,
+    array_conversion,
+    convert,
+    map_conversion,
+    record_conversion,
+)
 
 __all__ = [
     "DATE_PREFIX",
@@ -89,12 +102,6 @@ class ArchiveSchemaError(ContractError):
 
 # -- Avro -> Arrow ------------------------------------------------------------------------------
 
-# How a decoded value (fastavro, logical types off: see refold.contracts.catalog) becomes what Arrow
-# takes. None: as it is (the common case: ints for timestamps and dates, str for enums).
-# Otherwise ("decimal", scale), ("array", c), ("map", c), ("record", ((name, c), ...)). Plain
-# tuples: a table pickles into Spark tasks without closures.
-Conversion = tuple[Any, ...] | None
-
 _PRIMITIVES: dict[str, pa.DataType] = {
     "null": pa.null(),
     "boolean": pa.bool_(),
@@ -105,133 +112,76 @@ _PRIMITIVES: dict[str, pa.DataType] = {
     "bytes": pa.binary(),
     "string": pa.string(),
 }
-_LOGICAL: dict[tuple[str, str], pa.DataType] = {
-    ("timestamp-millis", "long"): pa.timestamp("ms", tz="UTC"),
-    ("timestamp-micros", "long"): pa.timestamp("us", tz="UTC"),
-    ("local-timestamp-millis", "long"): pa.timestamp("ms"),
-    ("local-timestamp-micros", "long"): pa.timestamp("us"),
-    ("date", "int"): pa.date32(),
-    ("time-millis", "int"): pa.time32("ms"),
-    ("time-micros", "long"): pa.time64("us"),
-    ("uuid", "string"): pa.string(),
+# Arrow takes the decoded numbers of these as they are (epoch ms or us, days, time of day).
+_LOGICAL: dict[LogicalType, pa.DataType] = {
+    "timestamp-millis": pa.timestamp("ms", tz="UTC"),
+    "timestamp-micros": pa.timestamp("us", tz="UTC"),
+    "local-timestamp-millis": pa.timestamp("ms"),
+    "local-timestamp-micros": pa.timestamp("us"),
+    "date": pa.date32(),
+    "time-millis": pa.time32("ms"),
+    "time-micros": pa.time64("us"),
+    "uuid": pa.string(),
 }
+# decimal128 holds at most 38 digits; wider decimals are decimal256 (up to 76).
+_DECIMAL128_MAX_PRECISION = 38
 
 
-class _Types:
-    """Avro -> Arrow for one schema, remembering its named types (records, enums, fixed)."""
+class _ArrowTypes:
+    """Avro -> ``(Arrow type, conversion)``: the archive's emitter.
 
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.named: dict[str, tuple[pa.DataType, Conversion]] = {}
+    An :class:`~refold.processors.fold.avro_types.AvroVisitor`. Only decimals need a
+    conversion (``None`` for everything else: ints for times and dates, str for enums).
+    """
 
-    def _fail(self, what: str) -> ArchiveSchemaError:
-        return ArchiveSchemaError(f"{self.where}: {what}")
+    def error(self, message: str) -> ArchiveSchemaError:
+        return ArchiveSchemaError(message)
 
-    def _remember(
-        self, schema: Mapping[str, Any], namespace: str, value: tuple[pa.DataType, Conversion]
-    ) -> None:
-        name = str(schema["name"])
-        space = str(schema.get("namespace", namespace))
-        self.named[name.rsplit(".", 1)[-1]] = value
-        self.named[name if "." in name or not space else f"{space}.{name}"] = value
+    def primitive(self, name: Primitive, at: str) -> tuple[pa.DataType, Conversion]:
+        return _PRIMITIVES[name], None
 
-    def of(self, schema: Any, namespace: str = "") -> tuple[pa.DataType, bool, Conversion]:
-        """``(Arrow type, nullable, conversion)`` of an Avro type."""
-        if isinstance(schema, list):
-            branches = [b for b in schema if b != "null"]
-            if len(branches) > 1:
-                msg = (
-                    f"the union {schema!r} has no Parquet column type (only one type, "
-                    "optionally with null, is supported)"
-                )
-                raise self._fail(msg)
-            if not branches:
-                return pa.null(), True, None
-            kind, _nullable, conversion = self.of(branches[0], namespace)
-            return kind, len(branches) < len(schema), conversion
-        kind, conversion = self._of(schema, namespace)
-        return kind, kind == pa.null(), conversion
+    def logical(self, kind: LogicalType, at: str) -> tuple[pa.DataType, Conversion]:
+        return _LOGICAL[kind], None
 
-    def _of(self, schema: Any, namespace: str) -> tuple[pa.DataType, Conversion]:
-        if isinstance(schema, str):
-            if schema in _PRIMITIVES:
-                return _PRIMITIVES[schema], None
-            known = self.named.get(schema) or self.named.get(f"{namespace}.{schema}")
-            if known is None:
-                msg = f"type {schema!r} is not defined before its use"
-                raise self._fail(msg)
-            return known
-        if isinstance(schema, list):
-            msg = f"a union inside a union or a collection: {schema!r}"
-            raise self._fail(msg)
-        if not isinstance(schema, Mapping):
-            msg = f"unexpected Avro type {schema!r}"
-            raise self._fail(msg)
-        kind, logical = schema.get("type"), schema.get("logicalType")
-        if isinstance(logical, str) and isinstance(kind, str) and (logical, kind) in _LOGICAL:
-            return _LOGICAL[logical, kind], None
-        if logical == "decimal" and kind in ("bytes", "fixed"):
-            precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
-            decimal = pa.decimal128 if precision <= 38 else pa.decimal256
-            value = (decimal(precision, scale), ("decimal", scale))
-            if kind == "fixed":
-                self._remember(schema, namespace, value)
-            return value
-        if kind == "record":
-            space = str(schema.get("namespace", namespace))
-            fields, conversions = [], []
-            for field in schema["fields"]:
-                child, nullable, conversion = self.of(field["type"], space)
-                fields.append(pa.field(str(field["name"]), child, nullable=nullable))
-                conversions.append((str(field["name"]), conversion))
-            struct = (
-                pa.struct(fields),
-                ("record", tuple(conversions)) if any(c for _n, c in conversions) else None,
-            )
-            self._remember(schema, namespace, struct)
-            return struct
-        if kind == "enum":
-            self._remember(schema, namespace, (pa.string(), None))
-            return pa.string(), None
-        if kind == "fixed":
-            fixed = (pa.binary(int(schema["size"])), None)
-            self._remember(schema, namespace, fixed)
-            return fixed
-        if kind == "array":
-            item, nullable, conversion = self.of(schema["items"], namespace)
-            listed = pa.list_(pa.field("element", item, nullable=nullable))
-            return listed, None if conversion is None else ("array", conversion)
-        if kind == "map":
-            item, nullable, conversion = self.of(schema["values"], namespace)
-            mapped = pa.map_(pa.string(), pa.field("value", item, nullable=nullable))
-            return mapped, None if conversion is None else ("map", conversion)
-        if isinstance(kind, str | Mapping):  # a primitive written as {"type": "long"}
-            return self._of(kind, namespace)
-        msg = f"unexpected Avro type {schema!r}"
-        raise self._fail(msg)
+    def decimal(self, precision: int, scale: int, at: str) -> tuple[pa.DataType, Conversion]:
+        wide = precision > _DECIMAL128_MAX_PRECISION
+        decimal = pa.decimal256 if wide else pa.decimal128
+        return decimal(precision, scale), ("decimal", scale)
+
+    def fixed(self, size: int) -> tuple[pa.DataType, Conversion]:
+        return pa.binary(size), None
+
+    def enum(self, symbols: Sequence[str]) -> tuple[pa.DataType, Conversion]:
+        return pa.string(), None
+
+    def record(
+        self, name: str, fields: Sequence[AvroField[tuple[pa.DataType, Conversion]]]
+    ) -> tuple[pa.DataType, Conversion]:
+        struct = pa.struct([pa.field(f.name, f.type[0], nullable=f.nullable) for f in fields])
+        return struct, record_conversion([(f.name, f.type[1]) for f in fields])
+
+    def array(
+        self, items: Walked[tuple[pa.DataType, Conversion]]
+    ) -> tuple[pa.DataType, Conversion]:
+        kind, conversion = items.type
+        listed = pa.list_(pa.field("element", kind, nullable=items.nullable))
+        return listed, array_conversion(conversion)
+
+    def map(self, values: Walked[tuple[pa.DataType, Conversion]]) -> tuple[pa.DataType, Conversion]:
+        kind, conversion = values.type
+        mapped = pa.map_(pa.string(), pa.field("value", kind, nullable=values.nullable))
+        return mapped, map_conversion(conversion)
 
 
 def arrow_type(schema: Any, where: str = "schema") -> tuple[pa.DataType, bool]:
     """The Arrow type of an Avro type, and whether it is nullable (a union with null).
 
     Raises:
-        ArchiveSchemaError: A union of several non-null types (Parquet has no union column).
+        ArchiveSchemaError: A union of several non-null types (Parquet has no union column),
+            or a type not defined before its use.
     """
-    kind, nullable, _conversion = _Types(where).of(schema)
-    return kind, nullable
-
-
-def _convert(value: Any, conversion: Conversion) -> Any:
-    if value is None or conversion is None:
-        return value
-    kind = conversion[0]
-    if kind == "decimal":
-        return Decimal(int.from_bytes(value, "big", signed=True)).scaleb(-conversion[1])
-    if kind == "array":
-        return [_convert(v, conversion[1]) for v in value]
-    if kind == "map":
-        return {k: _convert(v, conversion[1]) for k, v in value.items()}
-    return {**value, **{n: _convert(value.get(n), c) for n, c in conversion[1] if c is not None}}
+    walked = AvroTypeWalker(_ArrowTypes(), where).walk(schema)
+    return walked.type[0], walked.nullable
 
 
 # -- event dates --------------------------------------------------------------------------------
@@ -297,8 +247,6 @@ class ArchiveTable:
             ArchiveSchemaError: A field has no Parquet type, or is named as a meta column.
         """
         name = str(reader["name"]).rsplit(".", 1)[-1]
-        types = _Types(name)
-        space = str(reader.get("namespace", ""))
         fields, conversions, times = [], [], {}
         for field in reader["fields"]:
             field_name = str(field["name"])
@@ -308,8 +256,9 @@ class ArchiveTable:
                     f"({', '.join(sorted(_META_NAMES))}); rename the field in a new version"
                 )
                 raise ArchiveSchemaError(msg)
-            kind, nullable, conversion = types.of(field["type"], space)
-            fields.append(pa.field(field_name, kind, nullable=nullable))
+        for typed in AvroTypeWalker(_ArrowTypes(), name).fields(reader):
+            field_name, (kind, conversion) = typed.name, typed.type
+            fields.append(pa.field(field_name, kind, nullable=typed.nullable))
             if conversion is not None:
                 conversions.append((field_name, conversion))
             times[field_name] = kind
@@ -352,7 +301,7 @@ class ArchiveTable:
             schema_version: The writer schema's version.
         """
         for name, conversion in self.conversions:
-            event[name] = _convert(event.get(name), conversion)
+            event[name] = convert(event.get(name), conversion)
         topic, partition, offset, timestamp, key = origin
         event["kafka_topic"] = topic
         event["kafka_partition"] = partition

@@ -18,8 +18,10 @@ Lifecycle and guarantees:
   by its batch id, trusting it would have written the same rows.
 * The events are a streaming DataFrame with one column per field of the processor's event
   types (the union of their reader schemas' fields, each nullable: a field another type lacks
-  is null), Avro ``timestamp-millis`` as ``TimestampType``, plus ``event_type``, ``topic``,
-  ``partition`` and ``offset``. Other event types on the topics are passed by undecoded.
+  is null), Avro ``timestamp-millis`` as ``TimestampType``, decimals (``bytes`` or ``fixed``)
+  as ``DecimalType``, plus ``event_type``, ``topic``, ``partition`` and ``offset`` (every Avro
+  type's column type: :mod:`refold.processors.fold.avro_types`). Other event types on the
+  topics are passed by undecoded.
 * The returned DataFrame has a string ``key`` column and value columns. Each micro-batch's
   rows (in ``update`` mode: the groups that changed; in ``append`` mode: the rows that became
   final) are upserted as JSON into the generation's table, ``t:<table>:<key>``, in ONE Redis
@@ -37,13 +39,23 @@ Lifecycle and guarantees:
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from refold.contracts.errors import ContractError
+from refold.processors.fold.avro_types import (
+    AvroField,
+    AvroTypeWalker,
+    Conversion,
+    LogicalType,
+    Primitive,
+    Walked,
+    array_conversion,
+    convert,
+    map_conversion,
+    record_conversion,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -135,14 +147,6 @@ class EventColumnsError(ContractError):
     code = "EVENT_COLUMNS"
 
 
-# How a decoded Avro value (fastavro, logical types off: see refold.contracts.catalog) becomes the
-# Python value Arrow builds the Spark column from. None: as it is. Otherwise a tuple, first the
-# kind: ("ts_ms",) epoch ms -> us; ("date",) days -> date; ("decimal", scale) big-endian bytes ->
-# Decimal; ("array", item); ("map", value); ("record", ((field, conversion), ...)). Plain tuples,
-# so a decode plan pickles without closures.
-Conversion = tuple[Any, ...] | None
-
-
 @dataclass(frozen=True, slots=True)
 class EventColumn:
     """One column of the events DataFrame: a field of one or more event types.
@@ -158,7 +162,7 @@ class EventColumn:
     conversion: Conversion = None
 
 
-_PRIMITIVES = {
+_PRIMITIVES: dict[str, str] = {
     "boolean": "BOOLEAN",
     "int": "INT",
     "long": "BIGINT",
@@ -167,97 +171,73 @@ _PRIMITIVES = {
     "bytes": "BINARY",
     "string": "STRING",
 }
-_EPOCH_DAY = dt.date(1970, 1, 1)
+# Spark has no time-of-day type: time-millis and time-micros stay the raw Avro numbers (see
+# refold.processors.fold.avro_types); timestamps become microseconds, dates Python dates.
+_LOGICAL: dict[LogicalType, tuple[str, Conversion]] = {
+    "date": ("DATE", ("date",)),
+    "time-millis": ("INT", None),
+    "time-micros": ("BIGINT", None),
+    "timestamp-millis": ("TIMESTAMP", ("ts_ms",)),
+    "timestamp-micros": ("TIMESTAMP", None),
+    "local-timestamp-millis": ("TIMESTAMP_NTZ", ("ts_ms",)),
+    "local-timestamp-micros": ("TIMESTAMP_NTZ", None),
+    "uuid": ("STRING", None),
+}
+# Spark's DecimalType holds at most 38 digits.
+_SPARK_MAX_PRECISION = 38
 
 
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-class _Types:
-    """Avro -> Spark types for one schema, remembering its named types (records, enums, fixed)."""
+class _SparkTypes:
+    """Avro -> ``(Spark DDL type, conversion)``: the events DataFrame's emitter.
 
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.named: dict[str, tuple[str, Conversion]] = {}
+    An :class:`~refold.processors.fold.avro_types.AvroVisitor`; nullability is not kept (every
+    column and nested field of the events DataFrame is nullable).
+    """
 
-    def _fail(self, what: str) -> EventColumnsError:
-        return EventColumnsError(f"{self.where}: {what}")
+    def error(self, message: str) -> EventColumnsError:
+        return EventColumnsError(message)
 
-    def _remember(
-        self, schema: Mapping[str, Any], namespace: str, value: tuple[str, Conversion]
-    ) -> None:
-        name = str(schema["name"])
-        space = str(schema.get("namespace", namespace))
-        self.named[name.rsplit(".", 1)[-1]] = value
-        self.named[name if "." in name or not space else f"{space}.{name}"] = value
+    def primitive(self, name: Primitive, at: str) -> tuple[str, Conversion]:
+        if name == "null":
+            msg = f"{at}: the null type (a value that is always null) has no Spark column type"
+            raise self.error(msg)
+        return _PRIMITIVES[name], None
 
-    def of(self, schema: Any, namespace: str = "") -> tuple[str, Conversion]:
-        """``(Spark DDL type, conversion)`` of an Avro type."""
-        if isinstance(schema, str):
-            if schema in _PRIMITIVES:
-                return _PRIMITIVES[schema], None
-            known = self.named.get(schema) or self.named.get(f"{namespace}.{schema}")
-            if known is None:
-                msg = f"type {schema!r} has no Spark column type"
-                raise self._fail(msg)
-            return known
-        if isinstance(schema, list):
-            branches = [b for b in schema if b != "null"]
-            if len(branches) != 1:
-                msg = (
-                    f"the union {schema!r} has no Spark column type (only a type or null is "
-                    "supported)"
-                )
-                raise self._fail(msg)
-            return self.of(branches[0], namespace)
-        if not isinstance(schema, Mapping):
-            msg = f"unexpected Avro type {schema!r}"
-            raise self._fail(msg)
-        kind, logical = schema.get("type"), schema.get("logicalType")
-        if logical == "timestamp-millis" and kind == "long":
-            return "TIMESTAMP", ("ts_ms",)
-        if logical == "timestamp-micros" and kind == "long":
-            return "TIMESTAMP", None
-        if logical == "local-timestamp-millis" and kind == "long":
-            return "TIMESTAMP_NTZ", ("ts_ms",)
-        if logical == "local-timestamp-micros" and kind == "long":
-            return "TIMESTAMP_NTZ", None
-        if logical == "date" and kind == "int":
-            return "DATE", ("date",)
-        if logical == "decimal" and kind == "bytes":
-            precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
-            if precision > 38:
-                msg = f"decimal({precision}) is wider than Spark's 38 digits"
-                raise self._fail(msg)
-            return f"DECIMAL({precision},{scale})", ("decimal", scale)
-        if kind == "record":
-            space = str(schema.get("namespace", namespace))
-            fields = [(f["name"], self.of(f["type"], space)) for f in schema["fields"]]
-            ddl = ", ".join(f"{_quote(n)}: {t}" for n, (t, _c) in fields)
-            conversions = tuple((n, c) for n, (_t, c) in fields)
-            value: tuple[str, Conversion] = (
-                f"STRUCT<{ddl}>",
-                ("record", conversions) if any(c for _n, c in conversions) else None,
+    def logical(self, kind: LogicalType, at: str) -> tuple[str, Conversion]:
+        return _LOGICAL[kind]
+
+    def decimal(self, precision: int, scale: int, at: str) -> tuple[str, Conversion]:
+        if precision > _SPARK_MAX_PRECISION:
+            msg = (
+                f"{at}: decimal({precision}, {scale}) is wider than Spark's "
+                f"{_SPARK_MAX_PRECISION} digits; a DataFrame processor cannot read this field"
             )
-            self._remember(schema, namespace, value)
-            return value
-        if kind == "enum":
-            self._remember(schema, namespace, ("STRING", None))
-            return "STRING", None
-        if kind == "fixed":
-            self._remember(schema, namespace, ("BINARY", None))
-            return "BINARY", None
-        if kind == "array":
-            item, conversion = self.of(schema["items"], namespace)
-            return f"ARRAY<{item}>", None if conversion is None else ("array", conversion)
-        if kind == "map":
-            item, conversion = self.of(schema["values"], namespace)
-            return f"MAP<STRING, {item}>", None if conversion is None else ("map", conversion)
-        if isinstance(kind, str | list | Mapping):  # a primitive written as {"type": "long"}
-            return self.of(kind, namespace)
-        msg = f"unexpected Avro type {schema!r}"
-        raise self._fail(msg)
+            raise self.error(msg)
+        return f"DECIMAL({precision},{scale})", ("decimal", scale)
+
+    def fixed(self, size: int) -> tuple[str, Conversion]:
+        return "BINARY", None
+
+    def enum(self, symbols: Sequence[str]) -> tuple[str, Conversion]:
+        return "STRING", None
+
+    def record(
+        self, name: str, fields: Sequence[AvroField[tuple[str, Conversion]]]
+    ) -> tuple[str, Conversion]:
+        ddl = ", ".join(f"{_quote(f.name)}: {f.type[0]}" for f in fields)
+        return f"STRUCT<{ddl}>", record_conversion([(f.name, f.type[1]) for f in fields])
+
+    def array(self, items: Walked[tuple[str, Conversion]]) -> tuple[str, Conversion]:
+        ddl, conversion = items.type
+        return f"ARRAY<{ddl}>", array_conversion(conversion)
+
+    def map(self, values: Walked[tuple[str, Conversion]]) -> tuple[str, Conversion]:
+        ddl, conversion = values.type
+        return f"MAP<STRING, {ddl}>", map_conversion(conversion)
 
 
 def event_columns(schemas: Sequence[Mapping[str, Any]]) -> tuple[EventColumn, ...]:
@@ -271,21 +251,21 @@ def event_columns(schemas: Sequence[Mapping[str, Any]]) -> tuple[EventColumn, ..
 
     Raises:
         EventColumnsError: A field is of two different types in two event types, is named as
-            a meta column, or has a type Spark cannot hold (a union of several types).
+            a meta column, or has a type Spark cannot hold (a union of several types, the
+            null type, a decimal of more than 38 digits: see
+            :mod:`refold.processors.fold.avro_types`).
     """
     columns: dict[str, EventColumn] = {}
     for schema in schemas:
-        types = _Types(str(schema.get("name", "?")))
-        space = str(schema.get("namespace", ""))
-        for field in schema["fields"]:
-            name = str(field["name"])
-            ddl, conversion = types.of(field["type"], space)
+        where = str(schema.get("name", "?"))
+        for field in AvroTypeWalker(_SparkTypes(), where).fields(schema):
+            name, (ddl, conversion) = field.name, field.type
             column = EventColumn(name, ddl, conversion)
             seen = columns.setdefault(name, column)
             if seen != column:
                 msg = (
                     f"field {name!r} is {seen.ddl} in one event type and {ddl} in "
-                    f"{types.where}: a DataFrame processor's event types must agree on the "
+                    f"{where}: a DataFrame processor's event types must agree on the "
                     "types of the fields they share"
                 )
                 raise EventColumnsError(msg)
@@ -299,24 +279,6 @@ def event_columns(schemas: Sequence[Mapping[str, Any]]) -> tuple[EventColumn, ..
 def events_ddl(columns: Sequence[EventColumn]) -> str:
     """The Spark DDL schema of the events DataFrame."""
     return ", ".join(f"{_quote(c.name)} {c.ddl}" for c in columns)
-
-
-def _convert(value: Any, conversion: Conversion) -> Any:
-    if value is None or conversion is None:
-        return value
-    kind = conversion[0]
-    if kind == "ts_ms":
-        return int(value) * 1000
-    if kind == "date":
-        return _EPOCH_DAY + dt.timedelta(days=int(value))
-    if kind == "decimal":
-        return Decimal(int.from_bytes(value, "big", signed=True)).scaleb(-conversion[1])
-    if kind == "array":
-        return [_convert(v, conversion[1]) for v in value]
-    if kind == "map":
-        return {k: _convert(v, conversion[1]) for k, v in value.items()}
-    fields = conversion[1]  # record
-    return {**value, **{n: _convert(value.get(n), c) for n, c in fields if c is not None}}
 
 
 def event_row(
@@ -334,6 +296,6 @@ def event_row(
         origin: ``(topic, partition, offset)``.
     """
     topic, partition, offset = origin
-    row = {c.name: _convert(event.get(c.name), c.conversion) for c in columns}
+    row = {c.name: convert(event.get(c.name), c.conversion) for c in columns}
     row.update(event_type=event_type, topic=topic, partition=partition, offset=offset)
     return row
