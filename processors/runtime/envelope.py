@@ -23,15 +23,12 @@ producer lazily, in the process that calls :meth:`apply` (a Spark executor's Pyt
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
-import orjson
 import redis
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
@@ -40,18 +37,13 @@ from refold.contracts.codec import DecodedEvent, EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
 from refold.contracts.layout import (
     BATCH_ID_FIELD,
-    GenerationKeys,
-    StateLayout,
     parse_position_field,
     position_field,
 )
 from refold.contracts.origin import (
-    ORIGIN_ID,
-    origin_headers,
-    origin_id,
     parse_origin_id,
 )
-from refold.contracts.processors import EventId, EventTime
+from refold.contracts.processors import EventTime
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
@@ -59,41 +51,25 @@ from refold.processors.errors import (
     SinkConflictError,
     StateStoreUnavailableError,
 )
-from refold.processors.fold.dedupe import SeenIds
 from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
-from refold.processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, encode_pending
 from refold.processors.fold.projection import (
     EventRejectedError,
-    FoldError,
-    InvalidOutputError,
     Projection,
-    SideEffect,
-    State,
-    UnstorableStateError,
-    effects_of,
-    encode_effects,
-    fits_int64,
-    fold_one,
-    store_state,
 )
 from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.rekey import KeyResolver, Link, decode_link, encode_link, slot_of
 from refold.processors.fold.timers import (
-    TIMER_EVENT,
     GroupClocks,
-    TimerQueue,
     has_timers,
-    timed,
-    timer_event,
 )
-from refold.processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
 from refold.processors.runtime.dead_letter_index import index_fields, letters_to_send
 from refold.processors.runtime.dead_letters import DeadLetter, letter_message, log_letters
+from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
+from refold.processors.runtime.kinds import BatchKind, kind_of
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
-from refold.processors.runtime.window_store import write_timers, write_windows
 
-__all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]
+__all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]  # the first two re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -121,114 +97,6 @@ return 0
 """
 # Dead-letter reasons that mean the bytes did not decode (the rest: the record was refused).
 _DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "undecodable"})
-
-
-@dataclass(frozen=True, slots=True)
-class FoldTarget:
-    """Where a processor generation writes. Picklable; shipped to executors.
-
-    Attributes:
-        processor: Processor name.
-        generation: Generation number.
-        redis_url: redis-py URL.
-        key_prefix: Prefix of refold's Redis keys.
-        kafka: librdkafka settings of the dead-letter producer (and of the reads that fold
-            a range again which Redis lost).
-        dlq_topic: Dead-letter topic.
-        check_keys: Dead-letter records whose Kafka key is not their entity key (reason
-            ``key-mismatch``): such a record may sit on another partition than the rest of its
-            entity, where another writer folds it. For a re-keyed processor: whose Kafka key
-            is not the value of its topic's partition key field.
-        slots: 0 when entities are owned by partitions (the key is every topic's partition
-            key); otherwise the number of writer slots that own the entities of a re-keyed
-            processor (:mod:`refold.processors.fold.rekey`), fixed for the generation.
-        key_field: The entity key field (re-keyed processors).
-        key_links: ``via`` fields that link events without the key to it (re-keyed).
-        partition_keys: ``(topic, partition key field)`` of each topic (re-keyed).
-        event_time: The processor's event time (lateness is judged per partition), if any.
-        topics: The processor's topics (an entity's timers fire on the watermark of its
-            partition id over all of them).
-        code_fingerprint: The driver's code fingerprint: a Spark worker that loaded other code
-            (the file edited under the running process) refuses to write ("": unchecked).
-        created_at: The generation's ``created_at`` (registry meta). It names the output
-            streams, so a generation number that gc frees and a new generation takes again
-            starts new streams and markers.
-        dedupe: De-duplication by event id (entity folds): each entity skips an event whose
-            id is among those of its latest ``horizon`` applied events.
-    """
-
-    processor: str
-    generation: int
-    # Both may hold credentials (a Redis password, sasl.password): never in a repr or a log.
-    redis_url: str = field(repr=False)
-    key_prefix: str
-    kafka: tuple[tuple[str, str], ...] = field(repr=False)
-    dlq_topic: str
-    check_keys: bool = True
-    slots: int = 0
-    key_field: str = ""
-    key_links: tuple[str, ...] = ()
-    partition_keys: tuple[tuple[str, str], ...] = ()
-    event_time: EventTime | None = None
-    topics: tuple[str, ...] = ()
-    code_fingerprint: str = ""
-    dedupe: EventId | None = None
-    created_at: str = ""
-
-    @property
-    def late_topic(self) -> str:
-        """Where late records go under the ``side-output`` policy."""
-        custom = self.event_time.late_topic if self.event_time else ""
-        return custom or f"{self.processor}.late"
-
-    @property
-    def layout(self) -> StateLayout:
-        """The processor's Redis keys."""
-        return StateLayout(self.processor, self.key_prefix)
-
-    @property
-    def keys(self) -> GenerationKeys:
-        """The generation's Redis keys."""
-        return self.layout.generation(self.generation)
-
-
-@dataclass(slots=True)
-class BatchOutcome:
-    """What one :meth:`FoldWriter.apply` call did."""
-
-    records: int = 0
-    applied: int = 0
-    skipped: int = 0
-    rejected: int = 0
-    undecodable: int = 0
-    positions: dict[str, int] = field(default_factory=dict)
-    effects: int = 0
-    suppressed: int = 0
-    # Letters a building generation did not send: the live generation sent them already.
-    suppressed_letters: int = 0
-    late: int = 0
-    duplicates: int = 0
-    dead_letters: dict[str, int] = field(default_factory=dict)
-    # Records of event types the processor does not declare: passed by, neither folded nor
-    # dead-lettered, and no part of event time (a topic carries other processors' types too).
-    passed: int = 0
-
-    def merge(self, other: BatchOutcome) -> None:
-        """Add another outcome (from another task) into this one."""
-        self.records += other.records
-        self.applied += other.applied
-        self.skipped += other.skipped
-        self.passed += other.passed
-        self.rejected += other.rejected
-        self.undecodable += other.undecodable
-        self.positions.update(other.positions)
-        self.effects += other.effects
-        self.suppressed += other.suppressed
-        self.suppressed_letters += other.suppressed_letters
-        self.late += other.late
-        self.duplicates += other.duplicates
-        for reason, count in other.dead_letters.items():
-            self.dead_letters[reason] = self.dead_letters.get(reason, 0) + count
 
 
 def _parse_seq(raw: bytes) -> tuple[int, int]:
@@ -266,55 +134,6 @@ def _check_holes(
         raise _HoleError(holes)
 
 
-class _Folded:
-    """One transaction's folded entities: states, their JSON and contributions, and sources."""
-
-    def __init__(self, before: dict[str, State | None]) -> None:
-        self.before = before
-        self.states = dict(before)
-        self.encoded: dict[str, bytes | None] = {}  # None: the entity is deleted
-        self.contributions: dict[str, Mapping[str, int]] = {}
-        self.sources: dict[str, list[SourceRecord]] = {}
-        self.effects: list[tuple[SourceRecord, SideEffect]] = []
-
-    def record(
-        self,
-        record: SourceRecord,
-        entity: str,
-        state: State | None,
-        encoded: bytes | None,
-        contribution: Mapping[str, int],
-    ) -> None:
-        self.states[entity] = state
-        self.encoded[entity] = encoded
-        self.contributions[entity] = contribution
-        self.sources.setdefault(entity, []).append(record)
-
-    def delta(self, projection: Projection) -> Counter[str]:
-        """``contribution(new) - contribution(old)`` summed over the changed entities."""
-        delta: Counter[str] = Counter()
-        for entity in self.contributions:
-            delta.update(self.change(entity, projection))
-        return delta
-
-    def change(self, entity: str, projection: Projection) -> Counter[str]:
-        """What one entity's change adds to each counter (zeros dropped)."""
-        change: Counter[str] = Counter(self.contributions[entity])
-        old = self.before[entity]
-        if old is not None:
-            change.subtract(projection.contribution(old))
-        return Counter({n: v for n, v in change.items() if v})
-
-    def undo(self, entity: str) -> list[SourceRecord]:
-        """Forget an entity's changes; returns the records that made them."""
-        self.states[entity] = self.before[entity]
-        del self.encoded[entity], self.contributions[entity]
-        undone = self.sources.pop(entity)
-        gone = {id(r) for r in undone}
-        self.effects = [(r, e) for r, e in self.effects if id(r) not in gone]
-        return undone
-
-
 class FoldWriter:
     """Applies record batches of one processor generation to Redis, exactly once in effect.
 
@@ -350,18 +169,13 @@ class FoldWriter:
         }
         self._redis: redis.Redis | None = None
         self._outputs: OutputTransactions | None = None
-        self._has_effects = getattr(projection, "effects", None) is not None
-        # A window processor counts events into buckets; an entity processor folds states.
-        self._windows: WindowFold | None = (
-            cast("WindowFold", projection) if getattr(projection, "windows", None) else None
-        )
-        self._scales = scales_of(projection) if self._windows is not None else {}
         self._timers = target.event_time is not None and has_timers(projection)
-        self._lookups: LookupFold | None = (
-            cast("LookupFold", projection) if getattr(projection, "lookup", None) else None
-        )
-        # Window and lookup processors have no entity: their records are not keyed.
-        self._keyless = self._windows is not None or self._lookups is not None
+        # The fold's kind of state (entities, windows, lookups...) stages each transaction's
+        # changes (refold.processors.runtime.kinds). Only entities are keyed: the records of
+        # the other kinds go to no entity.
+        kind_name, make_kind = kind_of(projection)
+        self._kind: BatchKind = make_kind(self)
+        self._keyless = kind_name != "entity"
         if (target.slots or target.event_time is None) and self._keyless:
             msg = (
                 f"{target.processor}: a window or lookup processor needs an event time and the "
@@ -561,116 +375,17 @@ class FoldWriter:
             pending, clocks, watermarks = self._judge_lateness(
                 pipe, pending, dead, late_out, outcome
             )
-        if self._lookups is not None:
-            waiting = self._pending_lookups(pending, dead, outcome)
-            letters = self._send_records(pipe, dead, late_out, batch_id, outcome, outbox)
-            self._commit_outputs(outbox, new_pos)
-            pipe.multi()
-            if waiting:
-                pipe.zadd(keys.timers(PENDING_TIMERS), waiting)
-            self._write_positions(
-                pipe, positions_key, new_pos, clocks, marks, [], batch_id, letters
-            )
-            self._count(pipe, outcome)
-            pipe.execute()
-            outcome.positions = new_pos
-            return outcome
-        if self._windows is not None:
-            windows = self._count_windows(pending, dead, outcome)
-            letters = self._send_records(pipe, dead, late_out, batch_id, outcome, outbox)
-            self._commit_outputs(outbox, new_pos)
-            pipe.multi()
-            write_windows(pipe, keys, windows)
-            self._write_positions(
-                pipe, positions_key, new_pos, clocks, marks, [], batch_id, letters
-            )
-            self._count(pipe, outcome)
-            pipe.execute()
-            outcome.positions = new_pos
-            return outcome
-        queue = self._load_timers(pipe, pending, watermarks) if self._timers else None
-        entities = sorted({p[3] for p in pending} | (queue.entities() if queue else set()))
-        table_keys = [keys.table(self.projection.table, e) for e in entities]
-        loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
-        before: dict[str, State | None] = {
-            e: None if raw is None else orjson.loads(raw)
-            for e, raw in zip(entities, loaded, strict=True)
-        }
-        folded = _Folded(before)
-        seen = self._load_seen(pipe, entities)
-        for index, (record, event_type, data, entity) in enumerate(pending):
-            if queue is not None:
-                self._fire_timers(queue, record, watermarks[index], folded, dead)
-            if seen is not None and seen.is_duplicate(entity, data):
-                outcome.duplicates += 1
-                continue
-            try:
-                new, encoded, contribution, effects = fold_one(
-                    self.projection, folded.states[entity], event_type, data
-                )
-            except EventRejectedError as exc:
-                reason = (
-                    "fold-error"
-                    if isinstance(exc, FoldError)
-                    else "invalid-output"
-                    if isinstance(exc, InvalidOutputError)
-                    else "rejected"
-                )
-                dead.append(DeadLetter(record, reason, str(exc)))
-                continue
-            except UnstorableStateError as exc:
-                dead.append(DeadLetter(record, exc.reason, str(exc)))
-                continue
-            folded.record(record, entity, new, encoded, contribution)
-            if seen is not None:
-                seen.remember(entity, data)
-            outcome.applied += 1
-            if self._has_effects:
-                folded.effects.extend((record, effect) for effect in effects)
-            if queue is not None:
-                queue.set(record.partition, entity, self._due(new))
-        delta = self._delta(pipe, folded, dead, outcome)
+        staged = self._kind.stage(pipe, pending, watermarks, dead, outcome)
         letters = self._send_records(pipe, dead, late_out, batch_id, outcome, outbox)
-        if folded.effects:
-            to_send, outcome.suppressed = self._unsuppressed(pipe, folded.effects)
-            if to_send:
-                self._send_effects(to_send, outbox)
-                outcome.effects = len(to_send)
+        staged.send_effects(outbox)
         self._commit_outputs(outbox, new_pos)
         pipe.multi()
-        stored = {e: b for e, b in folded.encoded.items() if b is not None}
-        if stored:
-            pipe.mset({keys.table(self.projection.table, e): b for e, b in stored.items()})
-        gone = [
-            keys.table(self.projection.table, e) for e, b in folded.encoded.items() if b is None
-        ]
-        if gone:
-            pipe.delete(*gone)
-        if queue is not None:
-            write_timers(pipe, keys, queue)
-        if seen is not None and seen.changed:
-            pipe.mset(
-                {keys.seen_ids(self.projection.table, e): ids for e, ids in seen.encoded().items()}
-            )
-        aggregate_key = keys.aggregate(self.projection.aggregate)
-        for name, amount in sorted(delta.items()):
-            if amount:
-                pipe.hincrby(aggregate_key, name, amount)
+        staged.write(pipe)
         self._write_positions(pipe, positions_key, new_pos, clocks, marks, links, batch_id, letters)
         self._count(pipe, outcome)
         pipe.execute()
         outcome.positions = new_pos
         return outcome
-
-    def _load_seen(self, pipe: Pipeline, entities: Sequence[str]) -> SeenIds | None:
-        """The latest event ids of ``entities``, when the processor de-duplicates (pre-MULTI)."""
-        dedupe = self.target.dedupe
-        if dedupe is None:
-            return None
-        table = self.projection.table
-        keys = [self.target.keys.seen_ids(table, e) for e in entities]
-        raw = cast("list[bytes | None]", pipe.mget(keys)) if keys else []
-        return SeenIds.load(dedupe, dict(zip(entities, raw, strict=True)))
 
     def _count(self, pipe: Pipeline, outcome: BatchOutcome) -> None:
         """The outcome's counts, in the transaction (exact stats: contracts/store/stats.py)."""
@@ -819,121 +534,6 @@ class FoldWriter:
                 dead.append(DeadLetter(record, "late", behind))
         return kept, clocks.changed, marks
 
-    def _due(self, state: State | None) -> int | None:
-        """The entity's timer (user code: a failure means no timer, and is logged)."""
-        if state is None:
-            return None
-        try:
-            return timed(self.projection).due(state)
-        except Exception:  # user code: one entity's failure must not stop the stream
-            logger.exception("%s: due() raised; the entity has no timer", self.target.processor)
-            return None
-
-    def _load_timers(
-        self,
-        pipe: Pipeline,
-        pending: Sequence[tuple[SourceRecord, str, dict[str, Any], str]],
-        marks: Sequence[int | None],
-    ) -> TimerQueue:
-        """The stored timers that may fire in this transaction (up to each group's last mark)."""
-        last: dict[int, int] = {}
-        for (record, *_rest), mark in zip(pending, marks, strict=True):
-            if mark is not None:
-                last[record.partition] = max(mark, last.get(record.partition, mark))
-        timers = TimerQueue()
-        for pid, mark in sorted(last.items()):
-            raw = cast(
-                "list[tuple[bytes, float]]",
-                pipe.zrangebyscore(
-                    self.target.keys.entity_timers(pid), "-inf", mark, withscores=True
-                ),
-            )
-            timers.load(pid, [(e.decode(), int(d)) for e, d in raw])
-        return timers
-
-    def _fire_timers(
-        self,
-        queue: TimerQueue,
-        record: SourceRecord,
-        mark: int | None,
-        folded: _Folded,
-        dead: list[DeadLetter],
-    ) -> None:
-        """Fire the timers of the record's partition group due at its watermark, in order."""
-        for due, entity in queue.pop_due(record.partition, mark):
-            before = folded.states.get(entity)
-            if before is None:
-                continue
-            watermark = cast("int", mark)
-            try:
-                after = timed(self.projection).on_timer(before, watermark)
-                effects = encode_effects(
-                    effects_of(
-                        self.projection, TIMER_EVENT, timer_event(watermark), before, after or {}
-                    )
-                )
-                encoded: bytes | None = None
-                contribution: Mapping[str, int] = {}
-                if after is not None:
-                    encoded, contribution = store_state(self.projection, after)
-            except Exception as exc:  # user code: the entity keeps its state, without timer
-                detail = (
-                    f"on_timer of {entity!r} (due {due}, watermark {watermark}) raised "
-                    f"{exc!r}; the entity keeps its state and has no timer until it changes"
-                )
-                dead.append(DeadLetter(record, "timer-error", detail, timer=True))
-                continue
-            folded.record(record, entity, after, encoded, contribution)
-            if self._has_effects:
-                folded.effects.extend((record, effect) for effect in effects)
-            queue.set(record.partition, entity, self._due(after))
-
-    def _count_windows(
-        self,
-        pending: Sequence[tuple[SourceRecord, str, dict[str, Any], str]],
-        dead: list[DeadLetter],
-        outcome: BatchOutcome,
-    ) -> WindowDelta:
-        """A window processor: add each record's measures to its buckets (in memory)."""
-        fold = cast("WindowFold", self._windows)
-        event_time = cast("EventTime", self.target.event_time)
-        delta = WindowDelta()
-        for record, event_type, data, _entity in pending:
-            try:
-                measures = [scaled(m, self._scales) for m in fold.measure(event_type, data)]
-            except EventRejectedError as exc:
-                dead.append(DeadLetter(record, "rejected", str(exc)))
-                continue
-            except Exception as exc:  # user code: one record's failure must not stop the stream
-                dead.append(DeadLetter(record, "fold-error", f"measure() raised {exc!r}"))
-                continue
-            at = event_time_ms(data, event_time.field_of(event_type))
-            for measure in measures:
-                delta.add(fold.windows, at, measure, event_time.retention_ms)
-            outcome.applied += 1
-        return delta
-
-    def _pending_lookups(
-        self,
-        pending: Sequence[tuple[SourceRecord, str, dict[str, Any], str]],
-        dead: list[DeadLetter],
-        outcome: BatchOutcome,
-    ) -> dict[bytes, int]:
-        """A lookup processor: each record waits for its table, scored by its event time."""
-        event_time = cast("EventTime", self.target.event_time)
-        waiting: dict[bytes, int] = {}
-        for record, event_type, data, _entity in pending:
-            at = event_time_ms(data, event_time.field_of(event_type))
-            origin = Pending(record.topic, record.partition, record.offset, event_type, data)
-            try:
-                member = encode_pending(origin)
-            except TypeError as exc:  # orjson: a value JSON cannot hold
-                dead.append(DeadLetter(record, "unserialisable", f"cannot wait: {exc}"))
-                continue
-            waiting[member] = at
-            outcome.applied += 1
-        return waiting
-
     def _send_records(
         self,
         pipe: Pipeline,
@@ -958,7 +558,7 @@ class FoldWriter:
             return {}
         fields = index_fields(letters)
         send: list[int] = list(range(len(letters)))
-        live = self._building_against(pipe, {letter.record[:2] for letter in letters})
+        live = self.building_against(pipe, {letter.record[:2] for letter in letters})
         if live is not None and live[0] is not None:
             live_reasons = cast(
                 "list[bytes | None]",
@@ -976,7 +576,7 @@ class FoldWriter:
             self._send_dead_letters(to_late, batch_id, outbox, topic=self.target.late_topic)
         return {field: letter.reason for field, letter in zip(fields, letters, strict=True)}
 
-    def _building_against(
+    def building_against(
         self, pipe: Pipeline, partitions: Iterable[tuple[str, int]]
     ) -> tuple[int | None, dict[str, int]] | None:
         """What a building generation compares with: the live generation and its positions.
@@ -1292,95 +892,6 @@ class FoldWriter:
             return DeadLetter(record, "key-mismatch", detail)
         pending.append((record, event.event_type, event.data, entity))
         return None
-
-    def _delta(
-        self, pipe: Pipeline, folded: _Folded, dead: list[DeadLetter], outcome: BatchOutcome
-    ) -> Counter[str]:
-        """The aggregate's increments; records that would overflow a counter are dead letters.
-
-        A counter is shared by every partition, so whether it overflows depends on what the
-        other partitions added before: this one check is not batch-independent (the per-state
-        checks are). It only triggers near 2**63.
-        """
-        delta = folded.delta(self.projection)
-        if not delta:
-            return delta
-        aggregate_key = self.target.keys.aggregate(self.projection.aggregate)
-        names = sorted(delta)
-        raw = cast("list[bytes | None]", pipe.hmget(aggregate_key, names))
-        current = {n: int(v) for n, v in zip(names, raw, strict=True) if v is not None}
-        if all(fits_int64(current.get(n, 0) + delta[n]) for n in names):
-            return delta
-        # Slow path, near 2**63 only: take the entities in the order their records came and
-        # refuse those that would push a counter out of range.
-        running = dict(current)
-        for entity in list(folded.contributions):
-            change = folded.change(entity, self.projection)
-            if all(fits_int64(running.get(n, 0) + v) for n, v in change.items()):
-                for name, value in change.items():
-                    running[name] = running.get(name, 0) + value
-                continue
-            detail = f"a counter ({', '.join(sorted(change))}) would leave signed 64 bits"
-            for record in folded.undo(entity):
-                dead.append(DeadLetter(record, "overflow", detail))
-                outcome.applied -= 1
-        return folded.delta(self.projection)
-
-    def _unsuppressed(
-        self, pipe: Pipeline, effects: list[tuple[SourceRecord, SideEffect]]
-    ) -> tuple[list[tuple[SourceRecord, SideEffect]], int]:
-        """The effects to send, and how many were suppressed because they happened already.
-
-        A generation being rebuilt (``building``) knows it is replaying: the effects of records
-        the live generation has already applied were produced then, and are suppressed. Those
-        of records past the live generation's positions are sent, or a cutover would lose the
-        effects of the records the shadow applied ahead of the live processor. Near the
-        cutover both may send one (same origin headers): at least once, never lost. With no
-        live generation to compare with, a rebuild suppresses them all.
-        """
-        building = self._building_against(pipe, {r[:2] for r, _e in effects})
-        if building is None:
-            return effects, 0
-        live, live_pos = building
-        if live is None:
-            return [], len(effects)
-        send = [
-            (r, e)
-            for r, e in effects
-            if r.offset >= live_pos.get(position_field(r.topic, r.partition), 0)
-        ]
-        return send, len(effects) - len(send)
-
-    def _send_effects(
-        self, effects: Sequence[tuple[SourceRecord, SideEffect]], outbox: Outbox
-    ) -> None:
-        """Queue side effects in ``outbox``.
-
-        Each with its origin id, each stream (source partition) in origin order (offset, then
-        the record's own order): a consumer deduplicates per stream on it
-        (:mod:`refold.contracts.origin`). The streams are merged by their records' timestamps, so a
-        consumer on event time sees a batch's outputs roughly as they happened, not one source
-        partition's whole span after another's.
-        """
-        streams: dict[tuple[str, int], list[tuple[int, SourceRecord, SideEffect, str]]] = {}
-        for record, effect in sorted(effects, key=lambda e: e[0][:3]):  # stable
-            stream = streams.setdefault((record.topic, record.partition), [])
-            index = stream[-1][0] + 1 if stream and stream[-1][1].offset == record.offset else 0
-            oid = origin_id(self.target.processor, *record[:3], index, self.slot)
-            stream.append((index, record, effect, oid))
-        for _index, record, effect, oid in heapq.merge(
-            *streams.values(), key=lambda e: e[1].timestamp
-        ):
-            outbox.add(
-                record[:3],
-                effect.topic,
-                effect.payload if effect.payload is not None else orjson.dumps(effect.value),
-                effect.key.encode(),
-                [
-                    *origin_headers(*record[:3], self.target.processor, self.target.generation),
-                    (ORIGIN_ID, oid.encode()),
-                ],
-            )
 
     def _send_dead_letters(
         self,

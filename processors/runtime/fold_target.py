@@ -1,0 +1,129 @@
+"""The fold's shared vocabulary: where a generation writes, and what a batch did.
+
+Every engine of a processor (the fold envelope and its state kinds, the DataFrame and archive
+sinks, the runner) speaks of a :class:`FoldTarget` and a :class:`BatchOutcome`; they live here,
+below all of them, so that none imports another engine to name them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from refold.contracts.layout import GenerationKeys, StateLayout
+from refold.contracts.processors import EventId, EventTime
+from refold.processors.fold.records import SourceRecord
+
+__all__ = ["BatchOutcome", "FoldTarget", "PendingRecord"]
+
+# A record that decoded and is on time, ready for its kind of state: the record, its event type,
+# its event, and its entity (an entity fold's key; "" for a window or lookup fold).
+PendingRecord = tuple[SourceRecord, str, dict[str, Any], str]
+
+
+@dataclass(frozen=True, slots=True)
+class FoldTarget:
+    """Where a processor generation writes. Picklable; shipped to executors.
+
+    Attributes:
+        processor: Processor name.
+        generation: Generation number.
+        redis_url: redis-py URL.
+        key_prefix: Prefix of refold's Redis keys.
+        kafka: librdkafka settings of the dead-letter producer (and of the reads that fold
+            a range again which Redis lost).
+        dlq_topic: Dead-letter topic.
+        check_keys: Dead-letter records whose Kafka key is not their entity key (reason
+            ``key-mismatch``): such a record may sit on another partition than the rest of its
+            entity, where another writer folds it. For a re-keyed processor: whose Kafka key
+            is not the value of its topic's partition key field.
+        slots: 0 when entities are owned by partitions (the key is every topic's partition
+            key); otherwise the number of writer slots that own the entities of a re-keyed
+            processor (:mod:`refold.processors.fold.rekey`), fixed for the generation.
+        key_field: The entity key field (re-keyed processors).
+        key_links: ``via`` fields that link events without the key to it (re-keyed).
+        partition_keys: ``(topic, partition key field)`` of each topic (re-keyed).
+        event_time: The processor's event time (lateness is judged per partition), if any.
+        topics: The processor's topics (an entity's timers fire on the watermark of its
+            partition id over all of them).
+        code_fingerprint: The driver's code fingerprint: a Spark worker that loaded other code
+            (the file edited under the running process) refuses to write ("": unchecked).
+        created_at: The generation's ``created_at`` (registry meta). It names the output
+            streams, so a generation number that gc frees and a new generation takes again
+            starts new streams and markers.
+        dedupe: De-duplication by event id (entity folds): each entity skips an event whose
+            id is among those of its latest ``horizon`` applied events.
+    """
+
+    processor: str
+    generation: int
+    # Both may hold credentials (a Redis password, sasl.password): never in a repr or a log.
+    redis_url: str = field(repr=False)
+    key_prefix: str
+    kafka: tuple[tuple[str, str], ...] = field(repr=False)
+    dlq_topic: str
+    check_keys: bool = True
+    slots: int = 0
+    key_field: str = ""
+    key_links: tuple[str, ...] = ()
+    partition_keys: tuple[tuple[str, str], ...] = ()
+    event_time: EventTime | None = None
+    topics: tuple[str, ...] = ()
+    code_fingerprint: str = ""
+    dedupe: EventId | None = None
+    created_at: str = ""
+
+    @property
+    def late_topic(self) -> str:
+        """Where late records go under the ``side-output`` policy."""
+        custom = self.event_time.late_topic if self.event_time else ""
+        return custom or f"{self.processor}.late"
+
+    @property
+    def layout(self) -> StateLayout:
+        """The processor's Redis keys."""
+        return StateLayout(self.processor, self.key_prefix)
+
+    @property
+    def keys(self) -> GenerationKeys:
+        """The generation's Redis keys."""
+        return self.layout.generation(self.generation)
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    """What one :meth:`FoldWriter.apply` call did."""
+
+    records: int = 0
+    applied: int = 0
+    skipped: int = 0
+    rejected: int = 0
+    undecodable: int = 0
+    positions: dict[str, int] = field(default_factory=dict)
+    effects: int = 0
+    suppressed: int = 0
+    # Letters a building generation did not send: the live generation sent them already.
+    suppressed_letters: int = 0
+    late: int = 0
+    duplicates: int = 0
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    # Records of event types the processor does not declare: passed by, neither folded nor
+    # dead-lettered, and no part of event time (a topic carries other processors' types too).
+    passed: int = 0
+
+    def merge(self, other: BatchOutcome) -> None:
+        """Add another outcome (from another task) into this one."""
+        self.records += other.records
+        self.applied += other.applied
+        self.skipped += other.skipped
+        self.passed += other.passed
+        self.rejected += other.rejected
+        self.undecodable += other.undecodable
+        self.positions.update(other.positions)
+        self.effects += other.effects
+        self.suppressed += other.suppressed
+        self.suppressed_letters += other.suppressed_letters
+        self.late += other.late
+        self.duplicates += other.duplicates
+        for reason, count in other.dead_letters.items():
+            self.dead_letters[reason] = self.dead_letters.get(reason, 0) + count

@@ -1,0 +1,389 @@
+"""Entity folds: one state per entity, the aggregate's counters, timers, de-duplication, effects.
+
+For one transaction: load the states of the entities the records touch (and of the entities
+whose timers are due), fold each record in log order, firing the due timers of its partition
+group first, skip an event whose id the entity has applied already (``dedupe``), and keep what
+changed: the states (JSON), the aggregate's increments (``contribution(new) - contribution(old)``),
+the timers and the remembered ids, all written in the MULTI. Side effects are sent in the
+batch's Kafka transaction, except those a building generation knows the live one sent already.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+import orjson
+from redis.client import Pipeline
+
+from refold.contracts.layout import position_field
+from refold.contracts.origin import ORIGIN_ID, origin_headers, origin_id
+from refold.processors.fold.dedupe import SeenIds
+from refold.processors.fold.projection import (
+    EventRejectedError,
+    FoldError,
+    InvalidOutputError,
+    Projection,
+    SideEffect,
+    State,
+    UnstorableStateError,
+    effects_of,
+    encode_effects,
+    fits_int64,
+    fold_one,
+    store_state,
+)
+from refold.processors.fold.records import SourceRecord
+from refold.processors.fold.timers import (
+    TIMER_EVENT,
+    TimerQueue,
+    has_timers,
+    timed,
+    timer_event,
+)
+from refold.processors.runtime.dead_letters import DeadLetter
+from refold.processors.runtime.fold_target import BatchOutcome, PendingRecord
+from refold.processors.runtime.kinds.base import FoldContext
+from refold.processors.runtime.output_transactions import Outbox
+from refold.processors.runtime.window_store import write_timers
+
+__all__ = ["EntityKind"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Folded:
+    """One transaction's folded entities: states, their JSON and contributions, and sources."""
+
+    def __init__(self, before: dict[str, State | None]) -> None:
+        self.before = before
+        self.states = dict(before)
+        self.encoded: dict[str, bytes | None] = {}  # None: the entity is deleted
+        self.contributions: dict[str, Mapping[str, int]] = {}
+        self.sources: dict[str, list[SourceRecord]] = {}
+        self.effects: list[tuple[SourceRecord, SideEffect]] = []
+
+    def record(
+        self,
+        record: SourceRecord,
+        entity: str,
+        state: State | None,
+        encoded: bytes | None,
+        contribution: Mapping[str, int],
+    ) -> None:
+        self.states[entity] = state
+        self.encoded[entity] = encoded
+        self.contributions[entity] = contribution
+        self.sources.setdefault(entity, []).append(record)
+
+    def delta(self, projection: Projection) -> Counter[str]:
+        """``contribution(new) - contribution(old)`` summed over the changed entities."""
+        delta: Counter[str] = Counter()
+        for entity in self.contributions:
+            delta.update(self.change(entity, projection))
+        return delta
+
+    def change(self, entity: str, projection: Projection) -> Counter[str]:
+        """What one entity's change adds to each counter (zeros dropped)."""
+        change: Counter[str] = Counter(self.contributions[entity])
+        old = self.before[entity]
+        if old is not None:
+            change.subtract(projection.contribution(old))
+        return Counter({n: v for n, v in change.items() if v})
+
+    def undo(self, entity: str) -> list[SourceRecord]:
+        """Forget an entity's changes; returns the records that made them."""
+        self.states[entity] = self.before[entity]
+        del self.encoded[entity], self.contributions[entity]
+        undone = self.sources.pop(entity)
+        gone = {id(r) for r in undone}
+        self.effects = [(r, e) for r, e in self.effects if id(r) not in gone]
+        return undone
+
+
+class _StagedEntities:
+    """The folded entities of one transaction, with what goes out and what is written."""
+
+    def __init__(
+        self,
+        kind: EntityKind,
+        pipe: Pipeline,
+        folded: _Folded,
+        delta: Counter[str],
+        queue: TimerQueue | None,
+        seen: SeenIds | None,
+        outcome: BatchOutcome,
+    ) -> None:
+        self.kind = kind
+        self.pipe = pipe
+        self.folded = folded
+        self.delta = delta
+        self.queue = queue
+        self.seen = seen
+        self.outcome = outcome
+
+    def send_effects(self, outbox: Outbox) -> None:
+        if not self.folded.effects:
+            return
+        to_send, self.outcome.suppressed = self.kind.unsuppressed(self.pipe, self.folded.effects)
+        if to_send:
+            self.kind.queue_effects(to_send, outbox)
+            self.outcome.effects = len(to_send)
+
+    def write(self, pipe: Pipeline) -> None:
+        keys = self.kind.context.target.keys
+        table = self.kind.context.projection.table
+        encoded = self.folded.encoded
+        stored = {e: b for e, b in encoded.items() if b is not None}
+        if stored:
+            pipe.mset({keys.table(table, e): b for e, b in stored.items()})
+        gone = [keys.table(table, e) for e, b in encoded.items() if b is None]
+        if gone:
+            pipe.delete(*gone)
+        if self.queue is not None:
+            write_timers(pipe, keys, self.queue)
+        if self.seen is not None and self.seen.changed:
+            pipe.mset({keys.seen_ids(table, e): ids for e, ids in self.seen.encoded().items()})
+        aggregate_key = keys.aggregate(self.kind.context.projection.aggregate)
+        for name, amount in sorted(self.delta.items()):
+            if amount:
+                pipe.hincrby(aggregate_key, name, amount)
+
+
+class EntityKind:
+    """The kind of every fold with entities (the default kind)."""
+
+    def __init__(self, context: FoldContext) -> None:
+        self.context = context
+        self.projection = context.projection
+        self.timers = context.target.event_time is not None and has_timers(context.projection)
+        self.has_effects = getattr(context.projection, "effects", None) is not None
+
+    def stage(
+        self,
+        pipe: Pipeline,
+        pending: Sequence[PendingRecord],
+        watermarks: Sequence[int | None],
+        dead: list[DeadLetter],
+        outcome: BatchOutcome,
+    ) -> _StagedEntities:
+        """Fold the records into their entities' states (and fire due timers), in memory."""
+        keys = self.context.target.keys
+        table = self.projection.table
+        queue = self._load_timers(pipe, pending, watermarks) if self.timers else None
+        entities = sorted({p[3] for p in pending} | (queue.entities() if queue else set()))
+        table_keys = [keys.table(table, e) for e in entities]
+        loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
+        before: dict[str, State | None] = {
+            e: None if raw is None else orjson.loads(raw)
+            for e, raw in zip(entities, loaded, strict=True)
+        }
+        folded = _Folded(before)
+        seen = self._load_seen(pipe, entities)
+        for index, (record, event_type, data, entity) in enumerate(pending):
+            if queue is not None:
+                self._fire_timers(queue, record, watermarks[index], folded, dead)
+            if seen is not None and seen.is_duplicate(entity, data):
+                outcome.duplicates += 1
+                continue
+            try:
+                new, encoded, contribution, effects = fold_one(
+                    self.projection, folded.states[entity], event_type, data
+                )
+            except EventRejectedError as exc:
+                reason = (
+                    "fold-error"
+                    if isinstance(exc, FoldError)
+                    else "invalid-output"
+                    if isinstance(exc, InvalidOutputError)
+                    else "rejected"
+                )
+                dead.append(DeadLetter(record, reason, str(exc)))
+                continue
+            except UnstorableStateError as exc:
+                dead.append(DeadLetter(record, exc.reason, str(exc)))
+                continue
+            folded.record(record, entity, new, encoded, contribution)
+            if seen is not None:
+                seen.remember(entity, data)
+            outcome.applied += 1
+            if self.has_effects:
+                folded.effects.extend((record, effect) for effect in effects)
+            if queue is not None:
+                queue.set(record.partition, entity, self._due(new))
+        delta = self._delta(pipe, folded, dead, outcome)
+        return _StagedEntities(self, pipe, folded, delta, queue, seen, outcome)
+
+    def _load_seen(self, pipe: Pipeline, entities: Sequence[str]) -> SeenIds | None:
+        """The latest event ids of ``entities``, when the processor de-duplicates (pre-MULTI)."""
+        dedupe = self.context.target.dedupe
+        if dedupe is None:
+            return None
+        table = self.projection.table
+        keys = [self.context.target.keys.seen_ids(table, e) for e in entities]
+        raw = cast("list[bytes | None]", pipe.mget(keys)) if keys else []
+        return SeenIds.load(dedupe, dict(zip(entities, raw, strict=True)))
+
+    def _due(self, state: State | None) -> int | None:
+        """The entity's timer (user code: a failure means no timer, and is logged)."""
+        if state is None:
+            return None
+        try:
+            return timed(self.projection).due(state)
+        except Exception:  # user code: one entity's failure must not stop the stream
+            logger.exception(
+                "%s: due() raised; the entity has no timer", self.context.target.processor
+            )
+            return None
+
+    def _load_timers(
+        self,
+        pipe: Pipeline,
+        pending: Sequence[PendingRecord],
+        marks: Sequence[int | None],
+    ) -> TimerQueue:
+        """The stored timers that may fire in this transaction (up to each group's last mark)."""
+        last: dict[int, int] = {}
+        for (record, *_rest), mark in zip(pending, marks, strict=True):
+            if mark is not None:
+                last[record.partition] = max(mark, last.get(record.partition, mark))
+        timers = TimerQueue()
+        for pid, mark in sorted(last.items()):
+            raw = cast(
+                "list[tuple[bytes, float]]",
+                pipe.zrangebyscore(
+                    self.context.target.keys.entity_timers(pid), "-inf", mark, withscores=True
+                ),
+            )
+            timers.load(pid, [(e.decode(), int(d)) for e, d in raw])
+        return timers
+
+    def _fire_timers(
+        self,
+        queue: TimerQueue,
+        record: SourceRecord,
+        mark: int | None,
+        folded: _Folded,
+        dead: list[DeadLetter],
+    ) -> None:
+        """Fire the timers of the record's partition group due at its watermark, in order."""
+        for due, entity in queue.pop_due(record.partition, mark):
+            before = folded.states.get(entity)
+            if before is None:
+                continue
+            watermark = cast("int", mark)
+            try:
+                after = timed(self.projection).on_timer(before, watermark)
+                effects = encode_effects(
+                    effects_of(
+                        self.projection, TIMER_EVENT, timer_event(watermark), before, after or {}
+                    )
+                )
+                encoded: bytes | None = None
+                contribution: Mapping[str, int] = {}
+                if after is not None:
+                    encoded, contribution = store_state(self.projection, after)
+            except Exception as exc:  # user code: the entity keeps its state, without timer
+                detail = (
+                    f"on_timer of {entity!r} (due {due}, watermark {watermark}) raised "
+                    f"{exc!r}; the entity keeps its state and has no timer until it changes"
+                )
+                dead.append(DeadLetter(record, "timer-error", detail, timer=True))
+                continue
+            folded.record(record, entity, after, encoded, contribution)
+            if self.has_effects:
+                folded.effects.extend((record, effect) for effect in effects)
+            queue.set(record.partition, entity, self._due(after))
+
+    def _delta(
+        self, pipe: Pipeline, folded: _Folded, dead: list[DeadLetter], outcome: BatchOutcome
+    ) -> Counter[str]:
+        """The aggregate's increments; records that would overflow a counter are dead letters.
+
+        A counter is shared by every partition, so whether it overflows depends on what the
+        other partitions added before: this one check is not batch-independent (the per-state
+        checks are). It only triggers near 2**63.
+        """
+        delta = folded.delta(self.projection)
+        if not delta:
+            return delta
+        aggregate_key = self.context.target.keys.aggregate(self.projection.aggregate)
+        names = sorted(delta)
+        raw = cast("list[bytes | None]", pipe.hmget(aggregate_key, names))
+        current = {n: int(v) for n, v in zip(names, raw, strict=True) if v is not None}
+        if all(fits_int64(current.get(n, 0) + delta[n]) for n in names):
+            return delta
+        # Slow path, near 2**63 only: take the entities in the order their records came and
+        # refuse those that would push a counter out of range.
+        running = dict(current)
+        for entity in list(folded.contributions):
+            change = folded.change(entity, self.projection)
+            if all(fits_int64(running.get(n, 0) + v) for n, v in change.items()):
+                for name, value in change.items():
+                    running[name] = running.get(name, 0) + value
+                continue
+            detail = f"a counter ({', '.join(sorted(change))}) would leave signed 64 bits"
+            for record in folded.undo(entity):
+                dead.append(DeadLetter(record, "overflow", detail))
+                outcome.applied -= 1
+        return folded.delta(self.projection)
+
+    def unsuppressed(
+        self, pipe: Pipeline, effects: list[tuple[SourceRecord, SideEffect]]
+    ) -> tuple[list[tuple[SourceRecord, SideEffect]], int]:
+        """The effects to send, and how many were suppressed because they happened already.
+
+        A generation being rebuilt (``building``) knows it is replaying: the effects of records
+        the live generation has already applied were produced then, and are suppressed. Those
+        of records past the live generation's positions are sent, or a cutover would lose the
+        effects of the records the shadow applied ahead of the live processor. Near the
+        cutover both may send one (same origin headers): at least once, never lost. With no
+        live generation to compare with, a rebuild suppresses them all.
+        """
+        building = self.context.building_against(pipe, {r[:2] for r, _e in effects})
+        if building is None:
+            return effects, 0
+        live, live_pos = building
+        if live is None:
+            return [], len(effects)
+        send = [
+            (r, e)
+            for r, e in effects
+            if r.offset >= live_pos.get(position_field(r.topic, r.partition), 0)
+        ]
+        return send, len(effects) - len(send)
+
+    def queue_effects(
+        self, effects: Sequence[tuple[SourceRecord, SideEffect]], outbox: Outbox
+    ) -> None:
+        """Queue side effects in ``outbox``.
+
+        Each with its origin id, each stream (source partition) in origin order (offset, then
+        the record's own order): a consumer deduplicates per stream on it
+        (:mod:`refold.contracts.origin`). The streams are merged by their records' timestamps, so a
+        consumer on event time sees a batch's outputs roughly as they happened, not one source
+        partition's whole span after another's.
+        """
+        target = self.context.target
+        streams: dict[tuple[str, int], list[tuple[int, SourceRecord, SideEffect, str]]] = {}
+        for record, effect in sorted(effects, key=lambda e: e[0][:3]):  # stable
+            stream = streams.setdefault((record.topic, record.partition), [])
+            index = stream[-1][0] + 1 if stream and stream[-1][1].offset == record.offset else 0
+            oid = origin_id(target.processor, *record[:3], index, self.context.slot)
+            stream.append((index, record, effect, oid))
+        for _index, record, effect, oid in heapq.merge(
+            *streams.values(), key=lambda e: e[1].timestamp
+        ):
+            outbox.add(
+                record[:3],
+                effect.topic,
+                effect.payload if effect.payload is not None else orjson.dumps(effect.value),
+                effect.key.encode(),
+                [
+                    *origin_headers(*record[:3], target.processor, target.generation),
+                    (ORIGIN_ID, oid.encode()),
+                ],
+            )
