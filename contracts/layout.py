@@ -96,6 +96,7 @@ BATCH_ID_FIELD = "batch_id"
 # the ids of each entity's latest events (de-duplication by event id).
 STATE_NAMESPACES = (
     *("t:", "a:", "guard:", "slotpos:", "k:", "w:", "wd:", "tm:", "wm:", "om:", "dl:", "dd:"),
+    "x:",  # the keys of state kinds added as modules (GenerationKeys.kind_key)
 )
 # The namespaces ``replay diff`` compares (the rest are the envelope's internals).
 RESULT_NAMESPACES = ("t:", "a:", "w:", "wd:")
@@ -211,6 +212,18 @@ class GenerationKeys:
     def aggregate(self, name: str) -> str:
         """Hash of one aggregate's counters."""
         return f"{self.base}:a:{name}"
+
+    def kind_key(self, kind: str, name: str) -> str:
+        """A key of a state kind added as a module (``refold.processors.runtime.kinds``).
+
+        Under the ``x:`` namespace, so snapshots, seeding, in-place resets and gc take it with
+        the rest of the state without knowing the kind.
+        """
+        return f"{self.base}:x:{kind}:{name}"
+
+    def kind_pattern(self, kind: str) -> str:
+        """SCAN pattern of every key of one added state kind."""
+        return f"{self.base}:x:{kind}:*"
 
     def window_bucket(self, window: str, start: int, group: str) -> str:
         """Hash of one window bucket's aggregates (``count``, ``sum:<m>``, ``min:<m>``...)."""

@@ -28,6 +28,7 @@ from refold.contracts.store.generations import (
 )
 from refold.contracts.store.scan import scan_batches, unlink_matching
 from refold.processors.runtime.checkpoints import remove_generation_checkpoints
+from refold.processors.runtime.kinds import kind_diffs
 from refold.replay.errors import ReplayError
 
 __all__ = [
@@ -218,6 +219,8 @@ class GenerationDiff:
     )
     sketches_compared: int = 0
     sketches_differing: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Kinds added as modules, by kind: their differing keys (their own diff decides).
+    kinds_differing: dict[str, dict[str, tuple[Any, Any]]] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
@@ -229,6 +232,7 @@ class GenerationDiff:
             or self.aggregates_differing
             or self.buckets_differing
             or self.sketches_differing
+            or any(self.kinds_differing.values())
         )
 
     def render(self) -> str:
@@ -257,6 +261,8 @@ class GenerationDiff:
             )
         lines += self._examples("bucket", self.buckets_differing)
         lines += self._examples("sketch", self.sketches_differing)
+        for kind, differing in sorted(self.kinds_differing.items()):
+            lines += self._examples(kind, differing)
         lines.append("identical" if self.identical else "NOT identical")
         return "\n".join(lines)
 
@@ -326,6 +332,10 @@ def diff_generations(
         if agg_a != agg_b:
             result.aggregates_differing[name] = (agg_a, agg_b)
     _diff_windows(client, layout.generation(a), layout.generation(b), result)
+    for kind, diff in kind_diffs():  # the kinds added as modules compare their own keys
+        differing = dict(diff(client, layout.generation(a), layout.generation(b)))
+        if differing:
+            result.kinds_differing[kind] = differing
     return result
 
 

@@ -173,13 +173,13 @@ class FoldWriter:
         # The fold's kind of state (entities, windows, lookups...) stages each transaction's
         # changes (refold.processors.runtime.kinds). Only entities are keyed: the records of
         # the other kinds go to no entity.
-        kind_name, make_kind = kind_of(projection)
+        _kind_name, make_kind = kind_of(projection)
         self._kind: BatchKind = make_kind(self)
-        self._keyless = kind_name != "entity"
-        if (target.slots or target.event_time is None) and self._keyless:
+        self._keyless = not self._kind.keyed
+        if target.slots and self._keyless:
             msg = (
-                f"{target.processor}: a window or lookup processor needs an event time and the "
-                "partition key as its key (no re-keying)"
+                f"{target.processor}: a window or lookup processor needs the partition key as "
+                "its key (no re-keying)"
             )
             raise ValueError(msg)
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 from refold.processors.runtime.kinds.base import (
     BatchKind,
     FoldContext,
+    KindDiff,
     StagedBatch,
+    kind_diffs,
     kind_of,
     register_kind,
 )
@@ -17,7 +19,15 @@ from refold.processors.runtime.kinds.entity import EntityKind
 from refold.processors.runtime.kinds.lookups import LookupKind, is_lookup_fold
 from refold.processors.runtime.kinds.windows import WindowKind, is_window_fold
 
-__all__ = ["BatchKind", "FoldContext", "StagedBatch", "kind_of", "register_kind"]
+__all__ = [
+    "BatchKind",
+    "FoldContext",
+    "KindDiff",
+    "StagedBatch",
+    "kind_diffs",
+    "kind_of",
+    "register_kind",
+]
 
 register_kind("entity", lambda _projection: True, EntityKind)
 register_kind("windows", is_window_fold, WindowKind)

@@ -18,11 +18,13 @@ A kind is one module that registers itself (:func:`register_kind`) with a test o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
+import redis
 from redis.client import Pipeline
 
+from refold.contracts.layout import GenerationKeys
 from refold.processors.fold.projection import Projection
 from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget, PendingRecord
@@ -31,7 +33,9 @@ from refold.processors.runtime.output_transactions import Outbox
 __all__ = [
     "BatchKind",
     "FoldContext",
+    "KindDiff",
     "StagedBatch",
+    "kind_diffs",
     "kind_of",
     "register_kind",
 ]
@@ -75,7 +79,16 @@ class StagedBatch(Protocol):
 
 
 class BatchKind(Protocol):
-    """A kind of state: how a chunk of records becomes its changes."""
+    """A kind of state: how a chunk of records becomes its changes.
+
+    Attributes:
+        keyed: Records go to an entity (the fold's ``key()``), so the writer checks that
+            they are on their entity's partition; a kind whose state is additive across
+            partitions (windows) or that holds records for later (lookups) is not keyed, and
+            cannot be re-keyed.
+    """
+
+    keyed: bool
 
     def stage(
         self,
@@ -90,20 +103,43 @@ class BatchKind(Protocol):
 
 
 KindFactory = Callable[[FoldContext], BatchKind]
+# ``replay diff`` of an added kind: its keys in two generations compared, the differing ones
+# (named without the generation's base) -> (value in a, value in b).
+KindDiff = Callable[[redis.Redis, GenerationKeys, GenerationKeys], Mapping[str, tuple[Any, Any]]]
 _KINDS: list[tuple[str, Callable[[Projection], bool], KindFactory]] = []
+_DIFFS: dict[str, KindDiff] = {}
 
 
-def register_kind(name: str, matches: Callable[[Projection], bool], make: KindFactory) -> None:
+def register_kind(
+    name: str,
+    matches: Callable[[Projection], bool],
+    make: KindFactory,
+    diff: KindDiff | None = None,
+) -> None:
     """Add a kind: the first registered whose ``matches`` accepts a fold is its kind.
 
     Registering a name again replaces that kind in place. The entity kind accepts every fold
     and is registered first, so a kind added later is asked before it.
+
+    Args:
+        name: The kind's name (its keys are ``GenerationKeys.kind_key(name, ...)``).
+        matches: Whether a fold is of this kind.
+        make: The kind for one writer.
+        diff: How ``replay diff`` compares its keys in two generations. The built-in kinds
+            are compared by the diff itself (tables, aggregates, buckets, sketches).
     """
+    if diff is not None:
+        _DIFFS[name] = diff
     for index, (known, _matches, _make) in enumerate(_KINDS):
         if known == name:
             _KINDS[index] = (name, matches, make)
             return
     _KINDS.insert(0, (name, matches, make))
+
+
+def kind_diffs() -> Iterator[tuple[str, KindDiff]]:
+    """The diff of every added kind that has one, by name."""
+    yield from sorted(_DIFFS.items())
 
 
 def kind_of(projection: Projection) -> tuple[str, KindFactory]:

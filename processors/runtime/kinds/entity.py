@@ -156,6 +156,8 @@ class _StagedEntities:
 class EntityKind:
     """The kind of every fold with entities (the default kind)."""
 
+    keyed = True
+
     def __init__(self, context: FoldContext) -> None:
         self.context = context
         self.projection = context.projection

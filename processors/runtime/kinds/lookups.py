@@ -45,7 +45,12 @@ class _StagedLookups:
 class LookupKind:
     """The kind of a :class:`~refold.processors.fold.lookups.LookupFold`."""
 
+    keyed = False
+
     def __init__(self, context: FoldContext) -> None:
+        if context.target.event_time is None:
+            msg = f"{context.target.processor}: a lookup processor needs an event time"
+            raise ValueError(msg)
         self.context = context
 
     def stage(

@@ -45,7 +45,12 @@ class _StagedWindows:
 class WindowKind:
     """The kind of a :class:`WindowFold`."""
 
+    keyed = False
+
     def __init__(self, context: FoldContext) -> None:
+        if context.target.event_time is None:
+            msg = f"{context.target.processor}: a window processor needs an event time"
+            raise ValueError(msg)
         self.context = context
         self.fold = cast("WindowFold", context.projection)
         self.scales = scales_of(context.projection)
