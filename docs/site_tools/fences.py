@@ -1,8 +1,9 @@
-"""MkDocs hook: show the guide's runnable blocks as plain code blocks.
+"""MkDocs hook: show the docs' marked code blocks as plain code blocks.
 
-The tutorial marks blocks for its test (```` ```python file=pkg/mod.py ```` or
-```` ```bash run ````; tests/spark/test_guide.py writes or runs them). Markdown's fenced-code
-syntax takes only a language there, so the marks are moved into the block's title.
+A fence's words after the language say how a test runs the block
+(```` ```python file=pkg/mod.py ````, ```` ```bash run ````, ```` ```python excerpt=path ````,
+```` ```python stack ````; docs/testing.md, "Examples in the docs"). Markdown's fenced-code
+syntax takes only a language there, so the words are dropped from the rendered page.
 """
 
 from __future__ import annotations
