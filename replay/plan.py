@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from refold.contracts.kafka.offsets_json import to_offsets_json
 from refold.replay.errors import PlanError
 
 __all__ = [
@@ -326,10 +327,7 @@ class ReplayPlan:
 
     def starting_offsets(self) -> str:
         """The new generation's ``startingOffsets`` in Spark's JSON form (stable key order)."""
-        nested: dict[str, dict[str, int]] = {}
-        for row in self.partitions:
-            nested.setdefault(row.topic, {})[str(row.partition)] = row.begin
-        return json.dumps(nested, sort_keys=True)
+        return to_offsets_json({(row.topic, row.partition): row.begin for row in self.partitions})
 
     def as_dict(self) -> dict[str, object]:
         """The plan for scripts (``--json``)."""

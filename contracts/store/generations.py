@@ -17,6 +17,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.offsets_json import parse_offsets_json
 from refold.contracts.layout import (
     BATCH_ID_FIELD,
     DEFAULT_KEY_PREFIX,
@@ -154,21 +155,7 @@ def starting_positions(meta: Mapping[str, str]) -> Positions:
 
     Empty when the generation started from ``earliest``/``latest`` or the field is unreadable.
     """
-    try:
-        nested = json.loads(meta.get("starting_offsets", "{}"))
-    except ValueError:
-        return {}
-    if not isinstance(nested, dict):
-        return {}
-    try:
-        return {
-            (str(t), int(p)): int(o)
-            for t, parts in nested.items()
-            if isinstance(parts, dict)
-            for p, o in parts.items()
-        }
-    except (TypeError, ValueError):
-        return {}
+    return parse_offsets_json(meta.get("starting_offsets", "{}"), lenient=True)
 
 
 def applied_records(positions: Positions, starting: Positions) -> int:

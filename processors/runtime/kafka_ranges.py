@@ -12,7 +12,6 @@ on first use, never in ``__init__``; they are assigned explicitly and never join
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,6 +22,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from refold.contracts.kafka.consumers import passive_consumer
 from refold.contracts.kafka.offsets import LogOffsets, TopicPartitionKey
+from refold.contracts.kafka.offsets_json import parse_offsets_json
 
 __all__ = [
     "Range",
@@ -315,9 +315,8 @@ def resolve_starting_offsets(
     if spec == "latest":
         return probe.end_offsets(tps)
     try:
-        nested = json.loads(spec)
-        requested = {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
-    except (ValueError, AttributeError, TypeError) as exc:
+        requested = parse_offsets_json(spec)
+    except ValueError as exc:
         msg = f"refold_kafka: startingOffsets is not earliest, latest or JSON: {spec}"
         raise ValueError(msg) from exc
     ends = probe.end_offsets(tps) if _LATEST in requested.values() else {}

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from refold.contracts.kafka.offsets import LogOffsets, OffsetsError, TopicPartitionKey
+from refold.contracts.kafka.offsets_json import Offsets, flatten, nest
 from refold.processors.runtime.kafka_ranges import (
     Range,
     SourceOptions,
@@ -77,27 +78,12 @@ _ARROW_SCHEMA = pa.schema(
 # Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost.
 _ARROW_ROWS = 10_000
 
-Offsets = dict[str, dict[str, int]]
-
 
 @dataclass(frozen=True)
 class KafkaRangePartition(InputPartition):
     """One Spark task: one or more Kafka partition ranges ``[start, end)``."""
 
     ranges: tuple[Range, ...]
-
-
-def _flatten(offsets: Offsets) -> dict[TopicPartitionKey, int]:
-    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
-
-
-def _nest(flat: Mapping[TopicPartitionKey, int]) -> Offsets:
-    nested: Offsets = {}
-    for (topic, partition), offset in sorted(flat.items()):
-        nested.setdefault(topic, {})[str(partition)] = int(offset)
-    return {
-        t: dict(sorted(p.items(), key=lambda kv: int(kv[0]))) for t, p in sorted(nested.items())
-    }
 
 
 class _Columns:
@@ -196,7 +182,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         )
         if self._last_end is None:
             self._last_end = dict(resolved)
-        self._initial = _nest(resolved)
+        self._initial = nest(resolved)
         return self._initial
 
     def latestOffset(self) -> Offsets:  # noqa: N802 - Spark's method name
@@ -211,14 +197,14 @@ class KafkaStreamReader(DataSourceStreamReader):
             # Broker unreachable: plan nothing new and ask again next trigger. Failing here
             # would stop the query; waiting is what a Kafka consumer does too.
             self._warn_unreachable(exc)
-            return _nest(self._last_end)
+            return nest(self._last_end)
         self._unreachable_since = None
         # Never behind what was already planned: an end offset only moves forward.
         ends = {tp: max(e, self._last_end.get(tp, 0)) for tp, e in ends.items()}
         if self.options.max_offsets_per_trigger:
             ends = cap_offsets(self._last_end, ends, self.options.max_offsets_per_trigger)
         self._last_end = dict(ends)
-        return _nest(ends)
+        return nest(ends)
 
     def _warn_unreachable(self, exc: OffsetsError) -> None:
         now = time.monotonic()
@@ -232,7 +218,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: Offsets, end: Offsets) -> list[KafkaRangePartition]:
         """Split ``[start, end)`` into tasks (driver)."""
-        begin, finish = _flatten(start), _flatten(end)
+        begin, finish = flatten(start), flatten(end)
         if self._last_end is None:
             # A restarted query plans its checkpointed batch first: seed the rate limit there.
             self._last_end = dict(finish)

@@ -8,9 +8,9 @@ at its end when it reads Spark's JVM ``kafka`` source.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from refold.contracts.kafka.offsets_json import parse_offsets_json
 from refold.contracts.layout import position_field
 from refold.processors.errors import ProcessorError
 from refold.processors.runtime.checkpoints import checkpoint_files
@@ -32,13 +32,9 @@ def parse_offset_log(text: str) -> dict[str, int]:
     try:
         if len(lines) < 3 or not lines[0].startswith("v"):
             raise ValueError(lines[:1])
-        nested = json.loads(lines[-1])
-        return {
-            position_field(topic, int(partition)): int(offset)
-            for topic, partitions in nested.items()
-            for partition, offset in partitions.items()
-        }
-    except (ValueError, AttributeError, TypeError) as exc:
+        offsets = parse_offsets_json(lines[-1])
+        return {position_field(t, p): o for (t, p), o in offsets.items()}
+    except ValueError as exc:
         msg = f"not a Spark offsets log entry with a Kafka source's offsets: {exc!r}"
         raise ProcessorError(msg) from exc
 
@@ -73,12 +69,9 @@ def batch_start_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, int]
         )
         if not version.startswith("v"):
             raise ValueError(version)
-        return {
-            position_field(topic, int(partition)): int(offset)
-            for topic, partitions in json.loads(nested).items()
-            for partition, offset in partitions.items()
-        }
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        offsets = parse_offsets_json(nested)
+        return {position_field(t, p): o for (t, p), o in offsets.items()}
+    except (OSError, ValueError) as exc:
         msg = f"no initial offsets of a Kafka source in {initial}: {exc!r}"
         raise ProcessorError(msg) from exc
 

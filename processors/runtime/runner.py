@@ -11,11 +11,9 @@ Starting offsets, in order of precedence:
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import signal
 import threading
@@ -33,6 +31,7 @@ from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.java_client import JavaClientConfigError
 from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.kafka.offsets_json import parse_offsets_json, to_offsets_json
 from refold.contracts.layout import position_field
 from refold.contracts.processors import (
     EventId,
@@ -171,13 +170,6 @@ class ProcessorRun:
     target: FoldTarget
 
 
-def _offsets_json(positions: dict[tuple[str, int], int]) -> str:
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(positions.items()):
-        nested.setdefault(topic, {})[str(partition)] = offset
-    return json.dumps(nested, sort_keys=True)
-
-
 def resolve_run(
     projection: Projection,
     topics: list[TopicSpec],
@@ -236,7 +228,7 @@ def resolve_run(
     if not has_batches(checkpoint):
         positions, _ = registry.positions(generation)
         if positions:
-            starting = _offsets_json(positions)
+            starting = to_offsets_json(positions)
             logger.info("no checkpoint: resuming g%d from its Redis positions", generation)
     target = FoldTarget(
         processor=projection.name,
@@ -343,32 +335,13 @@ def build_query(
     return writer.trigger(processingTime=options.trigger_interval).start()
 
 
-def _offsets_from_json(text: str) -> Positions:
-    """Parse offsets JSON, or the Python literal Spark's progress shows for a Python source.
-
-    PySpark 4.1 reports a Python source's offsets in ``lastProgress`` as the ``repr`` of the
-    dict (single-quoted), not as JSON.
-    """
-    nested: object = text
-    try:
-        nested = json.loads(text)
-    except ValueError:
-        try:
-            nested = ast.literal_eval(text)  # literals only: no code is evaluated
-        except (ValueError, SyntaxError):
-            return {}
-    if not isinstance(nested, dict):
-        return {}
-    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
-
-
 def _planned_ends(query: StreamingQuery) -> Positions | None:
     """End offsets of the last completed micro-batch (Spark's progress), if there was one."""
     progress = query.lastProgress
     if not progress or not progress["sources"]:
         return None
     reported = progress["sources"][0]["endOffset"]
-    return None if reported is None else _offsets_from_json(reported)
+    return None if reported is None else parse_offsets_json(reported, lenient=True)
 
 
 class _CatchUp:
@@ -399,7 +372,7 @@ class _CatchUp:
         if run.starting_offsets == "latest":
             first = dict(self.target)
         else:
-            first = {**log_start, **_offsets_from_json(run.starting_offsets)}
+            first = {**log_start, **parse_offsets_json(run.starting_offsets, lenient=True)}
         # Where applying starts per partition: what is applied already, else the first offset.
         self.start = {tp: applied.get(tp, first.get(tp, 0)) for tp in tps}
 
@@ -641,7 +614,7 @@ def _record_starting_positions(
             for slot in range(run.target.slots):  # re-keyed: every writer slot starts there
                 pipe.hsetnx(keys.slot_positions(slot), field_name, str(offset))
         pipe.execute()
-    starting = _offsets_json(registry.positions(run.generation)[0])
+    starting = to_offsets_json(registry.positions(run.generation)[0])
     logger.info("g%d starts at %s", run.generation, starting)
     return dataclasses.replace(run, starting_offsets=starting)
 
@@ -713,7 +686,7 @@ def _run_generation(
     applied, _batch = registry.positions(run.generation)
     if has_batches(run.checkpoint):  # Spark resumes from it; the starting offsets are unused
         where = f"resuming from checkpoint {run.checkpoint}; applied in Redis: "
-        where += _offsets_json(applied) if applied else "nothing yet"
+        where += to_offsets_json(applied) if applied else "nothing yet"
     else:
         where = f"checkpoint {run.checkpoint} (new), starting offsets {run.starting_offsets}"
     logger.info(
