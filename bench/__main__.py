@@ -57,12 +57,12 @@ from bench.windows import measure_windows, window_rows
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec, dead_letter_spec, effects_spec
 from refold.deploy.local_stack import LocalStack, free_port
-from refold.deploy.processes import ProcessorProcess
 from refold.processors.order_state.config import OrderStateOptions
 from refold.processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
 from refold.processors.runtime.envelope import FoldTarget
@@ -133,7 +133,7 @@ def _catch_up(
     client = redis.Redis.from_url(stack.redis_url)
     runs = [
         Run(
-            ProcessorProcess(
+            GroupProcess(
                 launcher.argv(list(names), available_now=True),
                 launcher.env(),
                 state / "logs" / f"{prefix}-{'+'.join(names)}.log",
@@ -258,7 +258,7 @@ def _latency(
     launcher = _launcher(
         stack, prefix, state, {"order_state": _order_state(topic, trigger_interval=trigger)}
     )
-    process = ProcessorProcess(
+    process = GroupProcess(
         launcher.argv(["order_state"]), launcher.env(), state / "logs" / "spark-latency.log"
     ).start()
     try:

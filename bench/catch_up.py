@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.progress import progress_bar
 from refold.contracts.store.generations import GenerationRegistry
-from refold.deploy.processes import ProcessorProcess
 
 __all__ = ["CatchUp", "ProcessorCatchUp", "Run", "Watched", "run_catch_up"]
 
@@ -49,7 +49,7 @@ class Watched:
 class Run:
     """One process of a catch-up (not started yet) and the processors it runs."""
 
-    process: ProcessorProcess
+    process: GroupProcess
     processors: tuple[Watched, ...]
 
 

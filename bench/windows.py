@@ -46,12 +46,12 @@ from bench.catch_up import ProcessorCatchUp, Run, Watched, run_catch_up
 from bench.envelope_only import envelope_only, envelope_rows
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec
 from refold.deploy.local_stack import LocalStack, free_port
-from refold.deploy.processes import ProcessorProcess
 from refold.processors.fold.windows import windows_topic
 from refold.processors.order_state.config import OrderStateOptions
 
@@ -86,7 +86,7 @@ def catch_up_alone(
     )
     client = redis.Redis.from_url(stack.redis_url)
     run = Run(
-        ProcessorProcess(
+        GroupProcess(
             launcher.argv([name], available_now=True),
             launcher.env(),
             state / "logs" / f"{prefix}-{name}.log",

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from refold.contracts.errors import RefoldError
-from refold.deploy.processes import tcp_port, terminate
+from refold.contracts.process_group import terminate
+from refold.deploy.processes import tcp_port
 
 __all__ = [
     "DEFAULT_MASTER_PORT",

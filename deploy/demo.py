@@ -20,6 +20,7 @@ import redis
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import StateLayout
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import default_registry, processor_spec
@@ -28,7 +29,6 @@ from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import dead_letter_spec, effects_spec
 from refold.deploy.demo_serving import DemoService, read_your_write, start_service
 from refold.deploy.local_stack import LocalStack, free_port
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.deploy.simulators.webhook_receiver import WebhookReceiver
@@ -79,7 +79,7 @@ def _money(minor: int) -> str:
 
 
 def _wait_for_takeover(
-    registry: GenerationRegistry, generation: int, processor: ProcessorProcess
+    registry: GenerationRegistry, generation: int, processor: GroupProcess
 ) -> bool:
     """Wait until ``processor`` holds ``generation``'s lease (it follows the live alias)."""
     deadline = time.monotonic() + _TAKEOVER_TIMEOUT_S
@@ -343,7 +343,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
     stack = LocalStack(demo_dir / "stack", free_port(), free_port())
     _say(f"starting the local stack (Apache Kafka + redis-server) in {demo_dir}")
     stack.start()
-    processor: ProcessorProcess | None = None
+    processor: GroupProcess | None = None
     receiver: WebhookReceiver | None = None
     dispatch: DispatcherThread | None = None
     service: DemoService | None = None
@@ -377,7 +377,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
             "(generation 1 each; customer_stats is re-keyed by customer_id; customer_alerts "
             "folds order_state's output stream)"
         )
-        processor = ProcessorProcess(
+        processor = GroupProcess(
             launcher.argv(list(PROCESSORS)),
             launcher.env(),
             demo_dir / "logs" / "processors-live.log",

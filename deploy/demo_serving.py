@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import redis
 
+from refold.contracts.process_group import GroupProcess
 from refold.deploy.local_stack import free_port
-from refold.deploy.processes import ProcessorProcess
 from refold.services.auth import ApiKeyStore
 from refold.services.client import RefoldClient
 
@@ -30,7 +30,7 @@ _START_TIMEOUT_S = 60.0
 class DemoService:
     """The running service, its URL and the demo's keys."""
 
-    process: ProcessorProcess
+    process: GroupProcess
     url: str
     query_key: str
     ingest_key: str
@@ -57,7 +57,7 @@ def start_service(
     query_key = store.add(f"demo-dashboard-{uuid.uuid4().hex[:6]}", ["query"])
     ingest_key = store.add(f"demo-ingest-{uuid.uuid4().hex[:6]}", ["ingest", "query"])
     port = free_port()
-    process = ProcessorProcess(
+    process = GroupProcess(
         [
             sys.executable,
             "-m",

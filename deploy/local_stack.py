@@ -31,6 +31,7 @@ from typing import Literal
 from confluent_kafka.admin import AdminClient
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
+from refold.contracts.process_group import alive, terminate
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.deploy.kafka_broker import (
     MAIN_CLASS,
@@ -40,7 +41,6 @@ from refold.deploy.kafka_broker import (
     java_binary,
     kafka_version,
 )
-from refold.deploy.processes import alive, terminate
 from refold.deploy.stack_security import StackSecurity
 
 __all__ = [

@@ -13,8 +13,6 @@ The routes here carry no authentication of their own: the composition root mount
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -28,7 +26,8 @@ from fastapi import APIRouter, Path as PathParam, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from refold.contracts.processors import settings_env
+from refold.contracts.process_group import GroupProcess
+from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import StackSettings
 from refold.processors.runtime.checkpoints import checkpoint_root
@@ -147,19 +146,13 @@ class _Control:
         logs = self.settings.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"replay-{name}-{time.strftime('%Y%m%dT%H%M%S')}.log"
-        env = {
-            **os.environ,
-            **settings_env("REFOLD_KAFKA", self.settings.kafka),
-            **settings_env("REFOLD_REDIS", self.settings.redis),
-            **settings_env("REFOLD_SPARK", self.settings.spark),
-            "REFOLD_STATE_DIR": str(self.settings.state_dir),
-        }
+        settings = self.settings
+        env = ProcessLauncher(
+            settings.kafka, settings.redis, settings.spark, settings.state_dir
+        ).env()
         argv = [sys.executable, "-m", "refold.replay", "plan"]
         argv += ["--processor", name, *request.flags(), "--execute", "--no-progress"]
-        with log.open("ab") as out:
-            process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
+        process = GroupProcess(argv, env, log).start()
         # Reap it when it ends (its outcome is in its log and in Redis), leaving no zombie.
         threading.Thread(target=process.wait, name=f"replay-{name}", daemon=True).start()
         return process.pid, log

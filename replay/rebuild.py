@@ -24,12 +24,10 @@ shows the generation abandoned and ``replay gc`` removes it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ import redis
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import STOP_WITH_PARENT_ENV, ProcessLauncher, ProcessorSpec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import (
@@ -70,7 +69,6 @@ logger = logging.getLogger(__name__)
 
 _POLL_S = 0.5  # progress refresh while the shadow processor runs
 _STOP_GRACE_S = 30.0  # the processor finishes its micro-batch and releases its lease
-_GROUP_EXIT_S = 5.0  # after the driver: its JVM and Python workers notice it is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,52 +218,10 @@ def _done(positions: Positions, starts: Positions, ends: Positions) -> int:
     )
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL every process left in the group ``pgid``."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stop(process: subprocess.Popen[bytes], grace_s: float = _STOP_GRACE_S) -> None:
-    """End the processor and everything it started (its process group).
-
-    SIGTERM to the driver only: it stops its query after the current batch and releases its
-    lease, and its JVM and Python workers exit with it. After ``grace_s`` the whole group is
-    SIGKILLed (the lease of a killed holder is taken over by the next claimant, its pid being
-    gone), and so is what is left of the group shortly after a clean exit. Idempotent.
-    """
-    pgid = process.pid  # start_new_session: the driver leads its own group
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.terminate()
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            logger.warning(
-                "the processor (pid %d) did not stop in %.0fs: killing it", pgid, grace_s
-            )
-            _kill_group(pgid)
-            process.wait()
-    deadline = time.monotonic() + _GROUP_EXIT_S
-    while _group_alive(pgid):
-        if time.monotonic() > deadline:
-            _kill_group(pgid)
-            break
-        time.sleep(0.1)
-
-
 def _interrupted_message(
     signal_number: int,
     generation: int,
-    process: subprocess.Popen[bytes] | None,
+    process: GroupProcess | None,
     live_generation: int | None,
     *,
     cut_over: bool,
@@ -353,7 +309,7 @@ def run_rebuild(
     topics = sorted({row.topic for row in plan.partitions})
     starts = {(r.topic, r.partition): r.begin for r in plan.partitions}
     tps = list(starts)
-    process: subprocess.Popen[bytes] | None = None
+    process: GroupProcess | None = None
     cut_over = False
     # SIGTERM and SIGINT raise from here on, so that the processor is stopped (below) before
     # replay exits; the alias is only ever changed by the flip, so readers stay where they were.
@@ -395,7 +351,7 @@ def run_rebuild(
                     launcher,
                     log_path,
                 )
-                guard.on_repeat = functools.partial(_kill_group, process.pid)
+                guard.on_repeat = process.kill
             guard.check()
             target = offsets.end_offsets(tps)  # the log end when the rebuild began
             total = sum(max(0, target[tp] - starts[tp]) for tp in tps)
@@ -408,7 +364,7 @@ def run_rebuild(
             )
             ends, ends_at = dict(target), time.monotonic()
             while True:
-                if process.poll() is not None:
+                if not process.alive():
                     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
                     msg = (
                         f"the processor building g{generation} exited with "
@@ -454,7 +410,7 @@ def run_rebuild(
         finally:
             guard.hold()  # a signal now waits for the stop; a second one kills the group
             if process is not None:
-                _stop(process)
+                process.stop(_STOP_GRACE_S)
             offsets.close()
             with contextlib.suppress(redis.RedisError):  # an unrenewed lease expires
                 builder.release()
@@ -490,23 +446,15 @@ def _start_processor(
     generation: int,
     launcher: ProcessLauncher,
     log_path: Path,
-) -> subprocess.Popen[bytes]:
+) -> GroupProcess:
     """Start ``python -m refold.processors NAME --generation N`` in a session and group of its own.
 
     Its own group: a Ctrl-C in replay's terminal reaches replay only, which stops the
-    processor in order, and :func:`_stop` can end the processor's JVM and workers with it.
+    processor in order, and :meth:`GroupProcess.stop` ends the processor's JVM and workers.
     """
     # The processor stops when this replay is gone, even after a kill -9 (no finally here).
-    env = {**os.environ, **launcher.env(), STOP_WITH_PARENT_ENV: str(os.getpid())}
+    env = {**launcher.env(), STOP_WITH_PARENT_ENV: str(os.getpid())}
     command = launcher.argv(
         [spec.name], generation=generation, starting_offsets=plan.starting_offsets()
     )
-    with log_path.open("ab") as log:
-        return subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+    return GroupProcess(command, env, log_path).start()

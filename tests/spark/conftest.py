@@ -12,11 +12,11 @@ import redis
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.topics import TopicSpec
 from refold.deploy.demo import wait_until_caught_up
-from refold.deploy.processes import ProcessorProcess
 from refold.processors.fold.oracle import FoldResult, fold_all
 from refold.processors.order_state.config import OrderStateOptions
 from refold.processors.order_state.projection import OrderStateProjection
@@ -63,8 +63,8 @@ class OrdersWorld:
             OrderStateProjection(), [self.topic], self.kafka, self.redis, options, spark=spark
         )
 
-    def processor(self, *args: str, name: str = "processor") -> ProcessorProcess:
-        return ProcessorProcess(
+    def processor(self, *args: str, name: str = "processor") -> GroupProcess:
+        return GroupProcess(
             [*self.launcher.argv(["order_state"]), *args],
             self.env,
             self.state_dir / "logs" / f"{name}.log",
@@ -76,7 +76,7 @@ class OrdersWorld:
         live = reader.registry.live()
         return sum(reader.freshness(live).values()) if live is not None else 0
 
-    def kill_after(self, process: ProcessorProcess, applied: int, timeout: float = 240) -> int:
+    def kill_after(self, process: GroupProcess, applied: int, timeout: float = 240) -> int:
         """SIGKILL ``process`` once ``applied`` records are applied (mid-stream); how many were."""
         deadline = time.monotonic() + timeout
         while self.applied() < applied:

@@ -23,12 +23,12 @@ from confluent_kafka import Producer
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.archive.config import ArchiveOptions
@@ -112,7 +112,7 @@ def test_the_archive_equals_the_log_through_a_kill_9_read_by_pyarrow_duckdb_and_
         raw.produce(names[0], value, b"ord-garbage", partition=n)
     raw.flush(30)
     argv = launcher.argv(["archive", "order_state"])  # two queries, one Spark application
-    process = ProcessorProcess(argv, launcher.env(), tmp_path / "run-1.log").start()
+    process = GroupProcess(argv, launcher.env(), tmp_path / "run-1.log").start()
     processes = [process]
     try:
         first_end = sum(_log_end(kafka, names).values())
@@ -132,7 +132,7 @@ def test_the_archive_equals_the_log_through_a_kill_9_read_by_pyarrow_duckdb_and_
         )
         process.kill()  # kill -9 of the whole application, mid-stream
         assert 0 < archived() < sum(_log_end(kafka, names).values())
-        process = ProcessorProcess(argv, launcher.env(), tmp_path / "run-2.log").start()
+        process = GroupProcess(argv, launcher.env(), tmp_path / "run-2.log").start()
         processes.append(process)
         end = _log_end(kafka, names)
         assert_eventually(

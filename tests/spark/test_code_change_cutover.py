@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import process_argv
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.demo import wait_until_caught_up
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.runtime.code_identity import CODE_REFUSED_FIELD
@@ -117,8 +117,8 @@ def test_a_running_processor_stops_at_a_cutover_to_other_code_and_new_code_conti
     publisher.emit_many(events)
     offsets = world.offsets()
     logs = world.state_dir / "logs"
-    v1 = ProcessorProcess(process_argv([PROCESSOR]), env, logs / "v1.log").start()
-    v2: ProcessorProcess | None = None
+    v1 = GroupProcess(process_argv([PROCESSOR]), env, logs / "v1.log").start()
+    v2: GroupProcess | None = None
     try:
         wait_until_caught_up(reader, offsets, [world.topic.name], alive=v1.alive)
         assert reader.live_generation() == 1
@@ -165,7 +165,7 @@ def test_a_running_processor_stops_at_a_cutover_to_other_code_and_new_code_conti
         assert reader.freshness(2) == before
 
         # A process with the new code continues g2; the refusal is cleared.
-        v2 = ProcessorProcess(process_argv([PROCESSOR]), env, logs / "v2.log").start()
+        v2 = GroupProcess(process_argv([PROCESSOR]), env, logs / "v2.log").start()
         wait_until_caught_up(reader, offsets, [world.topic.name], alive=v2.alive)
         assert CODE_REFUSED_FIELD not in registry.meta(2)
     finally:

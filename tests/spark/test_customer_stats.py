@@ -10,12 +10,12 @@ from pathlib import Path
 import redis
 
 from refold.contracts.commerce import ORDERS
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import CUSTOMERS
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.customer_stats.projection import CustomerStatsProjection
@@ -86,10 +86,10 @@ def test_rekeyed_customer_stats_equals_the_oracle_through_three_kill_9s(
         return 0 if live is None else sum(registry.positions(live)[0].values())
 
     publisher.emit_many(chunks[0])
-    processes: list[ProcessorProcess] = []
+    processes: list[GroupProcess] = []
     try:
         for kill, chunk in enumerate(chunks[1:], start=1):
-            process = ProcessorProcess(
+            process = GroupProcess(
                 launcher.argv([NAME]), launcher.env(), tmp_path / "logs" / f"run-{kill}.log"
             ).start()
             processes.append(process)
@@ -102,7 +102,7 @@ def test_rekeyed_customer_stats_equals_the_oracle_through_three_kill_9s(
                 message=process.log_tail,
             )
             process.kill()  # kill -9 mid-stream, with records still to fold
-        process = ProcessorProcess(
+        process = GroupProcess(
             launcher.argv([NAME]), launcher.env(), tmp_path / "logs" / "final.log"
         ).start()
         processes.append(process)

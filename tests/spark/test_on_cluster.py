@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.settings import SparkSettings
 from refold.deploy.cluster import ClusterSpec, SparkCluster
 from refold.deploy.local_stack import free_port
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.orders import OrderSimulator
 
 from .conftest import oracle
@@ -30,7 +30,7 @@ def test_order_state_on_a_standalone_cluster_equals_the_oracle(world, tmp_path):
         # One core for the application, so that others could share the cluster.
         on_cluster = SparkSettings(master=spec.master_url, cores_max=1, executor_memory="512m")
         launcher: ProcessLauncher = dataclasses.replace(world.launcher, spark=on_cluster)
-        process = ProcessorProcess(
+        process = GroupProcess(
             launcher.argv(["order_state"], available_now=True),
             launcher.env(),
             tmp_path / "logs" / "on-cluster.log",

@@ -9,11 +9,11 @@ from pathlib import Path
 import redis
 
 from refold.contracts.commerce import ORDERS
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import RESET_PENDING_FIELD, GenerationRegistry
 from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.customer_stats.projection import CustomerStatsProjection
@@ -51,8 +51,8 @@ class Shop:
         except NoLiveGenerationError:
             return {}
 
-    def start(self, names: list[str], log: Path) -> ProcessorProcess:
-        return ProcessorProcess(self.launcher.argv(names), self.launcher.env(), log).start()
+    def start(self, names: list[str], log: Path) -> GroupProcess:
+        return GroupProcess(self.launcher.argv(names), self.launcher.env(), log).start()
 
 
 def _shop(kafka_bootstrap, redis_url, make_topic, unique, tmp_path) -> Shop:

@@ -17,10 +17,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import MAGIC, EventCodec
 from refold.contracts.commerce import ORDERS
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_timed
 from refold.processors.fold.patterns import PatternOptions
@@ -87,11 +87,11 @@ def test_order_alerts_equal_their_oracle_through_kills(
         }
 
     third = len(events) // 3
-    processes: list[ProcessorProcess] = []
+    processes: list[GroupProcess] = []
 
-    def start(run: int) -> ProcessorProcess:
+    def start(run: int) -> GroupProcess:
         log = tmp_path / f"run-{run}.log"
-        process = ProcessorProcess(launcher.argv([NAME]), launcher.env(), log).start()
+        process = GroupProcess(launcher.argv([NAME]), launcher.env(), log).start()
         processes.append(process)
         return process
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import redis
 
 from refold.contracts.commerce import ORDER_CHANGES, ORDERS
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.deploy.simulators.webhook_receiver import WebhookReceiver
 from refold.processors.customer_orders.projection import CustomerOrdersProjection
@@ -75,10 +75,10 @@ def test_a_chained_processor_counts_each_change_once_through_a_kill(
     client = redis.Redis.from_url(redis_url)
     upstream = GenerationRegistry.of(client, "order_state", redis_settings.key_prefix)
     names = ["order_state", "customer_orders"]
-    processes: list[ProcessorProcess] = []
+    processes: list[GroupProcess] = []
 
-    def start(run: int) -> ProcessorProcess:
-        process = ProcessorProcess(
+    def start(run: int) -> GroupProcess:
+        process = GroupProcess(
             launcher.argv(names), launcher.env(), tmp_path / f"run-{run}.log"
         ).start()
         processes.append(process)
@@ -169,7 +169,7 @@ def test_webhooks_deliver_every_insight_and_send_nothing_while_replay_builds(
     dispatcher = WebhookDispatcher(
         settings, kafka.as_librdkafka(), client, redis_settings.key_prefix
     ).start()
-    process: ProcessorProcess | None = None
+    process: GroupProcess | None = None
 
     def oracle_ids() -> set[str]:
         oracle = fold_timed(
@@ -185,7 +185,7 @@ def test_webhooks_deliver_every_insight_and_send_nothing_while_replay_builds(
 
     try:
         publisher.emit_many(first_part)
-        process = ProcessorProcess(
+        process = GroupProcess(
             launcher.argv(["order_alerts"]), launcher.env(), tmp_path / "live.log"
         ).start()
         want = oracle_ids()

@@ -15,11 +15,11 @@ import redis
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_windows
 from refold.processors.sales_windows.config import SALES_WINDOWS
@@ -70,7 +70,7 @@ def test_sales_native_equals_the_window_oracle_through_a_kill_and_a_replay(
 
     half = len(events) // 2
     publisher.emit_many(events[:half])
-    process = ProcessorProcess(live.argv([NAME]), live.env(), tmp_path / "run-1.log").start()
+    process = GroupProcess(live.argv([NAME]), live.env(), tmp_path / "run-1.log").start()
     processes = [process]
     try:
         assert_eventually(
@@ -81,7 +81,7 @@ def test_sales_native_equals_the_window_oracle_through_a_kill_and_a_replay(
         )
         publisher.emit_many(events[half:])
         process.kill()  # kill -9 with records still to aggregate
-        process = ProcessorProcess(live.argv([NAME]), live.env(), tmp_path / "run-2.log").start()
+        process = GroupProcess(live.argv([NAME]), live.env(), tmp_path / "run-2.log").start()
         processes.append(process)
         end = _log_end(kafka, orders)
         first = registry.live()

@@ -21,11 +21,11 @@ from pydantic import SecretStr
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.credentials import KafkaCredentialsError
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import SparkSettings
 from refold.deploy.local_stack import LocalStack, free_port
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.order_state.config import OrderStateOptions
@@ -57,9 +57,7 @@ def _refused_by_redis(tmp_path: Path, kafka, wrong) -> None:
         assert f"refused the credentials of {who} (user 'refold')" in done.stderr, done.stderr
         assert secret not in done.stderr + done.stdout
     # A processor stops at once with the reason, instead of waiting as for an outage.
-    process = ProcessorProcess(
-        launcher.argv(["order_state"]), env, tmp_path / "refused.log"
-    ).start()
+    process = GroupProcess(launcher.argv(["order_state"]), env, tmp_path / "refused.log").start()
     try:
         assert_eventually(lambda: not process.alive(), timeout=120, message=process.log_tail)
         log = process.log_tail()
@@ -105,7 +103,7 @@ def test_the_spine_and_a_replay_run_on_a_secured_stack(tmp_path, caplog):
         launcher = ProcessLauncher(kafka, redis_settings, SparkSettings(), tmp_path, options)
         reader = StateReader(client, "order_state", redis_settings.key_prefix)
         want = fold_all(OrderStateProjection(), events).states
-        process = ProcessorProcess(
+        process = GroupProcess(
             launcher.argv(["order_state"]), launcher.env(), tmp_path / "live.log"
         ).start()
         try:

@@ -14,12 +14,12 @@ import orjson
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import PAGEVIEWS, SEARCHES
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.processors.fold.oracle import fold_timed
 from refold.processors.search_ctr.config import SEARCH_CTR
@@ -94,7 +94,7 @@ def test_sessions_and_the_search_join_equal_their_oracles_through_a_kill_and_a_r
 
     half = len(web) // 2
     publisher.emit_many(web[:half])
-    process = ProcessorProcess(launcher.argv(names), launcher.env(), tmp_path / "run-1.log").start()
+    process = GroupProcess(launcher.argv(names), launcher.env(), tmp_path / "run-1.log").start()
     processes = [process]
     try:
         assert_eventually(
@@ -105,9 +105,7 @@ def test_sessions_and_the_search_join_equal_their_oracles_through_a_kill_and_a_r
         )
         publisher.emit_many(web[half:])
         process.kill()  # kill -9 with records still to fold and timers to fire
-        process = ProcessorProcess(
-            launcher.argv(names), launcher.env(), tmp_path / "run-2.log"
-        ).start()
+        process = GroupProcess(launcher.argv(names), launcher.env(), tmp_path / "run-2.log").start()
         processes.append(process)
 
         sessions = fold_timed(

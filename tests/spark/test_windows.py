@@ -19,13 +19,13 @@ from confluent_kafka import Consumer, TopicPartition
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.layout import StateLayout
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import PAGEVIEWS
 from refold.contracts.windows import result_from_record
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import WindowOracle, fold_windows
@@ -123,7 +123,7 @@ def test_windows_equal_their_oracles_through_a_kill_and_a_replay(
     publisher.emit_many(order_events[:half_o])
     publisher.emit_many(views[:half_v])
     names = list(FOLDS)
-    process = ProcessorProcess(launcher.argv(names), launcher.env(), tmp_path / "run-1.log").start()
+    process = GroupProcess(launcher.argv(names), launcher.env(), tmp_path / "run-1.log").start()
     processes = [process]
     try:
         assert_eventually(
@@ -132,9 +132,7 @@ def test_windows_equal_their_oracles_through_a_kill_and_a_replay(
         publisher.emit_many(order_events[half_o:])
         process.kill()  # kill -9 while windows close, with records still to fold
         publisher.emit_many(views[half_v:])
-        process = ProcessorProcess(
-            launcher.argv(names), launcher.env(), tmp_path / "run-2.log"
-        ).start()
+        process = GroupProcess(launcher.argv(names), launcher.env(), tmp_path / "run-2.log").start()
         processes.append(process)
 
         oracles: dict[str, WindowOracle] = {

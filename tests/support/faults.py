@@ -31,12 +31,12 @@ from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import StateLayout
+from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, consumer_group
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.topics import TopicSpec
 from refold.deploy.local_stack import LocalStack, free_port
-from refold.deploy.processes import ProcessorProcess
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.order_state.config import OrderStateOptions
@@ -88,12 +88,10 @@ class FaultWorld:
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.redis.url)
 
-    def processor(self, name: str = "processor") -> ProcessorProcess:
+    def processor(self, name: str = "processor") -> GroupProcess:
         self._count += 1
         log = self.work / "logs" / f"{self._count:03d}-{name}.log"
-        return ProcessorProcess(
-            self.launcher.argv(["order_state"]), self.launcher.env(), log
-        ).start()
+        return GroupProcess(self.launcher.argv(["order_state"]), self.launcher.env(), log).start()
 
     def publish(self, events: list[Event], publisher: EventPublisher | None = None) -> None:
         """Publish and remember what was acknowledged (the oracle's input)."""
@@ -156,7 +154,7 @@ class FaultWorld:
 
         assert_eventually(_settled, timeout=timeout, interval=0.1, message="open transactions")
 
-    def wait_caught_up(self, process: ProcessorProcess, timeout: float = 300) -> float:
+    def wait_caught_up(self, process: GroupProcess, timeout: float = 300) -> float:
         """Seconds until the live generation applied everything up to the log end now."""
         started = time.monotonic()
         ends = self.log_end()
@@ -253,7 +251,7 @@ def kill_9_soak(work: Path, orders: int, kills: int, seed: int = 7) -> FaultResu
             publisher.close()
             traffic_done.set()
 
-        def _running(process: ProcessorProcess, batch: int | None) -> bool:
+        def _running(process: GroupProcess, batch: int | None) -> bool:
             if world.batch_id() not in (None, batch):
                 return True  # a batch was just committed
             if not traffic_done.is_set():
@@ -295,7 +293,7 @@ def kill_9_soak(work: Path, orders: int, kills: int, seed: int = 7) -> FaultResu
 
 
 @contextmanager
-def _processor(world: FaultWorld) -> Iterator[ProcessorProcess]:
+def _processor(world: FaultWorld) -> Iterator[GroupProcess]:
     """The processor of one scenario, stopped (SIGTERM, then the group) however it ends."""
     process = world.processor()
     try:
@@ -304,7 +302,7 @@ def _processor(world: FaultWorld) -> Iterator[ProcessorProcess]:
         process.stop()
 
 
-def _recovered(world: FaultWorld, process: ProcessorProcess, since: float) -> float:
+def _recovered(world: FaultWorld, process: GroupProcess, since: float) -> float:
     """Seconds from ``since`` until the processor caught up and the state equals the oracle."""
     world.wait_caught_up(process)
     expected = fold_all(OrderStateProjection(), world.acknowledged)
