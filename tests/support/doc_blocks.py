@@ -9,9 +9,11 @@ The info string of a ```` ```python ```` fence says how its tests run it (docs/t
 - ``file=<path>`` / ``run``: the tutorial's project (tests/spark/test_guide.py writes and runs
   them); ``file=`` and ``append=<path>`` blocks of any page also build the guide's package
   (:func:`assemble_guide_package`), whose ``tests/`` are run by a unit test;
-- ``stack``: reads a running stack (``StackSettings()``: ``REFOLD_REDIS__URL`` and the others,
-  with their defaults); tests/integration/test_docs_stack_examples.py runs it against the test
-  session's broker and Redis.
+- ``stack``: reads what a running stack holds: its Redis and broker (``StackSettings()``:
+  ``REFOLD_REDIS__URL`` and the others, with their defaults), its HTTP API (``REFOLD_URL``,
+  ``REFOLD_KEY``) or its archive (``archive/`` in the working directory);
+  tests/integration/test_docs_stack_examples.py runs it against the test session's broker and
+  Redis, after giving it what it reads.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The words of a ```` ```python ```` fence (tests/support/doc_blocks.py, docs/test
 how: none, a complete example run here as a script; ``excerpt=<path>``, checked line by line
 against that module; ``file=`` / ``append=``, the guide's package, whose tests are run here
 (and the guide's ``file=`` / ``run`` blocks by tests/spark/test_guide.py); ``stack``, run
-against a real broker and Redis by tests/integration/test_docs_stack_examples.py. Every block
+against what a running stack holds (its broker and Redis, its HTTP API, an archive) by
+tests/integration/test_docs_stack_examples.py. Every block
 also parses and imports only refold's public API (or one of refold's example processors).
 """
 
@@ -41,15 +42,6 @@ KINDS = ("excerpt", "file", "append", "run", "stack")
 # A complete example is a few lines of pure Python; the import of refold is most of it.
 RUN_TIMEOUT_S = 120
 BLOCKS = python_blocks()
-# Complete examples no test runs yet, by their first line (issue 20): each needs something
-# the tests do not build for it yet: an archive on disk, a SparkSession, a served API with a key.
-NOT_RUN_YET = frozenset(
-    {
-        "import pyarrow.dataset as ds",
-        "# Spark discovers event_date (as a date) from the directories",
-        "from refold import RefoldClient",
-    }
-)
 
 
 def _kind(block: DocBlock) -> str:
@@ -57,7 +49,7 @@ def _kind(block: DocBlock) -> str:
 
 
 def _of(kind: str) -> list[DocBlock]:
-    return [b for b in BLOCKS if _kind(b) == kind and b.text.splitlines()[0] not in NOT_RUN_YET]
+    return [b for b in BLOCKS if _kind(b) == kind]
 
 
 def _env(*paths: Path) -> dict[str, str]:
@@ -121,11 +113,6 @@ def test_the_guide_s_test_sees_every_file_and_run_block_of_the_guide() -> None:
     marked = {b.line for b in BLOCKS if b.page == GUIDE and _kind(b) in ("file", "run")}
     seen = {b.line for b in parse_guide(GUIDE.read_text()) if b.lang == "python"}
     assert marked == seen
-
-
-def test_the_examples_not_run_yet_are_still_there() -> None:
-    first_lines = {b.text.splitlines()[0] for b in BLOCKS if _kind(b) == "complete"}
-    assert first_lines >= NOT_RUN_YET  # one that is run now, or gone, leaves the list
 
 
 @pytest.mark.parametrize("block", _of("complete"), ids=lambda b: b.where)
