@@ -20,7 +20,7 @@ from refold.processors.fold.dataframe import (
     is_dataframe_processor,
     output_mode_of,
 )
-from refold.processors.runtime import runner
+from refold.processors.runtime import run_checks
 from refold.processors.runtime.dataframe import refuse_lost_checkpoint
 from refold.processors.sales_native.projection import SalesNative
 from refold.processors.sales_windows.projection import SalesWindows
@@ -165,6 +165,6 @@ def test_a_generation_with_applied_batches_and_no_checkpoint_is_refused():
 
 
 def test_a_dataframe_processor_with_an_event_time_in_its_spec_is_refused():
-    runner._check_event_time(SalesNative(), None, None)
+    run_checks.check_event_time(SalesNative(), None, None)
     with pytest.raises(ProcessorConfigError, match="withWatermark"):
-        runner._check_event_time(SalesNative(), EventTime(field="paid_at"), None)
+        run_checks.check_event_time(SalesNative(), EventTime(field="paid_at"), None)

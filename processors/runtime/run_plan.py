@@ -1,0 +1,288 @@
+"""Where a processor run starts: its generation, checkpoint and starting offsets (driver side).
+
+Starting offsets, in order of precedence:
+1. the generation's Spark checkpoint, when it has one (Spark resumes from it);
+2. the positions the generation has applied in Redis (a lost checkpoint is not a lost state);
+3. ``--starting-offsets`` (``earliest``, ``latest`` or Spark's JSON form), default earliest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import redis
+
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.kafka.offsets_json import to_offsets_json
+from refold.contracts.layout import position_field
+from refold.contracts.processors import (
+    EventId,
+    EventTime,
+    ProcessorSpec,
+    SourceFormat,
+)
+from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.generations import (
+    CHECKPOINT_EPOCH_FIELD,
+    RESET_PENDING_FIELD,
+    SLOTS_FIELD,
+    GenerationRegistry,
+)
+from refold.contracts.store.outage import wait_out_redis
+from refold.contracts.topics import TopicSpec, dead_letter_topic
+from refold.contracts.windows import window_meta
+from refold.processors.errors import ProcessorConfigError
+from refold.processors.fold.projection import Projection
+from refold.processors.fold.rekey import Keying
+from refold.processors.fold.windows import scales_of
+from refold.processors.runtime.checkpoints import (
+    checkpoint_location,
+    has_batches,
+    remove_stale_checkpoint,
+)
+from refold.processors.runtime.code_identity import build_fingerprints, check_resume
+from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.kafka_ranges import resolve_starting_offsets
+
+if TYPE_CHECKING:
+    pass
+
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+GenerationChoice = Literal["live", "new"] | int
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How to run a processor.
+
+    Attributes:
+        generation: ``live`` (the alias; the first run creates generation 1 and makes it live),
+            ``new`` (a new building generation) or a generation number.
+        checkpoint_root: Spark checkpoints live in ``<root>/<processor>/g<N>``: a path or a URL
+            (:mod:`refold.processors.runtime.checkpoints`).
+        starting_offsets: Used only when neither a checkpoint nor Redis positions exist.
+        available_now: Process what is in the log at start, then stop (replay catch-up, batch
+            runs); micro-batches still respect ``max_offsets_per_trigger``.
+        trigger_interval: Processing-time trigger; keeps the idle ``latestOffset`` calls cheap.
+        max_offsets_per_trigger: Cap on records per micro-batch (None: no cap).
+        max_tasks: Spark tasks per micro-batch; on 2 cores fewer, larger tasks are faster.
+        source_format: ``refold_kafka_ranges`` (the Python source planning offset ranges; each
+            task reads its records in the worker that folds them), ``refold_kafka`` (the same
+            source yielding records) or ``kafka`` (Spark's JVM source, where its jar exists).
+        dead_letter_topic: Default ``<processor>.dlq``.
+        windows_topic: Where closed windows go; default ``<processor>.windows``.
+        accept_code_change: Resume a generation whose code fingerprint differs (and record
+            the new one) instead of refusing.
+        lease_wait_s: How long a start waits for another processor to let go of the
+            generation (e.g. replay's processor finishing its last batch after a cutover).
+    """
+
+    generation: GenerationChoice = "live"
+    checkpoint_root: str | Path = ".state/checkpoints"
+    starting_offsets: str = "earliest"
+    available_now: bool = False
+    trigger_interval: str = "250 milliseconds"
+    max_offsets_per_trigger: int | None = 200_000
+    max_tasks: int | None = 2
+    source_format: SourceFormat = "refold_kafka_ranges"
+    dead_letter_topic: str | None = None
+    windows_topic: str | None = None
+    accept_code_change: bool = False
+    # A processor stopping after a cutover finishes its micro-batch first (SIGTERM), which
+    # takes seconds; two minutes also covers a slow batch without hiding a real duplicate.
+    lease_wait_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorJob:
+    """One processor query to run: its spec, its fold, its topics and how to run it."""
+
+    spec: ProcessorSpec
+    projection: Projection
+    topics: list[TopicSpec]
+    options: RunOptions
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorRun:
+    """A resolved run: which generation, where its checkpoint is, where it starts."""
+
+    generation: int
+    checkpoint: str
+    starting_offsets: str
+    target: FoldTarget
+
+
+def resolve_run(
+    projection: Projection,
+    topics: list[TopicSpec],
+    kafka: KafkaSettings,
+    redis_settings: RedisSettings,
+    options: RunOptions,
+    client: redis.Redis,
+    keying: Keying | None = None,
+    event_time: EventTime | None = None,
+    dedupe: EventId | None = None,
+) -> ProcessorRun:
+    """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
+    registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
+    fingerprints = build_fingerprints(projection)
+    meta = {
+        "topics": [t.name for t in topics],
+        "starting_offsets": options.starting_offsets,
+        SLOTS_FIELD: str(keying.slots if keying else 0),
+        **fingerprints,
+    }
+    created = False
+    if options.generation == "live":
+        live = registry.live()
+        if live is None:
+            generation, created = registry.create(meta, live=True), True
+        else:
+            generation = live
+    elif options.generation == "new":
+        generation, created = registry.create(meta), True
+    else:
+        generation = options.generation
+        if registry.status(generation) is None:
+            msg = f"{projection.name} has no generation {generation}; see `replay status`"
+            raise ProcessorConfigError(msg)
+    if not created:
+        pending = registry.meta(generation).get(RESET_PENDING_FIELD)
+        if pending:
+            msg = (
+                f"{projection.name} g{generation} is half reset: an in-place reset ({pending}) "
+                "did not finish. Operator action: run that `replay --in-place --execute` "
+                "again, or rebuild online and flip to the new generation."
+            )
+            raise ProcessorConfigError(msg)
+        check_resume(registry, projection, generation, options.accept_code_change)
+    windows = getattr(projection, "windows", None)
+    if windows:  # readers (the query API) build the windows from it, without the code
+        described = window_meta(windows, getattr(projection, "distinct", ()), scales_of(projection))
+        registry.update_meta(generation, described)
+    epoch = int(registry.meta(generation).get(CHECKPOINT_EPOCH_FIELD, "0"))
+    checkpoint = checkpoint_location(
+        str(options.checkpoint_root), projection.name, generation, epoch
+    )
+    if created:
+        remove_stale_checkpoint(checkpoint)
+    starting = options.starting_offsets
+    if not has_batches(checkpoint):
+        positions, _ = registry.positions(generation)
+        if positions:
+            starting = to_offsets_json(positions)
+            logger.info("no checkpoint: resuming g%d from its Redis positions", generation)
+    target = FoldTarget(
+        processor=projection.name,
+        generation=generation,
+        code_fingerprint=fingerprints["code_fingerprint"],
+        created_at=registry.meta(generation).get("created_at", ""),
+        redis_url=redis_settings.client_url(),
+        key_prefix=redis_settings.key_prefix,
+        kafka=tuple(sorted(kafka.as_librdkafka().items())),
+        dlq_topic=dead_letter_topic(projection.name, options.dead_letter_topic),
+        event_time=event_time,
+        dedupe=dedupe,
+        topics=tuple(t.name for t in topics),
+        **_keying_fields(registry, generation, keying),
+    )
+    return ProcessorRun(generation, checkpoint, starting, target)
+
+
+def _keying_fields(
+    registry: GenerationRegistry, generation: int, keying: Keying | None
+) -> dict[str, Any]:
+    """The target's keying: a generation's writer slots never change once it has some."""
+    if keying is None:
+        return {}
+    slots = keying.slots
+    recorded = registry.meta(generation).get(SLOTS_FIELD)
+    if recorded is None:
+        registry.update_meta(generation, {SLOTS_FIELD: str(slots)})
+    elif int(recorded) != slots:
+        logger.warning(
+            "g%d was built with %s writer slots; keeping them (not %d): an entity's slot must "
+            "not change within a generation",
+            generation,
+            recorded,
+            slots,
+        )
+        slots = int(recorded)
+    if not slots and keying.slots:
+        msg = (
+            f"g{generation} was built co-partitioned, but its topics are not any more "
+            f"({keying.reason}). Operator action: rebuild it with replay --to-earliest --execute."
+        )
+        raise ProcessorConfigError(msg)
+    return {
+        "slots": slots,
+        "key_field": keying.key_field,
+        "key_links": keying.via,
+        "partition_keys": keying.partition_keys,
+    }
+
+
+# A processor starting while Redis is away waits this long for it before giving up.
+_REDIS_START_WAIT_S = 300.0
+
+
+def until_redis_answers(
+    call: Callable[[], _T], redis_settings: RedisSettings, client: redis.Redis, who: str
+) -> _T:
+    """Run ``call``, waiting (bounded) while Redis is unreachable.
+
+    Raises:
+        RedisCredentialsError: Redis refused ``client``'s login (``who`` in the message).
+        ProcessorConfigError: Redis did not answer within the start budget.
+    """
+
+    def give_up(_waited: float, exc: Exception) -> ProcessorConfigError:
+        return ProcessorConfigError(
+            f"Redis at {redis_settings.url} unreachable for {_REDIS_START_WAIT_S:.0f}s: {exc}. "
+            "Operator action: start Redis, or fix REFOLD_REDIS__URL."
+        )
+
+    return wait_out_redis(
+        call, who, client, give_up, patience_s=_REDIS_START_WAIT_S, first_delay_s=0.5
+    )
+
+
+def record_starting_positions(
+    run: ProcessorRun, registry: GenerationRegistry, kafka: KafkaSettings, topics: list[TopicSpec]
+) -> ProcessorRun:
+    """Before a generation's first batch, record where it starts as its applied positions.
+
+    From then on every partition has a position in Redis, so a position that is missing or
+    lower than Spark's plan can only mean Redis lost writes, and the sink folds the gap again
+    (DESIGN.md decision 9). The source is given the same concrete offsets.
+    """
+    if has_batches(run.checkpoint) or registry.positions(run.generation)[0]:
+        return run
+    probe = LogOffsets(kafka.as_librdkafka())
+    try:
+        resolved = resolve_starting_offsets(probe, [t.name for t in topics], run.starting_offsets)
+    except ValueError as exc:
+        raise ProcessorConfigError(str(exc)) from exc
+    finally:
+        probe.close()
+    keys = registry.keys(run.generation)
+    with registry.client.pipeline(transaction=True) as pipe:
+        for (topic, partition), offset in sorted(resolved.items()):
+            field_name = position_field(topic, partition)
+            pipe.hsetnx(keys.positions, field_name, str(offset))
+            pipe.set(keys.guard(field_name), offset, nx=True)
+            for slot in range(run.target.slots):  # re-keyed: every writer slot starts there
+                pipe.hsetnx(keys.slot_positions(slot), field_name, str(offset))
+        pipe.execute()
+    starting = to_offsets_json(registry.positions(run.generation)[0])
+    logger.info("g%d starts at %s", run.generation, starting)
+    return dataclasses.replace(run, starting_offsets=starting)
