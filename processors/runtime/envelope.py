@@ -7,6 +7,10 @@ position are skipped,
 so a re-executed Spark batch, a crash between sink and checkpoint or an overlapping replay range
 changes nothing. A concurrent writer (a zombie task) makes EXEC fail and the batch is re-planned.
 
+What the records become is the fold's kind of state (entities, windows, lookups, or a kind
+added as a module: :mod:`refold.processors.runtime.kinds`); the transaction around it is the same
+for all.
+
 Entities are not watched (it cost ~5 us per record): an entity must live on one partition, which
 the producer SDK guarantees by keying every event with its aggregate id.
 
