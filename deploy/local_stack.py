@@ -303,17 +303,24 @@ class LocalStack:
                 )
                 raise LocalStackError(msg)
         starting = [name for name in _START_ORDER if name in missing]
+        spawned: dict[ServerName, int] = {}
         try:
             for name in starting:
-                self._spawn(name)
+                spawned[name] = self._spawn(name)
             for name in starting:
                 self._wait_ready(name)
         except BaseException:
-            self._stop(starting)
+            # Our own children, unreaped: no PID reuse to guard against, so no look at their
+            # command line (a redis-server rewriting its title had none to match for a moment,
+            # and was left running).
+            for name, pid in reversed(spawned.items()):
+                terminate(pid, _STOP_GRACE_S)
+                with contextlib.suppress(FileNotFoundError):
+                    self._pid_file(name).unlink()
             raise
         return self
 
-    def _spawn(self, name: ServerName) -> None:
+    def _spawn(self, name: ServerName) -> int:
         command = self._command(name)
         log = self._log_file(name).open("ab")
         with log:
@@ -328,6 +335,7 @@ class LocalStack:
             )
         # The port too, so `refold status` and `down` need not be told it again.
         self._pid_file(name).write_text(f"{proc.pid} {self._port(name)}\n")
+        return proc.pid
 
     def _wait_ready(self, name: ServerName) -> None:
         deadline = time.monotonic() + _READY_TIMEOUT_S

@@ -11,7 +11,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from refold.deploy import kafka_broker
-from refold.deploy.local_stack import LocalStack, LocalStackError, free_port
+from refold.deploy.local_stack import LocalStack, LocalStackError, _port_open, free_port
 
 
 def _recorded_pid(stack_dir, name):
@@ -232,6 +232,9 @@ def test_a_data_directory_kafka_cannot_use_is_a_one_line_error(tmp_path):
     assert "Operator action" in str(caught.value)
     assert "\n" not in str(caught.value)
     assert not any(s.running for s in stack.status())
+    # The redis-server it started first is stopped, not just forgotten (it once outlived the
+    # test: its pid file was removed while it still ran).
+    assert not _port_open(stack.redis_port)
 
 
 def test_missing_jars_or_java_say_what_to_run(tmp_path, monkeypatch):
@@ -248,6 +251,7 @@ def test_missing_jars_or_java_say_what_to_run(tmp_path, monkeypatch):
     with pytest.raises(LocalStackError, match="Java is not installed"):
         stack.start()
     assert not any(s.running for s in stack.status())
+    assert not _port_open(stack.redis_port)
 
 
 def test_a_cluster_id_that_starts_with_a_dash_is_formatted(tmp_path, monkeypatch):
