@@ -62,6 +62,7 @@ from refold.processors.runtime.archive_store import ArchiveStore, Intent
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
 from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
 from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.fold_target import add_outcome
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
 from refold.processors.runtime.outcome_rows import OutcomeRows
@@ -127,14 +128,7 @@ class ArchiveOutcome:
 
     def merge(self, other: ArchiveOutcome) -> None:
         """Add another task's outcome."""
-        self.records += other.records
-        self.archived += other.archived
-        self.skipped += other.skipped
-        self.undecodable += other.undecodable
-        self.files += other.files
-        self.positions.update(other.positions)
-        for reason, count in other.dead_letters.items():
-            self.dead_letters[reason] = self.dead_letters.get(reason, 0) + count
+        add_outcome(self, other)
 
     def describe(self) -> str:
         """One line for the log."""

@@ -7,6 +7,7 @@ below all of them, so that none imports another engine to name them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,11 +15,29 @@ from refold.contracts.layout import GenerationKeys, StateLayout
 from refold.contracts.processors import EventId, EventTime
 from refold.processors.fold.records import SourceRecord
 
-__all__ = ["BatchOutcome", "FoldTarget", "PendingRecord"]
+__all__ = ["BatchOutcome", "FoldTarget", "PendingRecord", "add_outcome"]
 
 # A record that decoded and is on time, ready for its kind of state: the record, its event type,
 # its event, and its entity (an entity fold's key; "" for a window or lookup fold).
 PendingRecord = tuple[SourceRecord, str, dict[str, Any], str]
+
+
+def add_outcome(into: Any, other: Any) -> None:
+    """Add the outcome ``other`` into ``into`` (two outcome dataclasses of one kind).
+
+    Counters (``int`` fields) add up, ``positions`` take the later value of each partition,
+    and any other mapping (dead letters per reason) adds up per key. Derived from the fields,
+    so a counter added to an outcome is merged with no other edit.
+    """
+    for spec in dataclasses.fields(into):
+        mine, theirs = getattr(into, spec.name), getattr(other, spec.name)
+        if isinstance(mine, int):
+            setattr(into, spec.name, mine + theirs)
+        elif spec.name == "positions":
+            mine.update(theirs)
+        else:
+            for key, count in theirs.items():
+                mine[key] = mine.get(key, 0) + count
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +132,4 @@ class BatchOutcome:
 
     def merge(self, other: BatchOutcome) -> None:
         """Add another outcome (from another task) into this one."""
-        self.records += other.records
-        self.applied += other.applied
-        self.skipped += other.skipped
-        self.passed += other.passed
-        self.rejected += other.rejected
-        self.undecodable += other.undecodable
-        self.positions.update(other.positions)
-        self.effects += other.effects
-        self.suppressed += other.suppressed
-        self.suppressed_letters += other.suppressed_letters
-        self.late += other.late
-        self.duplicates += other.duplicates
-        for reason, count in other.dead_letters.items():
-            self.dead_letters[reason] = self.dead_letters.get(reason, 0) + count
+        add_outcome(self, other)

@@ -33,3 +33,19 @@ def test_the_sinks_send_their_outcomes_through_the_derived_rows() -> None:
     assert not list(_outcome_rows(BatchOutcome()))  # a task that read nothing sends no row
     assert "positions string" in OUTCOME_SCHEMA
     assert "dead_letters string" in ARCHIVE_OUTCOME_SCHEMA
+
+
+@pytest.mark.parametrize("kind", [BatchOutcome, ArchiveOutcome])
+def test_merging_adds_every_counter_takes_later_positions_and_adds_letters(kind: type) -> None:
+    counters = [f.name for f in dataclasses.fields(kind) if f.type in ("int", int)]
+    first = kind(positions={"o/0": 5, "o/1": 3}, dead_letters={"bad-body": 1})
+    second = kind(positions={"o/1": 9}, dead_letters={"bad-body": 2, "rejected": 1})
+    for number, name in enumerate(counters, start=1):  # distinct values: a missed field shows
+        setattr(first, name, number)
+        setattr(second, name, 100 * number)
+    first.merge(second)
+    assert {n: getattr(first, n) for n in counters} == {
+        n: 101 * i for i, n in enumerate(counters, start=1)
+    }
+    assert first.positions == {"o/0": 5, "o/1": 9}
+    assert first.dead_letters == {"bad-body": 3, "rejected": 1}
