@@ -36,7 +36,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import redis
 from pydantic import BaseModel
 
 from bench.backlog import (
@@ -60,6 +59,7 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec, dead_letter_spec, effects_spec
 from refold.deploy.local_stack import LocalStack, free_port
@@ -130,7 +130,7 @@ def _catch_up(
         desc: Progress bar label.
     """
     launcher = _launcher(stack, prefix, state, options)
-    client = redis.Redis.from_url(stack.redis_url)
+    client = redis_client(stack.redis_url)
     runs = [
         Run(
             GroupProcess(
@@ -253,7 +253,7 @@ def _latency(
         [TopicSpec(topic, ORDERS.partitions, "order_id", ORDERS.event_types)],
     )
     prefix = "bench-latency"
-    client = redis.Redis.from_url(stack.redis_url)
+    client = redis_client(stack.redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     launcher = _launcher(
         stack, prefix, state, {"order_state": _order_state(topic, trigger_interval=trigger)}

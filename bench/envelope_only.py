@@ -16,11 +16,10 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, cast
 
-import redis
-
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.processors import EventId, EventTime
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec, effects_spec
 from refold.processors.fold.projection import Projection
@@ -89,7 +88,7 @@ def envelope_only(bootstrap: str, redis_url: str, topic: str, limit: int) -> dic
     dedupe_s = _apply(FoldWriter(deduped, OrderStateProjection()), records)
     # The envelope takes either kind of fold; it is typed for entity folds.
     windows_s = _apply(FoldWriter(windows, cast("Projection", SalesWindows())), records)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     GenerationRegistry.of(client, "sales_windows", prefix).create({"topics": [topic]}, live=True)
     closer = WindowCloser(
         windows.layout,

@@ -15,12 +15,11 @@ import threading
 import time
 from pathlib import Path
 
-import redis
-
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.replay.plan import ToEarliest
 from refold.replay.rebuild import RebuildProgress, plan_replay, run_rebuild
@@ -51,7 +50,7 @@ def measure_rebuild(
     """
     kafka = KafkaSettings(bootstrap_servers=bootstrap)
     settings = RedisSettings(url=redis_url, key_prefix=prefix)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     spec = processor_spec("order_state")
     plan = plan_replay(spec, ToEarliest(), kafka, client, prefix, scan_limit=0)
@@ -60,7 +59,7 @@ def measure_rebuild(
     near_cutover = threading.Event()
 
     def _read_alias() -> None:  # a reader resolving the live generation
-        reader = redis.Redis.from_url(redis_url)
+        reader = redis_client(redis_url)
         while not stop.is_set():
             live = reader.get(registry.layout.alias)
             reads.append((time.perf_counter(), int(live or 0)))

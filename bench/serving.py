@@ -45,13 +45,13 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 import orjson
-import redis
 from fastapi import FastAPI, Response
 
 from bench.http_load import Server, get_request, post_request, run_load, serve
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.settings import KafkaSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec
 from refold.deploy.local_stack import LocalStack, free_port
@@ -258,7 +258,7 @@ class _Sample:
 
 def _direct_reads(url: str, keys: Sequence[str], first: int, seconds: float) -> _Sample:
     """``StateReader.get`` of ``keys`` in a loop for ``seconds`` (after a warm-up)."""
-    reader = StateReader(redis.Redis.from_url(url), PROCESSOR, PREFIX)
+    reader = StateReader(redis_client(url), PROCESSOR, PREFIX)
     latencies: list[float] = []
     missing, index = 0, first
     for length in (_WARM_UP_S, seconds):
@@ -368,7 +368,7 @@ def _prepare_state(stack: LocalStack, orders: int) -> tuple[list[str], dict[str,
     publisher = EventPublisher(KafkaSettings(bootstrap_servers=stack.bootstrap_servers))
     publisher.emit_many(events)
     publisher.close()
-    client = redis.Redis.from_url(stack.redis_url)
+    client = redis_client(stack.redis_url)
     registry = GenerationRegistry.of(client, PROCESSOR, PREFIX)
     generation = registry.create({"topics": [ORDERS.name]}, live=True)
     target = FoldTarget(
@@ -464,7 +464,7 @@ def _setup(stack: LocalStack, state: Path, args: argparse.Namespace) -> _Setup:
     ensure_topics({"bootstrap.servers": stack.bootstrap_servers}, [ORDERS, DLQ])
     keys, states = _prepare_state(stack, args.orders)
     print(f"{len(keys):,} orders folded into {PROCESSOR} (live generation)", flush=True)
-    client = redis.Redis.from_url(stack.redis_url)
+    client = redis_client(stack.redis_url)
     api_key = ApiKeyStore(client, PREFIX).add("bench", ["ingest", "query"])
     client.close()
     # Checked once against the oracle: the benchmark reads the processor's real values.

@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-import redis
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.store.connect import redis_client
 from refold.contracts.topics import TopicSpec
 from refold.deploy.local_stack import LocalStack, free_port
 from refold.deploy.simulators.insights import insights, produce_insights
@@ -167,7 +167,7 @@ def _dispatcher(stack: LocalStack, concurrency: int, run: int, fail_every: int =
             backoff_initial_s=0.05,
             backoff_max_s=1.0,
         )
-        client = redis.Redis.from_url(stack.redis_url)
+        client = redis_client(stack.redis_url)
         dispatcher = WebhookDispatcher(
             settings,
             {"bootstrap.servers": stack.bootstrap_servers},

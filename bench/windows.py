@@ -49,6 +49,7 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec
 from refold.deploy.local_stack import LocalStack, free_port
@@ -84,7 +85,7 @@ def catch_up_alone(
         state,
         {name: options},
     )
-    client = redis.Redis.from_url(stack.redis_url)
+    client = redis_client(stack.redis_url)
     run = Run(
         GroupProcess(
             launcher.argv([name], available_now=True),
@@ -243,7 +244,7 @@ def measure_windows(
         sample: Keys measured per kind of key.
         native: Run sales_native (the Spark-native window).
     """
-    client = redis.Redis.from_url(stack.redis_url)
+    client = redis_client(stack.redis_url)
     out: dict[str, Any] = {"events": orders, "order_state": dict(baseline)}
     options = ProcessorOptions(topics=[ORDERS_TOPIC.name], **_extra())
     run, rss = catch_up_alone(stack, state, prefix, "sales_windows", options, orders)

@@ -59,7 +59,8 @@ class RedisSettings(BaseModel):
     """Where Redis is, and the key prefix of refold's keys.
 
     Attributes:
-        url: redis-py URL (``redis://`` or ``rediss://`` for TLS); keep passwords out of it
+        url: redis-py URL (``redis://`` or ``rediss://`` for TLS; ``redis+cluster://`` for a Redis
+            Cluster, see :mod:`refold.contracts.store.connect`); keep passwords out of it
             and in ``password``.
         key_prefix: Prefix of every key refold writes (tests use a unique one each).
         username: ACL user, if any.

@@ -25,6 +25,7 @@ from refold.contracts.processors import ProcessLauncher
 from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import default_registry, processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import dead_letter_spec, effects_spec
 from refold.deploy.demo_serving import DemoService, read_your_write, start_service
@@ -362,7 +363,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
         # A local webhook receiver that answers 503 to every 7th request (the dispatcher
         # retries it), and the dispatcher pushing the alert processors' insights to it.
         receiver = WebhookReceiver(fail_every=7).start()
-        client = redis.Redis.from_url(stack.redis_url)
+        client = redis_client(stack.redis_url)
         webhook = WebhookSettings(
             name="demo", url=receiver.url, topics=tuple(insight_topics), backoff_max_s=2.0
         )

@@ -25,6 +25,7 @@ from refold.contracts.errors import ContractError, RefoldError
 from refold.contracts.layout import StateLayout
 from refold.contracts.registry import default_registry
 from refold.contracts.settings import StackSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.credentials import redis_refused
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.scan import SCAN_COUNT
@@ -144,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RefoldError as exc:
         print(f"refold dlq: {exc}", file=sys.stderr)
         return 1
-    client = redis.Redis.from_url(settings.redis.client_url())
+    client = redis_client(settings.redis.client_url())
     try:
         return _list(args, client, settings.redis.key_prefix, topic)
     except redis.AuthenticationError as exc:

@@ -15,10 +15,9 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import redis
-
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.settings import StackSettings
+from refold.contracts.store.connect import redis_client
 from refold.services.auth.errors import ApiKeyError, ApiKeyStoreError
 from refold.services.auth.journal import ApiKeyJournal, journal_topic
 from refold.services.auth.keys import SCOPES, ApiKey, ApiKeyStore
@@ -165,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (1: the command failed, 2: usage)."""
     args = build_parser().parse_args(argv)
     settings = StackSettings()
-    client = redis.Redis.from_url(settings.redis.client_url())
+    client = redis_client(settings.redis.client_url())
     store = ApiKeyStore(client, settings.redis.key_prefix)
     journal = ApiKeyJournal(
         settings.kafka.as_librdkafka(), journal_topic(settings.redis.key_prefix)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.logconfig import configure_logging
 from refold.contracts.settings import RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.credentials import RedisCredentialsError, redis_refused
 from refold.replay.api import admin_router, plan_router
 from refold.services.api.app import create_app
@@ -83,7 +84,7 @@ def _redis_login_refused(settings: RedisSettings) -> RedisCredentialsError | Non
 
     An outage is no reason not to start: the routes answer 503 until Redis is back.
     """
-    client = redis.Redis.from_url(settings.client_url(), socket_connect_timeout=2)
+    client = redis_client(settings.client_url(), socket_connect_timeout=2)
     try:
         client.ping()
     except redis.AuthenticationError as exc:

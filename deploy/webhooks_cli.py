@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.errors import RefoldError
 from refold.contracts.logconfig import configure_logging
+from refold.contracts.store.connect import redis_client
 from refold.services.webhooks.config import DEFAULT_NAME, WebhookServiceSettings, WebhookSettings
 from refold.services.webhooks.dispatcher import Role, WebhookDispatcher
 from refold.services.webhooks.store import LogEntry, WebhookStore, list_dispatchers
@@ -200,7 +201,7 @@ class _UsageError(Exception):
 
 
 def _client(env: WebhookServiceSettings) -> redis.Redis:
-    return redis.Redis.from_url(env.redis.client_url())
+    return redis_client(env.redis.client_url())
 
 
 def _run(args: argparse.Namespace, env: WebhookServiceSettings, role: Role) -> int:

@@ -23,6 +23,7 @@ from refold.contracts.logconfig import configure_logging
 from refold.contracts.processors import ProcessLauncher, ProcessorSpec, options_environ
 from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import default_registry, processor_spec, with_fallback
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.credentials import redis_refused
 from refold.contracts.store.generations import GenerationRegistry
 from refold.processors.runtime.checkpoints import checkpoint_root
@@ -548,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, json_lines=False)
     settings = ReplaySettings()
     try:
-        client = redis.Redis.from_url(settings.redis.client_url())
+        client = redis_client(settings.redis.client_url())
         return _HANDLERS[args.command](args, settings, client)
     except ReplayInterruptedError as exc:
         print(f"replay: {exc}", file=sys.stderr)

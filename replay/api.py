@@ -30,6 +30,7 @@ from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import StackSettings
+from refold.contracts.store.connect import redis_client
 from refold.processors.runtime.checkpoints import checkpoint_root
 from refold.replay.generations_admin import collect_garbage, rollback
 from refold.replay.plan import (
@@ -159,7 +160,7 @@ class _Control:
 
 
 def _control(settings: StackSettings) -> _Control:
-    return _Control(settings, redis.Redis.from_url(settings.redis.client_url()))
+    return _Control(settings, redis_client(settings.redis.client_url()))
 
 
 Name = Annotated[str, PathParam(pattern=_NAME)]

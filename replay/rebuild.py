@@ -40,6 +40,7 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import STOP_WITH_PARENT_ENV, ProcessLauncher, ProcessorSpec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import (
     GenerationRegistry,
     Positions,
@@ -302,7 +303,7 @@ def run_rebuild(
             "was changed. Plan it with plan_replay(), or use --to-earliest."
         )
         raise PlanError(msg)
-    client = redis.Redis.from_url(redis_settings.client_url())
+    client = redis_client(redis_settings.client_url())
     registry = GenerationRegistry.of(client, spec.name, redis_settings.key_prefix)
     store = SnapshotStore(registry)
     seed = store.get(plan.seed.generation, plan.seed.snapshot) if plan.seed is not None else None

@@ -34,7 +34,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import redis
 from tqdm import tqdm
 
 from refold.contracts.cli_parser import CommandParser
@@ -43,6 +42,7 @@ from refold.contracts.errors import DeserializationError, RefoldError
 from refold.contracts.kafka.offsets import LogOffsets, TopicPartitionKey
 from refold.contracts.progress import progress_bar
 from refold.contracts.registry import default_registry, import_reference
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import dead_letter_topic
 from refold.processors.fold.archive import (
@@ -110,7 +110,7 @@ class TableStatus:
 
 def _applied(plan: ArchivePlan) -> dict[TopicPartitionKey, int]:
     """The archive generation's applied positions (what its files are committed up to)."""
-    client = redis.Redis.from_url(plan.target.redis_url)
+    client = redis_client(plan.target.redis_url)
     registry = GenerationRegistry.of(client, plan.target.processor, plan.target.key_prefix)
     return registry.positions(plan.target.generation)[0]
 

@@ -43,6 +43,7 @@ from refold.contracts.codec import EventCodec
 from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import BATCH_ID_FIELD, position_field
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
@@ -156,7 +157,7 @@ class _Writer:
 
     def __init__(self, plan: ArchivePlan) -> None:
         self.plan = plan
-        self.redis = redis.Redis.from_url(plan.target.redis_url)
+        self.redis = redis_client(plan.target.redis_url)
         self.producer: Producer = output_producer(dict(plan.target.kafka))
         self._tables: dict[str, ArchiveTable] = {}
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.stats import ProcessorStats
 from refold.processors.runtime.checkpoints import checkpoint_files
 from refold.processors.runtime.envelope import FoldTarget
@@ -68,7 +69,7 @@ class BatchStatsRecorder:
 
     def _store(self) -> ProcessorStats:
         if self._stats is None:
-            self._redis = redis.Redis.from_url(
+            self._redis = redis_client(
                 self.target.redis_url,
                 socket_timeout=_SOCKET_TIMEOUT_S,
                 socket_connect_timeout=_SOCKET_TIMEOUT_S,

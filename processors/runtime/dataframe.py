@@ -39,6 +39,7 @@ from refold.contracts.codec import EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import BATCH_ID_FIELD
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
@@ -234,7 +235,7 @@ class TableUpsert:
     def redis(self) -> redis.Redis:
         """The Redis client (created on first use)."""
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.target.redis_url)
+            self._redis = redis_client(self.target.redis_url)
         return self._redis
 
     def write(

@@ -46,6 +46,7 @@ from refold.contracts.origin import (
     parse_origin_id,
 )
 from refold.contracts.processors import EventTime
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
@@ -181,7 +182,7 @@ class FoldWriter:
     def redis(self) -> redis.Redis:
         """The Redis client (created on first use)."""
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.target.redis_url)
+            self._redis = redis_client(self.target.redis_url)
         return self._redis
 
     @property

@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import StateLayout
 from refold.contracts.processors import EventTime
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.lookups import PENDING_TIMERS, LookupFold, Pending, decode_pending
@@ -97,7 +98,7 @@ class LookupJoiner(DriverTask):
     def redis(self) -> redis.Redis:
         """The Redis client (created on first use)."""
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.redis_url)
+            self._redis = redis_client(self.redis_url)
         return self._redis
 
     def table(self) -> tuple[int, int | None] | None:

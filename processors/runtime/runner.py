@@ -17,11 +17,10 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING
 
-import redis
-
 from refold.contracts.errors import RefoldError
 from refold.contracts.processors import ProcessorSpec, consumer_group
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.lease import GenerationLease
 from refold.contracts.topics import TopicSpec
@@ -124,7 +123,7 @@ def run_processor(
     check_event_time(projection, event_time, keying)
     dedupe = None if spec is None else spec.dedupe
     check_dedupe(projection, dedupe)
-    client = redis.Redis.from_url(redis_settings.client_url())
+    client = redis_client(redis_settings.client_url())
     who = f"the processor {projection.name}"
     registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
     following = options.generation == "live" and not options.available_now

@@ -20,6 +20,7 @@ import redis
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.layout import position_field
+from refold.contracts.store.connect import redis_client
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.background import DriverTask
@@ -256,7 +257,7 @@ class RedisFoldSink:
         if not reported:
             return reported
         if self._redis is None:  # driver side; opened on the first batch
-            self._redis = redis.Redis.from_url(self.target.redis_url)
+            self._redis = redis_client(self.target.redis_url)
         fields = sorted(reported)
         raw = cast("list[bytes | None]", self._redis.hmget(self.target.keys.positions, fields))
         return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}

@@ -29,6 +29,7 @@ from redis.client import Pipeline
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import GenerationKeys, StateLayout, parse_position_field
 from refold.contracts.origin import ORIGIN_ID, sender_headers
+from refold.contracts.store.connect import redis_client
 from refold.contracts.windows import WINDOW_RESULT, result_record, watermark_of
 from refold.processors.fold.projection import output_codec
 from refold.processors.fold.timers import TimerQueue
@@ -192,7 +193,7 @@ class WindowCloser(DriverTask):
     def redis(self) -> redis.Redis:
         """The Redis client (created on first use)."""
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.redis_url)
+            self._redis = redis_client(self.redis_url)
         return self._redis
 
     def watermark(self) -> int | None:

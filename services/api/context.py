@@ -17,6 +17,7 @@ from fastapi import Request
 
 from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 from refold.contracts.registry import default_registry
+from refold.contracts.store.connect import redis_client
 from refold.contracts.topics import TopicSpec
 from refold.services.api.config import ServeSettings
 from refold.services.api.rate_limits import RateLimits
@@ -65,7 +66,7 @@ class ServiceContext:
                 dataclasses.replace(spec, name=renames.get(spec.name, spec.name))
                 for spec in default_registry().topics.values()
             ]
-        client = redis.Redis.from_url(
+        client = redis_client(
             settings.redis.client_url(),
             socket_timeout=_REDIS_TIMEOUT_S,
             socket_connect_timeout=_REDIS_TIMEOUT_S,

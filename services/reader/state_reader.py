@@ -14,6 +14,7 @@ from typing import Any, cast
 import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry, Positions
 from refold.contracts.store.scan import scan_batches
 from refold.services.errors import NoLiveGenerationError
@@ -57,7 +58,7 @@ class StateReader:
         cls, url: str, processor: str, key_prefix: str = DEFAULT_KEY_PREFIX
     ) -> StateReader:
         """A reader with its own connection pool."""
-        return cls(redis.Redis.from_url(url), processor, key_prefix)
+        return cls(redis_client(url), processor, key_prefix)
 
     def live_generation(self) -> int:
         """The generation readers see now.

@@ -1,0 +1,52 @@
+"""One way to a Redis client: a single redis-server, or a Redis Cluster, from one URL.
+
+Every refold process (processors, readers, HTTP services, replay, webhooks, the CLIs) opens
+Redis here, so a deployment chooses single server or cluster by its URL alone:
+
+- ``redis://host:port/0`` (``rediss://`` for TLS): one server, redis-py's ``Redis``;
+- ``redis+cluster://host:port`` (``rediss+cluster://``): a Redis Cluster, reached through any
+  of its nodes; redis-py's ``RedisCluster`` learns the others and routes each command to the
+  node that owns its key's slot. A cluster has one database, so a ``/0`` path is ignored.
+
+refold keeps every multi-key transaction in one slot by hash tags (:mod:`refold.contracts.layout`),
+which is what lets the cluster client run them (redis-py's cluster pipelines with
+``transaction=True`` refuse keys of several slots with ``CrossSlotTransactionError``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import redis
+from redis.cluster import RedisCluster
+
+__all__ = ["CLUSTER_SCHEMES", "is_cluster_url", "redis_client", "single_server_url"]
+
+# The cluster schemes, and the scheme redis-py parses each as.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://`` or ``rediss+cluster://``)."""
+    return url.partition("://")[0] in CLUSTER_SCHEMES
+
+
+def single_server_url(url: str) -> str:
+    """``url`` with a plain ``redis://``/``rediss://`` scheme (redis-py's own parsers need it)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}" if scheme in CLUSTER_SCHEMES else url
+
+
+def redis_client(url: str, **options: Any) -> redis.Redis:
+    """A client for the server or cluster ``url`` names (``options`` go to redis-py as they are).
+
+    The cluster client is typed as ``redis.Redis``: refold uses the commands both share, and
+    the same code runs against a real cluster in ``tests/integration/test_redis_cluster.py``.
+    """
+    if not is_cluster_url(url):
+        return redis.Redis.from_url(url, **options)
+    plain = single_server_url(url)
+    scheme, _, rest = plain.partition("://")
+    # A cluster has database 0 only; redis-py's cluster client refuses a ``/N`` path.
+    location = rest.split("/", 1)[0]
+    return cast("redis.Redis", RedisCluster.from_url(f"{scheme}://{location}", **options))
