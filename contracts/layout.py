@@ -1,13 +1,17 @@
 """The Redis state layout: generations, the live alias, applied positions, tables.
 
 Every key of one generation shares a Redis Cluster hash tag (``{processor.gN}``), so the
-sink's single MULTI/EXEC that writes state and positions together also works on a cluster.
+sink's single MULTI/EXEC that writes state and positions together also works on a cluster. A
+processor's registry keys (alias, generations, flips) share the tag ``{processor}``, so a
+cutover stays one atomic flip there too.
 
 =========================================  ======  =============================================
 key                                         type    content
 =========================================  ======  =============================================
-``<p>:<proc>:live``                         string  live generation number (the alias)
-``<p>:<proc>:generations``                  hash    generation -> status (building/live/retired)
+``<p>:{<proc>}:live``                       string  live generation number (the alias)
+``<p>:{<proc>}:generations``                hash    generation -> status (building/live/retired)
+``<p>:{<proc>}:flips``                      hash    ``<N>:live_since`` (epoch ms), ``<N>:replaced``
+                                                    (the generation N replaced), set by the flip
 ``<p>:{<proc>.g<N>}:meta``                  hash    created_at, starting_offsets, fingerprints
 ``<p>:{<proc>.g<N>}:positions``             hash    ``<topic>/<partition>`` -> next offset to
                                                     apply; ``batch_id`` -> last Spark batch
@@ -313,14 +317,29 @@ class StateLayout:
     prefix: str = DEFAULT_KEY_PREFIX
 
     @property
+    def registry_base(self) -> str:
+        """Common prefix of the registry keys, with the processor's hash tag."""
+        return f"{self.prefix}:{{{self.processor}}}"
+
+    @property
     def alias(self) -> str:
         """The live-generation alias: readers resolve the generation through it."""
-        return f"{self.prefix}:{self.processor}:live"
+        return f"{self.registry_base}:live"
 
     @property
     def generations(self) -> str:
         """Hash generation -> status."""
-        return f"{self.prefix}:{self.processor}:generations"
+        return f"{self.registry_base}:generations"
+
+    @property
+    def flips(self) -> str:
+        """Hash ``<N>:live_since`` and ``<N>:replaced``: what each flip did, in the alias' slot."""
+        return f"{self.registry_base}:flips"
+
+    @property
+    def legacy_registry(self) -> tuple[str, str]:
+        """``(alias, generations)`` as written before the registry had a hash tag."""
+        return f"{self.prefix}:{self.processor}:live", f"{self.prefix}:{self.processor}:generations"
 
     def generation(self, generation: int) -> GenerationKeys:
         """The keys of generation ``generation``."""
@@ -328,7 +347,10 @@ class StateLayout:
 
 
 def registries_pattern(prefix: str = DEFAULT_KEY_PREFIX) -> str:
-    """SCAN pattern matching every processor's generations hash (to find processors in Redis)."""
+    """SCAN pattern matching every processor's generations hash (to find processors in Redis).
+
+    It matches the registries written before they had a hash tag too.
+    """
     return f"{prefix}:*:generations"
 
 
@@ -338,6 +360,8 @@ def processor_of_registry_key(key: str, prefix: str = DEFAULT_KEY_PREFIX) -> str
     if not (key.startswith(head) and key.endswith(tail)):
         return None
     name = key[len(head) : -len(tail)]
+    if name.startswith("{") and name.endswith("}"):
+        name = name[1:-1]  # else a registry written before it had a hash tag
     return name if name and not any(c in name for c in ":{}") else None
 
 

@@ -10,11 +10,14 @@ Java form, :meth:`KafkaSettings.as_java_client`) and :meth:`RedisSettings.client
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
+from refold.contracts.store.connect import redis_client
 
 __all__ = ["KafkaSettings", "RedisSettings", "SparkSettings", "StackSettings"]
 
@@ -73,6 +76,14 @@ class RedisSettings(BaseModel):
     key_prefix: str = DEFAULT_KEY_PREFIX
     username: str | None = None
     password: SecretStr | None = None
+
+    def client(self, **options: Any) -> redis.Redis:
+        """A redis-py client of this Redis, single server or cluster by the URL's scheme.
+
+        ``options`` go to redis-py (e.g. ``socket_timeout``). See
+        :func:`refold.contracts.store.connect.redis_client`.
+        """
+        return redis_client(self.client_url(), **options)
 
     def client_url(self) -> str:
         """The URL with the credentials in it (for clients that take only a URL)."""

@@ -27,8 +27,13 @@ __all__ = ["main"]
 
 def _stack(args: argparse.Namespace) -> LocalStack:
     secure = True if getattr(args, "secure", False) else None  # else: as first started
+    cluster = True if getattr(args, "redis_cluster", False) else None
     return LocalStack(
-        Path(args.state_dir) / "stack", args.kafka_port, args.redis_port, secure=secure
+        Path(args.state_dir) / "stack",
+        args.kafka_port,
+        args.redis_port,
+        secure=secure,
+        redis_cluster=cluster,
     )
 
 
@@ -57,9 +62,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
     stack.start(missing_only=True)  # what is down starts; a failure exits non-zero (main)
     for name, server in running.items():
         print(f"{name} was running already (pid {server.pid}, port {server.port})")
+    redis_kind = "Redis" if stack.cluster is None else "a Redis Cluster (3 masters, 3 replicas)"
     print(
         f"local stack up: Apache Kafka at {stack.bootstrap_servers} (log in "
-        f"{stack.state_dir / 'kafka' / 'data'}), Redis (AOF under {stack.state_dir}) at "
+        f"{stack.state_dir / 'kafka' / 'data'}), {redis_kind} (AOF under {stack.state_dir}) at "
         f"{stack.redis_url}\n"
         f"logs and pid files in {stack.state_dir}\n"
         f"use it:  export REFOLD_KAFKA__BOOTSTRAP_SERVERS={stack.bootstrap_servers} "
@@ -331,6 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help="SASL/SCRAM on a TLS listener and a Redis ACL user, with a certificate "
                 "and passwords made under <state dir>/stack/secrets (a new stack only: the "
                 "broker's storage is formatted with the credential; it stays secured)",
+            )
+            command.add_argument(
+                "--redis-cluster",
+                action="store_true",
+                help="a local Redis Cluster of 3 masters with 1 replica each, on --redis-port "
+                "and the 5 ports after it, instead of one redis-server (a new stack only: it "
+                "stays a cluster); clients reach it as redis+cluster://127.0.0.1:<port>",
             )
     # `refold cluster up|down|status`: a local Spark standalone master + worker.
     from refold.deploy.cluster import add_cluster_commands

@@ -3,7 +3,10 @@
 Used by the test fixtures, the demo and ``refold up|down|status``. The broker keeps its log in
 ``<state dir>/kafka/data`` (:mod:`refold.deploy.kafka_broker`), so ``refold down`` and
 ``refold up``, a crash or a reboot keep every topic, record, group and offset; the local Redis
-appends to a file (AOF) unless the stack is a throwaway one.
+appends to a file (AOF) unless the stack is a throwaway one. ``redis_cluster=True``
+(``refold up --redis-cluster``) starts a local Redis Cluster of 3 masters and 3 replicas in
+place of the single redis-server (:mod:`refold.deploy.redis_cluster`); a state dir keeps the
+kind of Redis it was first started with.
 
 Lifecycle contract: :meth:`LocalStack.start` writes one pid file (``<name>.pid``, "PID PORT") and
 one log file per server under ``state_dir``; :meth:`LocalStack.status` reports the recorded port of
@@ -41,6 +44,7 @@ from refold.deploy.kafka_broker import (
     java_binary,
     kafka_version,
 )
+from refold.deploy.redis_cluster import LocalRedisCluster, RedisClusterError
 from refold.deploy.stack_security import StackSecurity
 
 __all__ = [
@@ -136,6 +140,9 @@ class LocalStack:
         secure: SASL/SCRAM on a TLS listener and a Redis ACL user
             (:mod:`refold.deploy.stack_security`).
             ``None``: as the state dir was first started (a secured stack stays secured).
+        redis_cluster: A local Redis Cluster (3 masters, 1 replica each, on ``redis_port``
+            and the 5 ports after it) instead of one redis-server. ``None``: as the state dir
+            was first started.
     """
 
     def __init__(
@@ -146,8 +153,13 @@ class LocalStack:
         *,
         redis_persistent: bool = True,
         secure: bool | None = None,
+        redis_cluster: bool | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        cluster = LocalRedisCluster(self.state_dir, redis_port, persistent=redis_persistent)
+        if redis_cluster is None:
+            redis_cluster = cluster.formed
+        self.cluster = cluster if redis_cluster else None
         secrets = self.state_dir / "secrets"
         if secure is None:
             secure = (secrets / "credentials.json").is_file()
@@ -159,6 +171,14 @@ class LocalStack:
         # everysec), so a restart or a kill -9 loses at most the last second. Throwaway stacks
         # (the test session, benchmarks, fault tests that restore RDB files) turn it off.
         self.redis_persistent = redis_persistent
+        if self.cluster is not None and self.security is not None:
+            msg = (
+                "a secured stack with a Redis Cluster is not supported yet. Operator action: "
+                "choose one of --secure and --redis-cluster (or another state dir)."
+            )
+            raise LocalStackError(msg)
+        # The servers this stack runs itself: the cluster's nodes are the cluster's.
+        self._servers: tuple[ServerName, ...] = _START_ORDER if self.cluster is None else ("kafka",)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -167,7 +187,9 @@ class LocalStack:
 
     @property
     def redis_url(self) -> str:
-        """The redis-server URL for redis-py."""
+        """The URL of the redis-server (or of the cluster) for refold's clients."""
+        if self.cluster is not None:
+            return self.cluster.url
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
     def _pid_file(self, name: ServerName) -> Path:
@@ -246,7 +268,7 @@ class LocalStack:
             stack's own port when nothing (or a pid file without a port) was recorded.
         """
         result = []
-        for name in _START_ORDER[::-1]:
+        for name in self._servers[::-1]:
             pid, port = self._recorded(name)
             running = pid is not None and _pid_runs(pid, self._program(name))
             status = ServerStatus(
@@ -265,6 +287,8 @@ class LocalStack:
                     version=_installed_kafka_version(),
                 )
             result.append(status)
+        for node in self.cluster.status() if self.cluster is not None else []:
+            result.append(ServerStatus("redis", node.port, node.pid, node.running, node.log_file))
         return result
 
     def start(self, *, missing_only: bool = False) -> LocalStack:
@@ -285,6 +309,8 @@ class LocalStack:
             self.security.ensure()
         missing: list[ServerName] = []
         for server in self.status():
+            if server.name not in self._servers:
+                continue  # a cluster node: the cluster starts what is missing of it
             if server.running and missing_only:
                 continue
             if server.running:
@@ -309,16 +335,24 @@ class LocalStack:
                 spawned[name] = self._spawn(name)
             for name in starting:
                 self._wait_ready(name)
+            if self.cluster is not None:
+                self.cluster.start()
+        except RedisClusterError as exc:
+            self._stop_spawned(spawned)
+            raise LocalStackError(str(exc)) from None
         except BaseException:
-            # Our own children, unreaped: no PID reuse to guard against, so no look at their
-            # command line (a redis-server rewriting its title had none to match for a moment,
-            # and was left running).
-            for name, pid in reversed(spawned.items()):
-                terminate(pid, _STOP_GRACE_S)
-                with contextlib.suppress(FileNotFoundError):
-                    self._pid_file(name).unlink()
+            self._stop_spawned(spawned)
             raise
         return self
+
+    def _stop_spawned(self, spawned: dict[ServerName, int]) -> None:
+        # Our own children, unreaped: no PID reuse to guard against, so no look at their
+        # command line (a redis-server rewriting its title had none to match for a moment,
+        # and was left running).
+        for name, pid in reversed(spawned.items()):
+            terminate(pid, _STOP_GRACE_S)
+            with contextlib.suppress(FileNotFoundError):
+                self._pid_file(name).unlink()
 
     def _spawn(self, name: ServerName) -> int:
         command = self._command(name)
@@ -393,6 +427,8 @@ class LocalStack:
         ``LocalStack`` was given.
         """
         self._stop(_START_ORDER)
+        if self.cluster is not None:
+            self.cluster.stop()
 
     def _stop(self, names: Sequence[ServerName]) -> None:
         for name in [n for n in _START_ORDER[::-1] if n in names]:

@@ -18,6 +18,7 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import GenerationKeys, StateLayout
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.settings import SparkSettings
+from refold.contracts.store.connect import pipelined_pfcount
 from refold.contracts.store.generations import (
     GenerationInfo,
     GenerationRegistry,
@@ -193,7 +194,7 @@ def collect_garbage(
         removed = 0
         if execute:
             removed = unlink_matching(client, registry.keys(info.generation).pattern())
-            client.hdel(registry.layout.generations, str(info.generation))
+            registry.forget(info.generation)
             remove_generation_checkpoints(checkpoint_root, spec.name, info.generation, spark)
         done.append((info.generation, removed))
     return done
@@ -384,7 +385,7 @@ def _bucket_values(client: redis.Redis, names: list[str]) -> list[dict[str, int]
 def _sketch_counts(client: redis.Redis, names: list[str]) -> list[int]:
     with client.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.pfcount(name)
+            pipelined_pfcount(pipe, name)
         return [int(n) for n in pipe.execute()]
 
 

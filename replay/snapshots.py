@@ -128,7 +128,7 @@ class SnapshotStore:
         keys = self.registry.keys(generation)
         index = self._index(generation)
         for attempt in range(1, attempts + 1):
-            with self.client.pipeline() as pipe:
+            with self.client.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(keys.positions)  # type: ignore[no-untyped-call]
                     raw = cast("dict[bytes, bytes]", pipe.hgetall(keys.positions))

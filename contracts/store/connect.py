@@ -15,12 +15,23 @@ which is what lets the cluster client run them (redis-py's cluster pipelines wit
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import redis
 from redis.cluster import RedisCluster
 
-__all__ = ["CLUSTER_SCHEMES", "is_cluster_url", "redis_client", "single_server_url"]
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "is_cluster",
+    "is_cluster_url",
+    "pipelined_eval",
+    "pipelined_mget",
+    "pipelined_mset",
+    "pipelined_pfcount",
+    "redis_client",
+    "single_server_url",
+]
 
 # The cluster schemes, and the scheme redis-py parses each as.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -50,3 +61,31 @@ def redis_client(url: str, **options: Any) -> redis.Redis:
     # A cluster has database 0 only; redis-py's cluster client refuses a ``/N`` path.
     location = rest.split("/", 1)[0]
     return cast("redis.Redis", RedisCluster.from_url(f"{scheme}://{location}", **options))
+
+
+# redis-py's cluster pipelines refuse MGET, MSET and PFCOUNT by their method names, even when
+# every key is in one slot (as refold's transactions keep them). Sent as plain commands they run
+# on both clients, with the same reply parsing; a cross-slot call is still refused by Redis.
+def pipelined_mget(pipe: Any, keys: Sequence[str]) -> Any:
+    """``MGET keys`` on a pipeline of either client (queued, or run at once while WATCHing)."""
+    return pipe.execute_command("MGET", *keys)
+
+
+def pipelined_mset(pipe: Any, mapping: Mapping[str, Any]) -> Any:
+    """``MSET`` of ``mapping`` on a pipeline of either client."""
+    return pipe.execute_command("MSET", *[part for pair in mapping.items() for part in pair])
+
+
+def pipelined_pfcount(pipe: Any, *keys: str) -> Any:
+    """``PFCOUNT keys`` on a pipeline of either client."""
+    return pipe.execute_command("PFCOUNT", *keys)
+
+
+def is_cluster(client: redis.Redis) -> bool:
+    """Whether ``client`` is a Redis Cluster client (:func:`redis_client` of a cluster URL)."""
+    return isinstance(client, RedisCluster)
+
+
+def pipelined_eval(pipe: Any, script: str, numkeys: int, *keys_and_args: Any) -> Any:
+    """``EVAL script`` on a pipeline of either client (a cluster pipeline's ``eval`` takes none)."""
+    return pipe.execute_command("EVAL", script, numkeys, *keys_and_args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import redis
 
 from refold.contracts.errors import RefoldError
+from refold.contracts.store.connect import is_cluster
 
 __all__ = ["RedisCredentialsError", "raise_if_refused", "redis_refused"]
 
@@ -30,7 +31,10 @@ def redis_refused(who: str, client: redis.Redis, reason: object) -> RedisCredent
         client: The refused client; only its host, port and user are shown.
         reason: redis-py's error.
     """
-    kwargs = client.connection_pool.connection_kwargs
+    if is_cluster(client):  # the node it first reached stands for the cluster
+        kwargs = client.get_default_node().redis_connection.connection_pool.connection_kwargs  # type: ignore[attr-defined]
+    else:
+        kwargs = client.connection_pool.connection_kwargs
     user = kwargs.get("username") or "default"
     return RedisCredentialsError(
         f"Redis at {kwargs.get('host')}:{kwargs.get('port')} refused the credentials of {who} "

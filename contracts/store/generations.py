@@ -28,6 +28,7 @@ from refold.contracts.layout import (
     processor_of_registry_key,
     registries_pattern,
 )
+from refold.contracts.store.connect import is_cluster
 from refold.contracts.store.lease import (
     claim_lease,
     lease_holder,
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# What a flip records of the generation it makes live, in the registry's ``flips`` hash.
+_FLIP_FIELDS = ("live_since", "replaced")
 
 Positions = dict[tuple[str, int], int]
 
@@ -174,6 +178,22 @@ class GenerationRegistry:
     def __init__(self, client: redis.Redis, layout: StateLayout) -> None:
         self.client = client
         self.layout = layout
+        self._adopt_legacy_registry()
+
+    def _adopt_legacy_registry(self) -> None:
+        """Rename a registry written before it had its hash tag (one EXISTS when there is none).
+
+        Only a single Redis can hold one: a cluster refused the untagged flip. RENAMENX, so of
+        two processes adopting at once one renames and the other finds it done.
+        """
+        legacy_alias, legacy_generations = self.layout.legacy_registry
+        if is_cluster(self.client) or not self.client.exists(legacy_generations):
+            return
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.renamenx(legacy_generations, self.layout.generations)
+            pipe.renamenx(legacy_alias, self.layout.alias)
+            pipe.execute(raise_on_error=False)  # an alias not made yet: nothing to rename
+        logger.info("%s: registry keys renamed to their hash-tagged names", self.layout.processor)
 
     @classmethod
     def of(
@@ -197,20 +217,29 @@ class GenerationRegistry:
         result = []
         for gen_raw, status in sorted(raw.items(), key=lambda kv: int(kv[0])):
             generation = int(gen_raw)
-            meta = cast("dict[bytes, bytes]", self.client.hgetall(self.keys(generation).meta))
             result.append(
                 GenerationInfo(
-                    generation,
-                    cast("GenerationStatus", _decode(status)),
-                    {_decode(k): _decode(v) for k, v in meta.items()},
+                    generation, cast("GenerationStatus", _decode(status)), self.meta(generation)
                 )
             )
         return result
 
     def meta(self, generation: int) -> dict[str, str]:
-        """The metadata hash of one generation (empty if it does not exist)."""
+        """The metadata hash of one generation (empty if it does not exist).
+
+        With what its flips recorded (``live_since``, ``replaced``): they are kept in the
+        registry's slot (``StateLayout.flips``), so that a flip is one transaction on a cluster.
+        """
         raw = cast("dict[bytes, bytes]", self.client.hgetall(self.keys(generation).meta))
-        return {_decode(k): _decode(v) for k, v in raw.items()}
+        meta = {_decode(k): _decode(v) for k, v in raw.items()}
+        fields = [f"{generation}:{name}" for name in _FLIP_FIELDS]
+        flipped = cast("list[bytes | None]", self.client.hmget(self.layout.flips, fields))
+        meta |= {
+            name: _decode(value)
+            for name, value in zip(_FLIP_FIELDS, flipped, strict=True)
+            if value is not None
+        }
+        return meta
 
     def update_meta(self, generation: int, fields: dict[str, str]) -> None:
         """Set metadata fields of one generation."""
@@ -252,6 +281,13 @@ class GenerationRegistry:
         if live:
             self.client.set(self.layout.alias, str(generation))
         return generation
+
+    def forget(self, generation: int) -> None:
+        """Remove ``generation`` from the registry (gc, once its keys are gone)."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.layout.generations, str(generation))
+            pipe.hdel(self.layout.flips, *(f"{generation}:{name}" for name in _FLIP_FIELDS))
+            pipe.execute()
 
     def slots(self, generation: int) -> int:
         """The writer slots of a re-keyed generation (0: its entities are owned by partitions)."""
@@ -327,9 +363,9 @@ class GenerationRegistry:
         if previous is not None and previous != generation:
             pipe.hset(self.layout.generations, str(previous), "retired")
         pipe.hset(self.layout.generations, str(generation), "live")
-        pipe.hset(self.keys(generation).meta, "live_since", str(int(time.time() * 1000)))
+        pipe.hset(self.layout.flips, f"{generation}:live_since", str(int(time.time() * 1000)))
         if record_replaced and previous is not None and previous != generation:
-            pipe.hset(self.keys(generation).meta, "replaced", str(previous))
+            pipe.hset(self.layout.flips, f"{generation}:replaced", str(previous))
 
     def flip_if_caught_up(
         self,
@@ -356,19 +392,29 @@ class GenerationRegistry:
             msg = f"{self.layout.processor} has no generation {generation}"
             raise RefoldError(msg)
         keys = self.keys(generation)
+        # One slot per WATCH on a cluster: there the positions are read just before the flip,
+        # not watched, so a batch the live generation commits in that instant leaves the new
+        # one up to that batch behind (consistency tokens wait it out; no state is wrong).
+        watch_positions = not is_cluster(self.client)
+        reader: redis.Redis | redis.client.Pipeline = self.client
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(self.layout.alias, keys.positions)  # type: ignore[no-untyped-call]
+                    if watch_positions:
+                        reader = pipe
+                        pipe.watch(self.layout.alias, keys.positions)  # type: ignore[no-untyped-call]
+                    else:
+                        pipe.watch(self.layout.alias)  # type: ignore[no-untyped-call]
                     raw_live = pipe.get(self.layout.alias)
                     previous = None if raw_live is None else int(cast("bytes", raw_live))
                     live_positions: Positions = {}
                     if previous is not None and previous != generation:
                         live_keys = self.keys(previous)
-                        pipe.watch(live_keys.positions)  # type: ignore[no-untyped-call]
-                        raw = cast("dict[bytes, bytes]", pipe.hgetall(live_keys.positions))
+                        if watch_positions:
+                            pipe.watch(live_keys.positions)  # type: ignore[no-untyped-call]
+                        raw = cast("dict[bytes, bytes]", reader.hgetall(live_keys.positions))
                         live_positions = self.parse_positions(raw)[0]
-                    raw = cast("dict[bytes, bytes]", pipe.hgetall(keys.positions))
+                    raw = cast("dict[bytes, bytes]", reader.hgetall(keys.positions))
                     mine = {**(starts or {}), **self.parse_positions(raw)[0]}
                     needed = dict(floor)
                     for tp, offset in live_positions.items():

@@ -29,8 +29,16 @@ __all__ = ["REDIS_UNAVAILABLE", "RedisOutage", "wait_out_redis"]
 logger = logging.getLogger(__name__)
 
 # Redis errors that mean "not reachable right now" (a restart, a failover, a network cut): the
-# caller waits and retries. A replica answering READONLY is a failover in progress.
-REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
+# caller waits and retries. A replica answering READONLY is a failover in progress; so is a
+# Redis Cluster answering CLUSTERDOWN / TRYAGAIN, or a slot no node serves for a moment.
+REDIS_UNAVAILABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,
+)
 
 _T = TypeVar("_T")
 

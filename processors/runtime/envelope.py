@@ -46,7 +46,7 @@ from refold.contracts.origin import (
     parse_origin_id,
 )
 from refold.contracts.processors import EventTime
-from refold.contracts.store.connect import redis_client
+from refold.contracts.store.connect import pipelined_eval, redis_client
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
@@ -426,7 +426,9 @@ class FoldWriter:
             pipe.incr(keys.slot_guard(self.slot))
             if new_pos:
                 slot_keys = [keys.slot_positions(s) for s in range(self.target.slots)]
-                pipe.eval(_MIN_POSITIONS, 1 + len(slot_keys), keys.positions, *slot_keys, *new_pos)
+                pipelined_eval(
+                    pipe, _MIN_POSITIONS, 1 + len(slot_keys), keys.positions, *slot_keys, *new_pos
+                )
 
     def _drop_resent(
         self,
@@ -552,11 +554,11 @@ class FoldWriter:
             return {}
         fields = index_fields(letters)
         send: list[int] = list(range(len(letters)))
-        live = self.building_against(pipe, {letter.record[:2] for letter in letters})
+        live = self.building_against({letter.record[:2] for letter in letters})
         if live is not None and live[0] is not None:
             live_reasons = cast(
                 "list[bytes | None]",
-                pipe.hmget(self.target.layout.generation(live[0]).dead_letters, fields),
+                self.redis.hmget(self.target.layout.generation(live[0]).dead_letters, fields),
             )
             reasons = [None if r is None else r.decode() for r in live_reasons]
             send = letters_to_send(letters, fields, live[1], reasons)
@@ -571,16 +573,20 @@ class FoldWriter:
         return {field: letter.reason for field, letter in zip(fields, letters, strict=True)}
 
     def building_against(
-        self, pipe: Pipeline, partitions: Iterable[tuple[str, int]]
+        self, partitions: Iterable[tuple[str, int]]
     ) -> tuple[int | None, dict[str, int]] | None:
         """What a building generation compares with: the live generation and its positions.
 
+        Read with the plain client, not the transaction's WATCHing connection: these keys are
+        in other hash slots (the registry's, the live generation's), and none of them is
+        watched (a flip during the batch changes nothing this batch writes).
+
         Returns:
             ``None`` unless this generation is ``building``; else the live generation
-            (``None``: there is none) and its applied positions of ``partitions``. Read
-            before the MULTI.
+            (``None``: there is none) and its applied positions of ``partitions``.
         """
         layout = self.target.layout
+        pipe = self.redis
         status = pipe.hget(layout.generations, str(self.target.generation))
         if status not in (b"building", "building"):
             return None

@@ -29,7 +29,7 @@ from redis.client import Pipeline
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import GenerationKeys, StateLayout, parse_position_field
 from refold.contracts.origin import ORIGIN_ID, sender_headers
-from refold.contracts.store.connect import redis_client
+from refold.contracts.store.connect import pipelined_eval, pipelined_pfcount, redis_client
 from refold.contracts.windows import WINDOW_RESULT, result_record, watermark_of
 from refold.processors.fold.projection import output_codec
 from refold.processors.fold.timers import TimerQueue
@@ -108,7 +108,7 @@ def write_windows(pipe: Pipeline, keys: GenerationKeys, delta: WindowDelta) -> N
             bucket = keys.window_bucket(window, start, group)
             index = names.setdefault(bucket, len(names) + 1)
             argv += [index, name, value]
-        pipe.eval(_MIN_MAX, len(names), *names, *argv)
+        pipelined_eval(pipe, _MIN_MAX, len(names), *names, *argv)
     for (window, measure, start, group), values in delta.distinct.items():
         pipe.pfadd(keys.window_distinct(window, measure, start, group), *sorted(values))
     if delta.closes:
@@ -316,7 +316,7 @@ class WindowCloser(DriverTask):
                     if key is None:
                         key = sketch_keys[sketch] = self.keys.window_distinct(*sketch)
                     names.append(key)
-                pipe.pfcount(*names)
+                pipelined_pfcount(pipe, *names)
             replies = pipe.execute()
         stored = {
             b: {k.decode(): int(v) for k, v in cast("dict[bytes, bytes]", r).items()}

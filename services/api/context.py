@@ -102,7 +102,9 @@ class ServiceContext:
         if self._rate_limits is None:
             serve = self.settings.serve
             rates = {"ingest": serve.ingest_rate_limit, "query": serve.query_rate_limit}
-            self._rate_limits = RateLimits(self.redis, self.key_prefix, rates)
+            self._rate_limits = RateLimits(
+                self.redis, self.key_prefix, rates, url=self.settings.redis.client_url()
+            )
         return self._rate_limits
 
     @contextmanager

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 
 import redis
 from limits import RateLimitItem, parse
-from limits.storage import RedisStorage
+from limits.storage import RedisClusterStorage, RedisStorage
 from limits.strategies import FixedWindowRateLimiter
 
+from refold.contracts.store.connect import is_cluster
 from refold.services.api.errors import ApiError
 
 __all__ = ["RateLimits", "parse_rate"]
@@ -42,12 +43,21 @@ class RateLimits:
         client: The service's Redis client (its pool, with its credentials, is shared).
         key_prefix: refold's key prefix.
         rates: Per scope, its limit (``""``: none).
+        url: The service's Redis URL, with its credentials: a cluster's client has no single
+            pool to share, so the limiter opens its own (limits reads ``redis+cluster://`` too).
     """
 
-    def __init__(self, client: redis.Redis, key_prefix: str, rates: Mapping[str, str]) -> None:
-        storage = RedisStorage(
-            "redis://", connection_pool=client.connection_pool, key_prefix=f"{key_prefix}:ratelimit"
-        )
+    def __init__(
+        self, client: redis.Redis, key_prefix: str, rates: Mapping[str, str], url: str = ""
+    ) -> None:
+        prefix = f"{key_prefix}:ratelimit"
+        storage: RedisStorage | RedisClusterStorage
+        if is_cluster(client):
+            storage = RedisClusterStorage(url, key_prefix=prefix)
+        else:
+            storage = RedisStorage(
+                "redis://", connection_pool=client.connection_pool, key_prefix=prefix
+            )
         self._limiter = FixedWindowRateLimiter(storage)
         self._items = {scope: item for scope, r in rates.items() if (item := parse_rate(r))}
 

@@ -19,6 +19,7 @@ import redis
 
 from refold.contracts.layout import StateLayout
 from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.scan import scan_page as scan_round
 from refold.services.api.errors import ApiError
 
 __all__ = ["Page", "ScanCursor", "scan_page"]
@@ -105,8 +106,8 @@ def scan_page(
     pattern, prefix = keys.table_pattern(table), keys.table(table, "")
     position, names = cursor.position, []
     for _round in range(_MAX_ROUNDS):
-        position, found = client.scan(position, match=pattern, count=max(limit, 10))
-        names.extend(cast("list[bytes]", found))
+        position, found = scan_round(client, position, pattern, max(limit, 10))
+        names.extend(found)
         if position == 0 or len(names) >= limit:
             break
     items: list[tuple[str, Any]] = []

@@ -14,7 +14,7 @@ from typing import Any, cast
 import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
-from refold.contracts.store.connect import redis_client
+from refold.contracts.store.connect import pipelined_mget, redis_client
 from refold.contracts.store.generations import GenerationRegistry, Positions
 from refold.contracts.store.scan import scan_batches
 from refold.services.errors import NoLiveGenerationError
@@ -92,7 +92,7 @@ class StateReader:
         names = [self.registry.keys(gen).table(table, k) for k in keys]
         with self.client.pipeline(transaction=True) as pipe:  # values and positions at once
             if names:
-                pipe.mget(names)
+                pipelined_mget(pipe, names)
             pipe.hgetall(self.registry.keys(gen).positions)
             *found, raw_positions = pipe.execute()
         raws = cast("list[bytes | None]", found[0] if names else [])

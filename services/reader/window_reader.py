@@ -21,6 +21,7 @@ from typing import Protocol, cast
 import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
+from refold.contracts.store.connect import pipelined_pfcount
 from refold.contracts.store.scan import scan_names
 from refold.contracts.windows import (
     Hopping,
@@ -175,7 +176,9 @@ class WindowReader:
             for start in starts:
                 pipe.hgetall(keys.window_bucket(name, start, group))
             for measure in self.distinct_measures:
-                pipe.pfcount(*(keys.window_distinct(name, measure, s, group) for s in starts))
+                pipelined_pfcount(
+                    pipe, *(keys.window_distinct(name, measure, s, group) for s in starts)
+                )
             pipe.hgetall(keys.positions)
             *replies, raw_positions = pipe.execute()
         buckets = [_ints(r) for r in replies[: len(starts)]]
@@ -258,7 +261,9 @@ class WindowReader:
         if not starts:
             return StateView(gen, 0, self.registry.positions(gen)[0])
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.pfcount(*(keys.window_distinct(name, measure, s, group) for s in starts))
+            pipelined_pfcount(
+                pipe, *(keys.window_distinct(name, measure, s, group) for s in starts)
+            )
             pipe.hgetall(keys.positions)
             count, raw_positions = pipe.execute()
         return StateView(gen, int(count), self.registry.parse_positions(raw_positions)[0])
@@ -326,7 +331,9 @@ class WindowReader:
             for e in ends:
                 starts = window.bucket_starts(e)
                 for measure in self.distinct_measures:
-                    pipe.pfcount(*(keys.window_distinct(name, measure, s, group) for s in starts))
+                    pipelined_pfcount(
+                        pipe, *(keys.window_distinct(name, measure, s, group) for s in starts)
+                    )
             counts = cast("list[int]", pipe.execute())
         n = len(self.distinct_measures)
         return [

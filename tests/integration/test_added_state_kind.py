@@ -23,6 +23,7 @@ from redis.client import Pipeline
 from refold.contracts.codec import EventCodec
 from refold.contracts.layout import GenerationKeys
 from refold.contracts.processors import ProcessorSpec
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.scan import scan_names
 from refold.deploy.simulators.orders import OrderSimulator
@@ -135,7 +136,7 @@ def test_a_kind_added_as_a_module_folds_replays_snapshots_diffs_resets_and_is_co
 ):
     records, oracle = _records()
     chosen = dataclasses.replace(target, processor="top_customers", topics=("orders",))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, chosen.processor, chosen.key_prefix)
     live = registry.create({"topics": ["orders"]}, live=True)
     writer = FoldWriter(dataclasses.replace(chosen, generation=live), TopCustomers())

@@ -7,13 +7,13 @@ import json
 import time
 
 import pytest
-import redis
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
 from refold.contracts.kafka.admin import delete_topics
 from refold.contracts.layout import ApiKeyKeys
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.deploy.keys_cli import main as keys_main
 from refold.services.api.config import HttpSettings, ServeSettings
 from refold.services.api.context import ServiceContext
@@ -31,7 +31,7 @@ def prefix(unique) -> str:
 
 @pytest.fixture
 def client(redis_url, prefix):
-    connection = redis.Redis.from_url(redis_url)
+    connection = redis_client(redis_url)
     yield connection
     connection.delete(ApiKeyKeys(prefix).registry)
     connection.close()
@@ -56,7 +56,7 @@ def _app(
     )
     app = FastAPI()
     install_error_handlers(app)
-    app.state.context = ServiceContext(settings, redis.Redis.from_url(redis_url))
+    app.state.context = ServiceContext(settings, redis_client(redis_url))
     for scope in ("ingest", "query", "admin"):
         app.add_api_route(f"/{scope}", _answer(scope), dependencies=[Depends(require(scope))])
     return TestClient(app)
@@ -98,7 +98,7 @@ def test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_other_keys_go_o
     # The counts live in Redis, under the service's prefix: every worker shares them.
     assert any(
         store_key.startswith(f"{prefix}:ratelimit".encode())
-        for store_key in redis.Redis.from_url(redis_url).scan_iter(match=f"{prefix}:ratelimit*")
+        for store_key in redis_client(redis_url).scan_iter(match=f"{prefix}:ratelimit*")
     )
 
 
@@ -203,7 +203,7 @@ def test_revocation_is_seen_without_a_restart(api, store, redis_url, prefix):
     key = store.add("dash", ["query"])
     assert api.get("/query", headers=_bearer(key)).status_code == 200
     # Revoked by another process (another store, as `refold keys revoke` is).
-    ApiKeyStore(redis.Redis.from_url(redis_url), prefix).revoke("dash")
+    ApiKeyStore(redis_client(redis_url), prefix).revoke("dash")
     started = time.monotonic()
     response = assert_eventually(
         lambda: (r := api.get("/query", headers=_bearer(key))).status_code == 401 and r,

@@ -12,12 +12,12 @@ import dataclasses
 
 import orjson
 import pytest
-import redis
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.serve_cli import build_app
 from refold.deploy.simulators.orders import OrderSimulator
@@ -48,7 +48,7 @@ def api_schema(redis_url, kafka_bootstrap, make_topic, unique, tmp_path):
         state_dir=tmp_path,
         serve=HttpSettings(auth="off", consistency_timeout_s=0.2),
     )
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     live = registry.create({"topics": f'["{topic}"]'}, live=True)
     folded = fold_all(OrderStateProjection(), list(OrderSimulator(5, seed=1)))

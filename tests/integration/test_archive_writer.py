@@ -23,6 +23,7 @@ from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import position_field
 from refold.contracts.settings import KafkaSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import PAGEVIEWS
 from refold.processors.archive.projection import DATES
@@ -168,7 +169,7 @@ def world(kafka_bootstrap, redis_url, make_topic, unique, tmp_path) -> World:
     )
     publisher.emit_many(_events(120, seed=5))
     publisher.close()
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     world = World(
         ArchivePlan(target, archive, EventCodec()),
         [orders, pageviews],

@@ -25,6 +25,7 @@ import redis
 
 from refold.contracts.layout import StateLayout
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from tests.support.served import served as serve_app
@@ -110,7 +111,7 @@ def served(kafka_bootstrap: str, redis_url: str, unique: str) -> Iterator[Served
         redis=RedisSettings(url=redis_url, key_prefix=prefix),
         serve=HttpSettings(auth="keys"),
     )
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     try:
         with serve_app(create_app(settings)) as url:
             yield Served(url, client, prefix)

@@ -16,6 +16,7 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
+from refold.contracts.store.connect import redis_client
 from refold.processors.fold.dataframe import event_columns
 from refold.processors.runtime import dataframe
 from refold.processors.runtime.dataframe import DataFrameSink, DecodePlan, _decode_task
@@ -59,7 +60,7 @@ def test_a_batch_is_applied_once_by_its_batch_id(target: FoldTarget, redis_url, 
             4: {"orders": {"0": 15, "1": 12}},
         },
     )
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     sink = DataFrameSink(target, "per_minute", checkpoint)
     sink(_Frame([("EUR:1", '{"count": 1}'), ("USD:1", '{"count": 2}')]), 3)
     first = {"EUR:1": {"count": 1}, "USD:1": {"count": 2}}

@@ -12,7 +12,6 @@ import json
 import zlib
 from collections import Counter
 
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
@@ -22,6 +21,7 @@ from refold.contracts.origin import (
     ORIGIN_OFFSET,
     ORIGIN_PARTITION,
 )
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.cli import main as refold_main
 from refold.deploy.simulators.orders import OrderSimulator
@@ -86,7 +86,7 @@ def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
 ):
     records = _records()
     first, second, third = (dataclasses.replace(target, generation=g) for g in (1, 2, 3))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", target.key_prefix)
     assert registry.create({"topics": ["orders"]}, live=True) == 1
 

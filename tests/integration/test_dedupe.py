@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import zlib
 
-import redis
-
 from refold.contracts.codec import EventCodec
 from refold.contracts.processors import EventId
+from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.fold.records import SourceRecord
@@ -57,7 +56,7 @@ def test_duplicated_events_fold_once_live_on_rebuild_and_in_the_oracle(
     expected = fold_all(projection, log, dedupe=dedupe)
     assert expected.states == fold_all(projection, events).states  # no id forgotten here
     assert duplicates == in_one.duplicates == expected.duplicates == len(log) - len(events)
-    reader = StateReader(redis.Redis.from_url(redis_url), "order_state", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "order_state", target.key_prefix)
     for generation in (1, 2):
         assert dict(reader.scan("orders", generation=generation)) == expected.states
         totals = reader.aggregate("order_totals", generation=generation).value

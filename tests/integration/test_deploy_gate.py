@@ -1,10 +1,10 @@
 """The deploy gate: a generation refuses code it was not built by; `replay check` says so."""
 
 import pytest
-import redis
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.order_state.projection import OrderStateProjection
@@ -19,7 +19,7 @@ def live_generation(redis_url, kafka_bootstrap, unique, monkeypatch, tmp_path):
     monkeypatch.setenv("REFOLD_REDIS__URL", redis_url)
     monkeypatch.setenv("REFOLD_REDIS__KEY_PREFIX", prefix)
     monkeypatch.setenv("REFOLD_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     settings = (
         KafkaSettings(bootstrap_servers=kafka_bootstrap),
         RedisSettings(url=redis_url, key_prefix=prefix),

@@ -41,6 +41,7 @@ from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import StateLayout, position_field
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec
 from refold.deploy.serve_cli import build_app
@@ -198,7 +199,7 @@ def _archive(root: Path, stack: _Stack) -> None:
     with LogOffsets(stack.kafka.as_librdkafka()) as offsets:
         ends = offsets.end_offsets([(topic, p) for p in offsets.partitions(topic)])
     target = stack.target("archive")
-    registry = GenerationRegistry.of(redis.Redis.from_url(stack.redis_url), "archive", stack.prefix)
+    registry = GenerationRegistry.of(redis_client(stack.redis_url), "archive", stack.prefix)
     registry.create({}, live=True)  # as the runner does before the generation's first batch
     registry.set_positions(1, {position_field(t, p): 0 for t, p in ends})
     archive = ArchiveProcessor("archive", root, ("OrderPlaced", "OrderPaid"), DATES)
@@ -211,7 +212,7 @@ def _archive(root: Path, stack: _Stack) -> None:
 def _served_api(stack: _Stack) -> Iterator[dict[str, str]]:
     """The HTTP API with keys on, order_state folded as it ingests; yields the example's env."""
     topic, spec = stack.orders_topic()
-    client = redis.Redis.from_url(stack.redis_url)
+    client = redis_client(stack.redis_url)
     registry = GenerationRegistry.of(client, "order_state", stack.prefix)
     registry.create({"topics": f'["{topic}"]'}, live=True)
     key = ApiKeyStore(client, stack.prefix).add("docs", ["ingest", "query"])
@@ -261,7 +262,7 @@ def test_a_stack_example_runs_against_the_stack(
     cwd.mkdir()
     assemble_guide_package(package)
     stack = _Stack(redis_url, kafka_bootstrap, f"docs-{unique}", make_topic)
-    _seed(redis.Redis.from_url(redis_url), stack.prefix, block, package, kafka_bootstrap)
+    _seed(redis_client(redis_url), stack.prefix, block, package, kafka_bootstrap)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_")}
     env.update(
         PYTHONPATH=os.pathsep.join((str(package), str(ROOT))),

@@ -11,9 +11,8 @@ import dataclasses
 import random
 import zlib
 
-import redis
-
 from refold.contracts.codec import EventCodec
+from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.processors.fold.oracle import fold_timed
 from refold.processors.fold.records import SourceRecord
@@ -102,7 +101,7 @@ def test_session_windows_equal_the_oracle_whatever_the_chunks(target, redis_url,
     logs, decoded, published = _log(events)
     closed = make_topic(partitions=4, prefix="closed")
     projection = WebSessionsProjection(closed_topic=closed)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     reader = StateReader(client, "web_sessions", target.key_prefix)
     # The oracle in publishing order; the writers see the topics interleaved at random, and
     # (generation 4) one whole topic before the other, as a first micro-batch may.
@@ -135,7 +134,7 @@ def test_search_click_join_equals_the_oracle_with_out_of_order_sides(target, red
     events = list(ClickstreamSimulator(400, seed=9, late_rate=0.08))
     logs, decoded, _published = _log(e for e in events if e[0] != "PageViewed")
     projection = SearchCtrProjection()
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     reader = StateReader(client, "search_ctr", target.key_prefix)
     results = []
     for generation, seed in ((1, None), (2, 11)):
@@ -203,7 +202,7 @@ def test_an_entity_s_timer_waits_for_every_topic_of_its_partition_group(
     # pv's clock passes the gap + lateness, se's does not: the visit stays open.
     later = base + 60_000 + WEB_SESSIONS.event_time.lateness_ms + 1
     writer.apply([view(1, later, "s3")])
-    reader = StateReader(redis.Redis.from_url(redis_url), "web_sessions", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "web_sessions", target.key_prefix)
     assert reader.get("visits", "s1", 1).value["closed"] == 0
     writer.apply([search(1, later, "s4")])  # now both clocks are past it
     state = reader.get("visits", "s1", 1).value
@@ -242,7 +241,7 @@ def test_join_sides_out_of_order_within_the_lateness_and_beyond_it(target, redis
     writer = FoldWriter(chosen, SearchCtrProjection())
     outcomes = [writer.apply([r], batch_id=i) for i, r in enumerate(records)]
     assert [o.late for o in outcomes] == [0, 0, 0, 0, 1, 0]
-    reader = StateReader(redis.Redis.from_url(redis_url), "search_ctr", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "search_ctr", target.key_prefix)
     totals = reader.aggregate("ctr", 1).value
     assert ctr(totals)["term-s1"] == (1, 0, 0.0)  # its only click came beyond the lateness
     assert ctr(totals)["term-s2"] == (1, 1, 1.0)  # its click came first, within it

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 
 import orjson
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.layout import StateLayout, position_field
 from refold.contracts.processors import EventTime
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.processors.customer_profiles.config import CUSTOMER_PROFILES
 from refold.processors.customer_profiles.projection import CustomerProfilesProjection
@@ -118,7 +118,7 @@ def test_a_window_processor_dead_letters_what_it_cannot_count_and_goes_on(
     for i, record in enumerate(records):
         writer.apply([record], batch_id=i)
     oracle = fold_windows(_Picky(), event_time, _decoded(records))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     assert bucket_dump(client, chosen.keys) == oracle.buckets
     per_minute = {s: b["count"] for (w, s, _g), b in oracle.buckets.items() if w == "per_minute"}
     assert sum(per_minute.values()) == 3  # o1, o2 (accepted late), o5
@@ -166,7 +166,7 @@ def test_a_failing_timer_is_a_letter_and_its_entity_keeps_its_state(
     writer = FoldWriter(chosen, fold)
     for i, record in enumerate(records):
         writer.apply([record], batch_id=i)
-    reader = StateReader(redis.Redis.from_url(redis_url), "web_sessions", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "web_sessions", target.key_prefix)
     states = dict(reader.scan("visits", 1))
     oracle = fold_timed(
         fold,
@@ -213,7 +213,7 @@ def _click(offset: int, customer: str | None, at: int) -> SourceRecord:
 
 
 def test_a_failing_lookup_is_a_letter_and_the_others_join(target, redis_url, kafka_bootstrap):
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     prefix = target.key_prefix
     tables = GenerationRegistry.of(client, "customer_profiles", prefix)
     live = tables.create({"topics": ["crm"]}, live=True)

@@ -3,10 +3,10 @@
 import threading
 import zlib
 
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from refold.deploy.simulators.orders import OrderSimulator
@@ -78,7 +78,7 @@ def test_state_equals_the_oracle_and_replaying_changes_nothing(target, redis_url
     assert states == oracle.states
     assert reader.aggregate("order_totals", generation=1).value == dict(oracle.aggregate)
 
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     before = table_dump(client, target)
     again = writer.apply(records, batch_id=1)  # a re-executed batch, and an overlapping one
     assert again.applied == 0
@@ -175,7 +175,7 @@ def test_concurrent_writers_of_one_generation_apply_each_record_once(target, red
 
 
 def test_reader_follows_the_alias_flip(target, redis_url):
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", target.key_prefix)
     first = registry.create({"note": "first"}, live=True)
     events = list(OrderSimulator(20, seed=1, anomaly_rate=0))

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import redis
-
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
+from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.fold.records import SourceRecord
@@ -124,7 +123,7 @@ def test_a_range_redis_lost_is_read_and_folded_again(target, kafka_bootstrap, ma
     first, ends_first = _read_back(kafka_bootstrap, topic, 4)
     writer = FoldWriter(target, P)
     writer.apply(first)
-    client = redis.Redis.from_url(target.redis_url)
+    client = redis_client(target.redis_url)
     backup = {k: client.dump(k) for k in client.scan_iter(match=f"{target.key_prefix}:*")}
 
     publisher.emit_many(events[half : half + half // 2])

@@ -15,12 +15,12 @@ import dataclasses
 from collections.abc import Iterator
 
 import pytest
-import redis
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.admin import delete_topics, ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.services.api.app import create_app
 from refold.services.api.config import HttpSettings, ServeSettings
@@ -63,7 +63,7 @@ def ingest(kafka_bootstrap, redis_url, make_topic, unique) -> Iterator[Ingest]:
         dataclasses.replace(ORDERS, name=placed, partitions=2, event_types=_PLACED),
         dataclasses.replace(ORDERS, name=rest, partitions=2, event_types=others),
     ]
-    context = ServiceContext(settings, redis.Redis.from_url(redis_url), topics)
+    context = ServiceContext(settings, redis_client(redis_url), topics)
     try:
         with served(create_app(settings, context=context)) as url:
             yield Ingest(url, kafka, placed, rest, context)

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.services.api.app import create_app
 from refold.services.api.config import HttpSettings, ServeSettings
 from refold.services.api.context import ServiceContext
@@ -41,7 +41,7 @@ def base_url(kafka_bootstrap, redis_url, make_topic, unique) -> Iterator[str]:
         serve=HttpSettings(auth="off", max_request_bytes=_LIMIT, max_reported_errors=10),
     )
     context = ServiceContext(
-        settings, redis.Redis.from_url(redis_url), [dataclasses.replace(ORDERS, name=topic)]
+        settings, redis_client(redis_url), [dataclasses.replace(ORDERS, name=topic)]
     )
     try:
         with served(create_app(settings, context=context)) as url:

@@ -18,6 +18,7 @@ import redis
 
 from refold.contracts.errors import RefoldError
 from refold.contracts.layout import WebhookKeys
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.lease import GenerationLease, LeaseHeldError, RedisLease
 from refold.services.webhooks.errors import WebhookLeaseError
@@ -50,7 +51,7 @@ KINDS = {
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     yield client
     client.close()
 

@@ -12,10 +12,9 @@ import dataclasses
 import random
 import zlib
 
-import redis
-
 from refold.contracts.codec import EventCodec
 from refold.contracts.layout import StateLayout, position_field
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.windows import watermark_of
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
@@ -76,7 +75,7 @@ def test_clicks_join_the_profile_valid_at_their_time_whatever_the_table_s_progre
     )
     crm = _logs(events, CRM, "customer_id")
     clicks = _logs(events, ("SearchResultClicked",), "session_id")
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     prefix = target.key_prefix
     table = dataclasses.replace(
         target,

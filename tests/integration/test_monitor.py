@@ -3,13 +3,13 @@
 import time
 
 import pytest
-import redis
 from confluent_kafka import Producer
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from refold.contracts.layout import position_field
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from refold.services.api.app import create_app
@@ -26,7 +26,7 @@ class _World:
         self.topic = topic
         self.prefix = f"test-{unique}"
         self.name = f"mon_{unique}"  # registered by no package: found in Redis
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis = redis_client(redis_url)
         self.registry = GenerationRegistry.of(self.redis, self.name, self.prefix)
         self.live = self.registry.create({"topics": [topic]}, live=True)
         self.move({0: 0, 1: 0})

@@ -15,11 +15,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
-import redis
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import EventValidationError
 from refold.contracts.origin import parse_origin_id
+from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.customer_orders.projection import CustomerOrdersProjection
 from refold.processors.fold.oracle import fold_all
@@ -102,7 +102,7 @@ def test_a_chained_processor_applies_each_upstream_output_once(
     skipped = _in_chunks(FoldWriter(downstream, CustomerOrdersProjection()), shuffled, rng)
     assert skipped == len(ids) - len(set(ids))
 
-    reader = StateReader(redis.Redis.from_url(redis_url), "customer_orders", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "customer_orders", target.key_prefix)
     states = dict(reader.scan("customers", 1))
     wanted = status_changes(events)
     got = Counter(
@@ -151,7 +151,7 @@ def test_a_record_whose_output_breaks_its_contract_is_a_dead_letter(
     oracle = fold_all(projection, events)  # the same rule: the record is not applied
     cancels = [r for r in oracle.rejected if "OUTPUT_INVALID" in r[1]]
     assert cancels, "some orders were cancelled"
-    reader = StateReader(redis.Redis.from_url(redis_url), "order_state", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "order_state", target.key_prefix)
     assert dict(reader.scan("orders", 1)) == oracle.states
     assert outcome.rejected >= len(cancels)
     kafka = dict(target.kafka)

@@ -22,11 +22,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
-import redis
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from refold.contracts.codec import EventCodec
+from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.fold.projection import EventRejectedError, fold_one
@@ -70,7 +70,7 @@ def _assert_once(target: FoldTarget, changes: str, events, redis_url: str, sent:
     assert len(ids) == len(set(ids)) == sent
     letters = senders(kafka, target.dlq_topic, "read_committed")
     assert len(letters) == 3
-    reader = StateReader(redis.Redis.from_url(redis_url), "order_state", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "order_state", target.key_prefix)
     states = dict(reader.scan("orders", target.generation))
     assert states == fold_all(OrderStateProjection(), events).states
 

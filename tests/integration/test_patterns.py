@@ -14,13 +14,13 @@ import dataclasses
 import random
 import zlib
 
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import MAGIC, EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.origin import ORIGIN_ID
 from refold.contracts.processors import ProcessorOptions
+from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.customer_alerts.config import CUSTOMER_ALERTS, LATENESS_MS
 from refold.processors.customer_alerts.projection import build as build_customer_alerts
@@ -132,7 +132,7 @@ def test_order_alerts_equal_the_oracle_whatever_the_chunks(
     want = {e.value["insight_id"]: e.value for e in oracle.effects}
     kinds = {i["pattern"] for i in want.values()}
     assert kinds == {"paid_not_shipped", "paid_then_cancelled"}, kinds
-    reader = StateReader(redis.Redis.from_url(redis_url), "order_alerts", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "order_alerts", target.key_prefix)
     for generation, seed in ((1, None), (2, 5), (3, 6)):
         topic = make_topic(partitions=4, prefix="insights")
         projection = build_order_alerts(PatternOptions(insights_topic=topic))
@@ -249,7 +249,7 @@ def test_customer_alerts_over_an_upstream_s_out_of_order_output_equal_the_oracle
     assert len(want) >= 5, len(want)
     assert {i["event_count"] for i in want.values()} == {2}
 
-    reader = StateReader(redis.Redis.from_url(redis_url), "customer_alerts", target.key_prefix)
+    reader = StateReader(redis_client(redis_url), "customer_alerts", target.key_prefix)
     for generation, seed in ((1, None), (2, 3)):
         insights = make_topic(partitions=4, prefix="insights")
         projection = build_customer_alerts(PatternOptions(insights_topic=insights))

@@ -4,9 +4,8 @@ import dataclasses
 import json
 import time
 
-import redis
-
 from refold.contracts.processors import EventTime
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.stats import ProcessorStats, count_outcome
 from refold.processors.runtime.batch_stats import BatchStatsRecorder, checkpoint_id
 from refold.processors.runtime.dataframe import DataFrameSink
@@ -20,7 +19,7 @@ def _record(stats: ProcessorStats, batch_id: int, events: int, scope: str = "cp-
 
 
 def test_a_batch_is_counted_once_per_checkpoint_and_batch_id(target: FoldTarget, redis_url):
-    stats = ProcessorStats(redis.Redis.from_url(redis_url), target.layout)
+    stats = ProcessorStats(redis_client(redis_url), target.layout)
     assert _record(stats, 0, 10)
     assert _record(stats, 1, 20)
     assert not _record(stats, 1, 20)  # run again after a restart
@@ -51,7 +50,7 @@ def test_the_recorder_scopes_batch_ids_by_the_checkpoint_and_reads_the_watermark
     assert checkpoint_id(checkpoint) == "query-1"
     assert checkpoint_id(tmp_path / "missing") == ""
     timed = dataclasses.replace(target, event_time=EventTime(field="at", lateness_ms=1_000))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     client.hset(timed.keys.positions, mapping={"t/0": 3, "t/1": 4, "batch_id": 0})
     client.hset(timed.keys.clocks, mapping={"t/0": 50_000, "t/1": 40_000})
     recorder = BatchStatsRecorder(timed, checkpoint)
@@ -89,7 +88,7 @@ def test_the_dataframe_sink_counts_the_records_its_batches_read(
     target: FoldTarget, redis_url, tmp_path
 ):
     target = dataclasses.replace(target, processor="sales_native")
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     client.hset(target.keys.positions, mapping={"orders/0": 0, "orders/1": 2})
     checkpoint = tmp_path / "cp"
     (checkpoint / "offsets").mkdir(parents=True)

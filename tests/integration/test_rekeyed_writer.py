@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import redis
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import position_field
 from refold.contracts.settings import KafkaSettings
+from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.customer_stats.projection import CustomerStatsProjection
 from refold.processors.fold.oracle import fold_all
@@ -66,7 +66,7 @@ def _target(redis_url, kafka_bootstrap, make_topic, unique, topic) -> FoldTarget
 
 def _start(target: FoldTarget, topic: str) -> None:
     """What the runner does before a generation's first batch: every slot starts at 0."""
-    client = redis.Redis.from_url(target.redis_url)
+    client = redis_client(target.redis_url)
     keys = target.keys
     client.hset(keys.positions, mapping={position_field(topic, p): 0 for p in range(8)})
     for slot in range(SLOTS):
@@ -90,7 +90,7 @@ def _check(target, events, records, outcomes):
     assert reader.aggregate("customer_totals", generation=1).value == dict(expected.aggregate)
     assert sum(o.rejected for o in outcomes) == len(expected.rejected)
     assert sum(o.applied for o in outcomes) == len(events) - len(expected.rejected)
-    client = redis.Redis.from_url(target.redis_url)
+    client = redis_client(target.redis_url)
     positions = {k.decode(): int(v) for k, v in client.hgetall(target.keys.positions).items()}
     ends = {position_field(r.topic, r.partition): r.offset + 1 for r in records}
     assert positions == ends
@@ -188,7 +188,7 @@ def test_slots_fold_again_what_redis_lost(orders, redis_url, kafka_bootstrap, ma
         for k in range(3)
     ]
     outcomes = [_apply(w, thirds[0], 100) for w in writers]
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     backup = {k: client.dump(k) for k in client.scan_iter(match=target.keys.pattern())}
     lost = [_apply(w, thirds[1], 100) for w in writers]
     assert sum(o.applied for o in lost) > 0

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-import redis
 
 from refold.contracts.codec import EventCodec
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from refold.deploy.simulators.orders import OrderSimulator
@@ -24,7 +24,7 @@ def two_generations(kafka_bootstrap, redis_url, make_topic, unique, monkeypatch,
     monkeypatch.setenv("REFOLD_REDIS__URL", redis_url)
     monkeypatch.setenv("REFOLD_REDIS__KEY_PREFIX", prefix)
     monkeypatch.setenv("REFOLD_STATE_DIR", str(tmp_path))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     codec = EventCodec()
     events = list(OrderSimulator(50, seed=3, anomaly_rate=0))
@@ -121,3 +121,23 @@ def test_plan_json_for_scripts(two_generations, capsys):
     assert plan["live_generation"] == g1
     assert plan["total_events"] == 0  # the records were folded, never produced to the topic
     assert {p["partition"] for p in plan["partitions"]} == {0, 1}
+
+
+def test_a_registry_written_before_its_hash_tag_is_adopted_with_its_live_generation(
+    redis_url, unique
+):
+    client = redis_client(redis_url)
+    prefix = f"test-{unique}"
+    # As an older refold wrote it: no hash tag on the alias and the generations hash.
+    client.hset(f"{prefix}:order_state:generations", mapping={"1": "retired", "2": "live"})
+    client.set(f"{prefix}:order_state:live", "2")
+    client.hset(f"{prefix}:{{order_state.g2}}:meta", mapping={"replaced": "1", "live_since": "7"})
+
+    registry = GenerationRegistry.of(client, "order_state", prefix)
+    assert registry.live() == 2
+    assert [(g.generation, g.status) for g in registry.list()] == [(1, "retired"), (2, "live")]
+    assert registry.meta(2)["replaced"] == "1"  # what a rollback flips back to
+    assert not client.exists(f"{prefix}:order_state:live", f"{prefix}:order_state:generations")
+    assert GenerationRegistry.of(client, "order_state", prefix).live() == 2  # adopted once
+    assert registry.flip(1, record_replaced=False) == 2
+    assert client.get(f"{prefix}:{{order_state}}:live") == b"1"

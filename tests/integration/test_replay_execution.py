@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import redis
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -28,6 +27,7 @@ from refold.contracts.layout import position_field
 from refold.contracts.processors import consumer_group
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import SLOTS_FIELD, GenerationRegistry
 from refold.contracts.store.lease import GenerationLease, lease_holder_alive
 from refold.contracts.store.stats import ProcessorStats
@@ -68,7 +68,7 @@ class World:
         self.prefix = prefix
         self.kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
         self.redis_url = redis_url
-        self.client = redis.Redis.from_url(redis_url)
+        self.client = redis_client(redis_url)
         self.registry = GenerationRegistry.of(self.client, "order_state", prefix)
         self.reader = StateReader(self.client, "order_state", prefix)
         self.codec = EventCodec()
@@ -496,7 +496,7 @@ def test_time_specs_resolve_against_record_timestamps(
         producer.produce(topic, b"y", timestamp=base + i * 10_000, partition=1)
     assert producer.flush(30) == 0
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     spec = processor_spec("order_state")
 
     def targets(reset):
@@ -568,7 +568,7 @@ def test_sigterm_stops_the_rebuild_processor_and_leaves_readers_on_the_live_gene
     publisher = EventPublisher(kafka, topics=[dataclasses.replace(ORDERS, name=topic)])
     publisher.emit_many(events)
     publisher.close()
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     live = registry.create({"topics": [topic]}, live=True)  # readers' generation, never changed
     building = live + 1

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import redis
-
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.scan import SCAN_COUNT, scan_batches, scan_names, unlink_matching
 
 
 def test_scan_and_unlink_take_every_matching_key_in_bounded_batches_and_nothing_else(
     redis_url, unique
 ):
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     base = f"test-{unique}"
     with client.pipeline(transaction=False) as pipe:
         for i in range(2_500):

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.local_stack import LocalStack
 from refold.deploy.serve_cli import build_app
@@ -70,7 +71,7 @@ def stack(redis_url, kafka_bootstrap, make_topic, unique) -> Iterator[Stack]:
         redis=RedisSettings(url=redis_url, key_prefix=prefix),
         serve=HttpSettings(auth="off", page_size=7, consistency_timeout_s=20),
     )
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     registry.create({"topics": f'["{topic}"]'}, live=True)
     context = ServiceContext(settings, client, topics=[dataclasses.replace(ORDERS, name=topic)])
@@ -217,7 +218,7 @@ def test_a_broker_that_does_not_answer_gets_a_503_and_nothing_acknowledged_is_lo
         redis=RedisSettings(url=private_stack.redis_url, key_prefix=f"test-{unique}"),
         serve=HttpSettings(auth="off", ingest_timeout_s=3),
     )
-    context = ServiceContext(settings, redis.Redis.from_url(private_stack.redis_url), [topic])
+    context = ServiceContext(settings, redis_client(private_stack.redis_url), [topic])
     events = list(OrderSimulator(10, seed=6))
     accepted, frozen = events[:20], events[20:30]
     with TestClient(create_app(settings, context=context)) as http:
@@ -257,7 +258,7 @@ def test_scopes_are_enforced_on_the_real_routes_and_the_client_reads_its_writes(
         redis=RedisSettings(url=redis_url, key_prefix=prefix),
         serve=HttpSettings(auth="keys"),
     )
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     registry.create({"topics": f'["{topic}"]'}, live=True)
     keys = ApiKeyStore(client, prefix)

@@ -19,6 +19,7 @@ import redis
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.processors import ProcessorSpec
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.deploy.simulators.orders import OrderSimulator
@@ -151,7 +152,7 @@ def _state(client: redis.Redis, registry: GenerationRegistry, generation: int) -
 )
 def test_snapshot_seed_diff_reset_and_gc_cover_every_state_kind(target, redis_url, kind, tmp_path):
     chosen, fold, records, namespaces = kind(target)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, chosen.processor, chosen.key_prefix)
     first = registry.create({"topics": list(chosen.topics)}, live=True)
     FoldWriter(dataclasses.replace(chosen, generation=first), fold).apply(records)

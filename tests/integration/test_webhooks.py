@@ -26,6 +26,7 @@ from refold.contracts.kafka.admin import delete_topics
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import WebhookKeys
+from refold.contracts.store.connect import redis_client as open_redis
 from refold.deploy.simulators.insights import SimulatedInsight, insights, produce_insights
 from refold.deploy.simulators.webhook_receiver import WebhookReceiver
 from refold.services.webhooks import (
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
+    client = open_redis(redis_url)
     yield client
     client.close()
 

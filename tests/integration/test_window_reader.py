@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from refold.contracts.layout import GenerationKeys, StateLayout
 from refold.contracts.processors import EventTime
 from refold.contracts.settings import RedisSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.windows import window_meta
 from refold.processors.fold.eventtime import event_time_ms
@@ -75,7 +76,7 @@ def _commit(client: redis.Redis, keys: GenerationKeys, delta: WindowDelta) -> No
 
 @pytest.fixture
 def world(redis_url, unique) -> World:
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     prefix = f"test-{unique}"
     return World(client, prefix, GenerationRegistry.of(client, "sales_windows", prefix))
 

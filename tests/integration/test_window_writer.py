@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.layout import position_field
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.windows import result_from_record
 from refold.deploy.simulators.orders import OrderSimulator
@@ -129,7 +130,7 @@ def test_buckets_equal_the_oracle_whatever_the_chunks_and_interleaving(target, r
     events = list(OrderSimulator(600, seed=31, anomaly_rate=0))
     records = _records(events)
     oracle = fold_windows(FOLD, EVENT_TIME, _oracle_input(records))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     dumps = []
     for generation, seed in ((1, None), (2, 1), (3, 2)):
         chosen = _windows_target(target, generation)
@@ -169,7 +170,7 @@ def test_late_records_at_the_boundary_and_beyond(
     # One record per transaction, then all at once elsewhere: the same verdicts.
     outcomes = [writer.apply([r], batch_id=i) for i, r in enumerate(records)]
     assert sum(o.late for o in outcomes) == 2
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     minute = base - base % 60_000
     buckets = _buckets(client, chosen)
     per_minute = {s: b["count"] for (w, s, g), b in buckets.items() if w == "per_minute"}
@@ -201,7 +202,7 @@ def test_the_closer_emits_each_passed_window_once_then_expires_it(
     results_topic = make_topic(partitions=1, prefix="windows")
     writer = FoldWriter(chosen, FOLD)
     writer.apply(records, batch_id=0)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     # One generation of a registered processor: the closer reads its status.
     registry = GenerationRegistry.of(client, "sales_windows", chosen.key_prefix)
     assert registry.create({"topics": ["orders"]}, live=True) == 1
@@ -241,7 +242,7 @@ def test_a_record_folded_while_its_window_closes_keeps_the_timer_for_a_correctio
     ]
     writer = FoldWriter(chosen, FOLD)
     writer.apply(records)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "sales_windows", chosen.key_prefix)
     registry.create({"topics": ["orders"]}, live=True)
     closer = WindowCloser(
@@ -288,7 +289,7 @@ def test_decimal_measures_are_exact_in_any_order_and_reported_in_the_user_s_unit
     events.append(_paid("bad", last_paid, 1, "ZZZ"))  # on time
     records = _records(events)
     chosen = _windows_target(target, retention_ms=3_600_000)
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     oracle = fold_windows(fold, EVENT_TIME, _oracle_input(records))
     dumps = []
     for generation, seed in ((1, None), (2, 3)):
@@ -345,7 +346,7 @@ def test_after_a_flip_the_new_generation_emits_only_the_windows_the_old_one_did_
     records = _records(events, partitions=2)
     kafka = {"bootstrap.servers": kafka_bootstrap}
     results_topic, reference_topic = (make_topic(partitions=1, prefix=p) for p in ("win", "ref"))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     first, second, third = (_windows_target(target, g) for g in (1, 2, 3))
     registry = GenerationRegistry.of(client, "sales_windows", first.key_prefix)
     assert registry.create({"topics": ["orders"]}, live=True) == 1

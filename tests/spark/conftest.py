@@ -15,6 +15,7 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.topics import TopicSpec
 from refold.deploy.demo import wait_until_caught_up
 from refold.processors.fold.oracle import FoldResult, fold_all
@@ -133,5 +134,5 @@ def world(kafka_bootstrap, redis_url, make_topic, unique, tmp_path) -> OrdersWor
         redis=redis_settings,
         state_dir=tmp_path,
         launcher=launcher,
-        client=redis.Redis.from_url(redis_url),
+        client=redis_client(redis_url),
     )

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-import redis
 from confluent_kafka import Producer
 
 from refold.contracts.codec import EventCodec
@@ -27,6 +26,7 @@ from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
@@ -99,7 +99,7 @@ def test_the_archive_equals_the_log_through_a_kill_9_read_by_pyarrow_duckdb_and_
     )
     orders = list(OrderSimulator(350, seed=31))
     clicks = list(ClickstreamSimulator(150, seed=31))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "archive", prefix)
 
     def archived() -> int:

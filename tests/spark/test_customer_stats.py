@@ -7,13 +7,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import redis
-
 from refold.contracts.commerce import ORDERS
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import CUSTOMERS
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
@@ -78,7 +77,7 @@ def test_rekeyed_customer_stats_equals_the_oracle_through_three_kill_9s(
     # Contiguous quarters: each partition's log keeps the events' order (the oracle's input).
     quarter = len(events) // 4
     chunks = [events[i * quarter : (i + 1) * quarter] for i in range(3)] + [events[3 * quarter :]]
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, NAME, redis_settings.key_prefix)
 
     def applied() -> int:

@@ -12,6 +12,7 @@ from refold.contracts.commerce import ORDERS
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import RESET_PENDING_FIELD, GenerationRegistry
 from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
@@ -95,7 +96,7 @@ def _shop(kafka_bootstrap, redis_url, make_topic, unique, tmp_path) -> Shop:
             dataclasses.replace(SEARCHES, name=topics["searches"]),
         ],
     )
-    return Shop(topics, launcher, publisher, redis.Redis.from_url(redis_url), prefix)
+    return Shop(topics, launcher, publisher, redis_client(redis_url), prefix)
 
 
 def _traffic(orders: int, sessions: int, seed: int):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import MAGIC, EventCodec
@@ -20,6 +19,7 @@ from refold.contracts.commerce import ORDERS
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_timed
@@ -72,7 +72,7 @@ def test_order_alerts_equal_their_oracle_through_kills(
     # 2,000 carts open at once: a cart's next event comes ~400 s later (event time), so many
     # payments wait more than 10 minutes for their shipping, and deadlines are armed at a kill.
     events = list(OrderSimulator(2_500, seed=21, concurrency=2_000))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, NAME, redis_settings.key_prefix)
     reader = StateReader(client, NAME, redis_settings.key_prefix)
 

@@ -16,13 +16,12 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
-import redis
-
 from refold.contracts.commerce import ORDER_CHANGES, ORDERS
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.deploy.simulators.webhook_receiver import WebhookReceiver
@@ -72,7 +71,7 @@ def test_a_chained_processor_counts_each_change_once_through_a_kill(
     launcher = ProcessLauncher(kafka, redis_settings, SparkSettings(), tmp_path, options)
     publisher = EventPublisher(kafka, topics=[dataclasses.replace(ORDERS, name=orders)])
     events = list(OrderSimulator(1_500, seed=8))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     upstream = GenerationRegistry.of(client, "order_state", redis_settings.key_prefix)
     names = ["order_state", "customer_orders"]
     processes: list[GroupProcess] = []
@@ -155,7 +154,7 @@ def test_webhooks_deliver_every_insight_and_send_nothing_while_replay_builds(
     # Many carts open at once: payments wait long for shipping, so absences fire.
     events = list(OrderSimulator(1_600, seed=5, concurrency=1_200))
     first_part, second_part = events[: len(events) * 2 // 3], events[len(events) * 2 // 3 :]
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_alerts", redis_settings.key_prefix)
     receiver = WebhookReceiver(fail_every=4).start()
     settings = WebhookSettings(

@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import redis
-
 from refold.contracts.commerce import ORDERS
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_windows
@@ -61,7 +60,7 @@ def test_sales_native_equals_the_window_oracle_through_a_kill_and_a_replay(
     live = launcher(1_500)
     publisher = EventPublisher(kafka, topics=[dataclasses.replace(ORDERS, name=orders)])
     events = list(OrderSimulator(1_500, seed=21))
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, NAME, redis_settings.key_prefix)
 
     def applied_batch() -> int | None:

@@ -25,6 +25,7 @@ from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.deploy.local_stack import LocalStack, free_port
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
@@ -81,8 +82,8 @@ def test_the_spine_and_a_replay_run_on_a_secured_stack(tmp_path, caplog):
         redis_settings = stack.redis_settings("secured")
         # Without credentials, Redis refuses; with them, it answers.
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis.from_url(stack.redis_url).set("x", 1)
-        client = redis.Redis.from_url(redis_settings.client_url())
+            redis_client(stack.redis_url).set("x", 1)
+        client = redis_client(redis_settings.client_url())
         assert client.acl_whoami() in ("refold", b"refold")
 
         # Wrong credentials: a clear error that names the client, without the password.

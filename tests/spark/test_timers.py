@@ -11,13 +11,13 @@ import dataclasses
 from pathlib import Path
 
 import orjson
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import PAGEVIEWS, SEARCHES
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
@@ -84,7 +84,7 @@ def test_sessions_and_the_search_join_equal_their_oracles_through_a_kill_and_a_r
         for e in ClickstreamSimulator(900, seed=4, late_rate=0.04, long_gap_rate=0.2)
         if e[0] in ("PageViewed", "SearchPerformed", "SearchResultClicked")
     ]
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     names = ["web_sessions", "search_ctr"]
     registries = {n: GenerationRegistry.of(client, n, redis_settings.key_prefix) for n in names}
 

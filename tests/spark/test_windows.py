@@ -13,7 +13,6 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
@@ -23,6 +22,7 @@ from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.web import PAGEVIEWS
 from refold.contracts.windows import result_from_record
@@ -113,7 +113,7 @@ def test_windows_equal_their_oracles_through_a_kill_and_a_replay(
         for e in ClickstreamSimulator(700, seed=12, late_rate=0.03, sessions_per_second=0.1)
         if e[0] == "PageViewed"
     ]
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     registries = {n: GenerationRegistry.of(client, n, redis_settings.key_prefix) for n in FOLDS}
 
     def closed() -> int:

@@ -35,6 +35,7 @@ from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, consumer_group
 from refold.contracts.registry import processor_spec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.topics import TopicSpec
 from refold.deploy.local_stack import LocalStack, free_port
 from refold.deploy.simulators.orders import OrderSimulator
@@ -86,7 +87,7 @@ class FaultWorld:
 
     @property
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis.url)
+        return redis_client(self.redis.url)
 
     def processor(self, name: str = "processor") -> GroupProcess:
         self._count += 1

@@ -60,7 +60,7 @@ class FoldContext(Protocol):
         ...
 
     def building_against(
-        self, pipe: Pipeline, partitions: Iterable[tuple[str, int]]
+        self, partitions: Iterable[tuple[str, int]]
     ) -> tuple[int | None, dict[str, int]] | None:
         """None unless the generation is building; else the live generation and positions."""
         ...

@@ -21,6 +21,7 @@ from redis.client import Pipeline
 
 from refold.contracts.layout import position_field
 from refold.contracts.origin import ORIGIN_ID, origin_headers, origin_id
+from refold.contracts.store.connect import pipelined_mget, pipelined_mset
 from refold.processors.fold.dedupe import SeenIds
 from refold.processors.fold.projection import (
     EventRejectedError,
@@ -139,14 +140,16 @@ class _StagedEntities:
         encoded = self.folded.encoded
         stored = {e: b for e, b in encoded.items() if b is not None}
         if stored:
-            pipe.mset({keys.table(table, e): b for e, b in stored.items()})
+            pipelined_mset(pipe, {keys.table(table, e): b for e, b in stored.items()})
         gone = [keys.table(table, e) for e, b in encoded.items() if b is None]
         if gone:
             pipe.delete(*gone)
         if self.queue is not None:
             write_timers(pipe, keys, self.queue)
         if self.seen is not None and self.seen.changed:
-            pipe.mset({keys.seen_ids(table, e): ids for e, ids in self.seen.encoded().items()})
+            pipelined_mset(
+                pipe, {keys.seen_ids(table, e): ids for e, ids in self.seen.encoded().items()}
+            )
         aggregate_key = keys.aggregate(self.kind.context.projection.aggregate)
         for name, amount in sorted(self.delta.items()):
             if amount:
@@ -178,7 +181,7 @@ class EntityKind:
         queue = self._load_timers(pipe, pending, watermarks) if self.timers else None
         entities = sorted({p[3] for p in pending} | (queue.entities() if queue else set()))
         table_keys = [keys.table(table, e) for e in entities]
-        loaded = cast("list[bytes | None]", pipe.mget(table_keys)) if table_keys else []
+        loaded = cast("list[bytes | None]", pipelined_mget(pipe, table_keys)) if table_keys else []
         before: dict[str, State | None] = {
             e: None if raw is None else orjson.loads(raw)
             for e, raw in zip(entities, loaded, strict=True)
@@ -226,7 +229,7 @@ class EntityKind:
             return None
         table = self.projection.table
         keys = [self.context.target.keys.seen_ids(table, e) for e in entities]
-        raw = cast("list[bytes | None]", pipe.mget(keys)) if keys else []
+        raw = cast("list[bytes | None]", pipelined_mget(pipe, keys)) if keys else []
         return SeenIds.load(dedupe, dict(zip(entities, raw, strict=True)))
 
     def _due(self, state: State | None) -> int | None:
@@ -345,7 +348,7 @@ class EntityKind:
         cutover both may send one (same origin headers): at least once, never lost. With no
         live generation to compare with, a rebuild suppresses them all.
         """
-        building = self.context.building_against(pipe, {r[:2] for r, _e in effects})
+        building = self.context.building_against({r[:2] for r, _e in effects})
         if building is None:
             return effects, 0
         live, live_pos = building

@@ -17,8 +17,9 @@ def test_generation_keys_share_one_cluster_hash_tag():
 
 def test_alias_is_outside_generations():
     layout = StateLayout("order_state", "p")
-    assert layout.alias == "p:order_state:live"
+    assert layout.alias == "p:{order_state}:live"  # the registry's own slot on a cluster
     assert layout.generation(1).base != layout.generation(2).base
+    assert not layout.generation(1).base.startswith(layout.registry_base)
 
 
 def test_position_fields_round_trip_topics_with_dots_and_slashes():
