@@ -224,10 +224,12 @@ class TimedResult(FoldResult):
     Attributes:
         effects: The side effects, in the order they happened (timers' included).
         late: ``(partition field, offset)`` of the records judged late.
+        clocks: The partitions' clocks at the end.
     """
 
     effects: list[SideEffect] = field(default_factory=list)
     late: list[tuple[str, int]] = field(default_factory=list)
+    clocks: dict[str, int] = field(default_factory=dict)
 
 
 def fold_timed(
@@ -299,6 +301,7 @@ def fold_timed(
         result.effects.extend(effects)
         if with_timers:
             queue.set(partition, key, timed(projection).due(state))
+    result.clocks = clocks.clocks
     for state in result.states.values():
         result.aggregate.update(projection.contribution(state))
     result.aggregate = Counter({k: v for k, v in result.aggregate.items() if v != 0})

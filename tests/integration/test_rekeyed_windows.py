@@ -1,11 +1,12 @@
-"""A re-keyed window processor on real Redis and a real broker, without Spark.
+"""Re-keyed event-time processors on real Redis and a real broker, without Spark.
 
 Per-customer hourly spend over ``OrderPaid`` (which carries no ``customer_id``: its order's
 ``OrderPlaced`` links it) on orders partitioned by ``order_id``, with late payments: three
 writer slots fold the log in three different batch sizes and slot orders. Each run has the same
 buckets as the plain-Python oracle, dead-letters the same records with reason ``late`` (and
 ``key-missing``), ends with the same per-partition clocks and watermark, and its closer emits
-the oracle's windows.
+the oracle's windows. A re-keyed entity fold (customer_stats with an event time) agrees with
+``fold_timed`` in two batch sizes too.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from refold.contracts.settings import KafkaSettings
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.windows import result_from_record, watermark_of
 from refold.deploy.simulators.orders import OrderSimulator
-from refold.processors.fold.oracle import fold_windows
+from refold.processors.customer_stats.projection import CustomerStatsProjection
+from refold.processors.fold.oracle import fold_timed, fold_windows
 from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.rekey import KeyResolver
 from refold.processors.fold.windows import Measure, Tumbling
@@ -35,6 +37,7 @@ from refold.processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWri
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 from refold.processors.runtime.window_store import WindowCloser, generation_watermark
 from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 from tests.support.windows import bucket_dump
 
 SLOTS = 3
@@ -249,3 +252,72 @@ def _check_closer(client, target, kafka_bootstrap, make_topic, oracle, watermark
     for message in found:
         result = result_from_record(CODEC.decode(message.value()).data)
         assert result == oracle.window(window, result["end"], result["group"])
+
+
+_TIME_FIELDS = {
+    "OrderPlaced": "placed_at",
+    "OrderLineAdded": "added_at",
+    "OrderLineRemoved": "removed_at",
+    "OrderPaid": "paid_at",
+    "OrderShipped": "shipped_at",
+    "OrderCancelled": "cancelled_at",
+}
+
+
+def test_a_re_keyed_entity_fold_judges_lateness_per_partition_as_its_oracle(
+    redis_url, kafka_bootstrap, make_topic, unique
+):
+    """customer_stats (entities per customer over orders keyed by order_id) with an event time
+    and every 20th event 5 s behind: two batch sizes give the oracle's states and late letters."""
+    topic = make_topic(partitions=ORDERS.partitions, prefix="orders")
+    events = []
+    for n, (event_type, event) in enumerate(OrderSimulator(400, seed=5, anomaly_rate=0)):
+        time_field = _TIME_FIELDS[event_type]
+        shift = 5_000 if n % 20 == 19 else 0
+        events.append((event_type, {**event, time_field: event[time_field] - shift}))
+    publisher = EventPublisher(
+        KafkaSettings(bootstrap_servers=kafka_bootstrap),
+        topics=[dataclasses.replace(ORDERS, name=topic)],
+    )
+    publisher.emit_many(events)
+    publisher.close()
+    options = SourceOptions(kafka=(("bootstrap.servers", kafka_bootstrap),), topics=(topic,))
+    with LogOffsets({"bootstrap.servers": kafka_bootstrap}) as offsets:
+        ends = offsets.end_offsets([(topic, p) for p in range(ORDERS.partitions)])
+    ranges = tuple((topic, p, 0, ends[(topic, p)]) for p in range(ORDERS.partitions))
+    records = [
+        SourceRecord.of_message(m) for chunk in read_messages(options, ranges, "t") for m in chunk
+    ]
+    records.sort(key=lambda r: (r.offset, r.partition))
+    event_time = EventTime(
+        field="paid_at", lateness_ms=2_000, by_type=tuple(sorted(_TIME_FIELDS.items()))
+    )
+    fold = CustomerStatsProjection()
+    timed = []
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        decoded = CODEC.decode(r.value)
+        timed.append((r.topic, r.partition, r.offset, decoded.event_type, decoded.data))
+    oracle = fold_timed(
+        fold, event_time, (topic,), timed, KeyResolver("customer_id", ("order_id",))
+    )
+    assert len(oracle.late) >= 10
+    client = redis.Redis.from_url(redis_url)
+    for run, chunk in enumerate((29, 5_000)):
+        dlq = make_topic(partitions=1, prefix="dlq")
+        target = dataclasses.replace(
+            _target(redis_url, kafka_bootstrap, dlq, f"test-{unique}-e{run}", topic),
+            processor="customer_stats",
+            event_time=event_time,
+        )
+        _start(target, topic)
+        writers = [FoldWriter(target, fold, slot=s) for s in range(SLOTS)]
+        for i in range(0, len(records), chunk):
+            for writer in writers:
+                writer.begin_task()
+                writer.apply(records[i : i + chunk])
+        reader = StateReader.from_url(redis_url, "customer_stats", target.key_prefix)
+        assert dict(reader.scan("customers", generation=1)) == oracle.states
+        late = [(r, f, o) for r, f, o in _letters(kafka_bootstrap, dlq) if r == "late"]
+        assert late == sorted(("late", f, o) for f, o in oracle.late)
+        raw = client.hgetall(target.keys.clocks)
+        assert {k.decode(): int(v) for k, v in raw.items() if b"|" not in k} == oracle.clocks
