@@ -34,8 +34,10 @@ key                                         type    content
 ``<p>:{<proc>.g<N>}:tm:<timers>``           zset    timer -> due event time (ms): ``close`` (a
                                                     window end), ``expire`` (end + retention),
                                                     ``p:<partition id>`` (entity -> its due)
-``<p>:{<proc>.g<N>}:wm:clocks``             hash    ``<topic>/<partition>`` -> largest event time
-                                                    seen on it (ms), with the positions
+``<p>:{<proc>.g<N>}:wm:clocks``             hash    ``[s<slot>|]<topic>/<partition>`` -> largest
+                                                    event time seen on it (ms), with the
+                                                    positions (re-keyed: each slot's own copy;
+                                                    the plain field is their minimum)
 ``<p>:{<proc>.g<N>}:om:marks``              hash    ``[s<slot>|]<topic>/<p>|<stream>`` -> highest
                                                     origin ``<offset>.<index>`` applied
 ``<p>:{<proc>.g<N>}:dl:letters``            hash    ``<topic>/<p>@<offset>.<n>`` -> reason of

@@ -138,11 +138,14 @@ class WindowOracle:
         distinct: ``(window, measure, start, group)`` -> the exact distinct values.
         late: ``(partition field, offset-or-index)`` of the records judged late.
         clocks: The partitions' clocks at the end.
+        key_missing: Re-keyed: ``(partition field, offset)`` of the records that resolve to
+            no entity (dead-lettered, no part of the clocks).
     """
 
     buckets: dict[tuple[str, int, str], dict[str, int]] = field(default_factory=dict)
     distinct: dict[tuple[str, str, int, str], set[str]] = field(default_factory=dict)
     late: list[tuple[str, int]] = field(default_factory=list)
+    key_missing: list[tuple[str, int]] = field(default_factory=list)
     clocks: dict[str, int] = field(default_factory=dict)
     measures: tuple[str, ...] = ()
     scales: dict[str, int] = field(default_factory=dict)
@@ -162,6 +165,7 @@ def fold_windows(
     fold: WindowFold,
     event_time: EventTime,
     records: Iterable[tuple[str, int, str, Mapping[str, Any]]],
+    resolver: KeyResolver | None = None,
 ) -> WindowOracle:
     """A window processor run the plain way: per-partition clocks, then every on-time measure.
 
@@ -171,13 +175,24 @@ def fold_windows(
         records: ``(partition field, offset, event_type, event)`` with each partition's records
             in log order (partitions may interleave in any way: the verdicts do not depend on
             it).
+        resolver: Re-keyed (a key other than the partition key, links): each event's entity
+            as the writer slots resolve it, filled in before ``measure``. Lateness is judged
+            per source partition all the same, over every record that resolves.
     """
     result = WindowOracle(measures=tuple(fold.distinct), scales=scales_of(fold))
     clocks = PartitionClocks(event_time, {})
     delta = WindowDelta()
-    for partition, offset, event_type, event in records:
+    for partition, offset, event_type, raw in records:
+        event = raw
+        entity = resolver.resolve(offset, raw)[0] if resolver is not None else None
         if event_type not in fold.event_types:
             continue
+        if resolver is not None:
+            if entity is None:  # as the owning slot: "key-missing", before the clocks
+                result.key_missing.append((partition, offset))
+                continue
+            if raw.get(resolver.key) is None:
+                event = {**raw, resolver.key: entity}
         try:
             at = event_time_ms(event, event_time.field_of(event_type))
         except EventRejectedError:
@@ -209,10 +224,12 @@ class TimedResult(FoldResult):
     Attributes:
         effects: The side effects, in the order they happened (timers' included).
         late: ``(partition field, offset)`` of the records judged late.
+        clocks: The partitions' clocks at the end.
     """
 
     effects: list[SideEffect] = field(default_factory=list)
     late: list[tuple[str, int]] = field(default_factory=list)
+    clocks: dict[str, int] = field(default_factory=dict)
 
 
 def fold_timed(
@@ -220,6 +237,7 @@ def fold_timed(
     event_time: EventTime,
     topics: Sequence[str],
     records: Iterable[tuple[str, int, int, str, Mapping[str, Any]]],
+    resolver: KeyResolver | None = None,
 ) -> TimedResult:
     """An event-time entity fold with timers, run the plain way (the oracle).
 
@@ -229,16 +247,29 @@ def fold_timed(
         topics: Its topics (a partition group's watermark is over all of them).
         records: ``(topic, partition, offset, event_type, event)``, each topic partition's
             records in log order; topics and partitions may interleave in any way.
+        resolver: Re-keyed (no timers): each event's entity as the writer slots resolve it.
+            Lateness is judged per source partition all the same.
     """
     result = TimedResult()
     clocks = PartitionClocks(event_time, {})
     groups = GroupClocks(topics, event_time.lateness_ms, {})
     queue = TimerQueue()
     with_timers = has_timers(projection)
-    for topic, partition, offset, event_type, event in records:
+    if with_timers and resolver is not None:
+        msg = f"{projection.name}: timers need the partition key as its key (no re-keying)"
+        raise ValueError(msg)
+    for topic, partition, offset, event_type, raw in records:
+        event = raw
+        entity = resolver.resolve(offset, raw)[0] if resolver is not None else None
         if event_type not in projection.event_types:
             result.passed += 1  # as the writer: no part of the fold nor of event time
             continue
+        if resolver is not None:
+            if entity is None:  # as the owning slot: "key-missing", before the clocks
+                result.rejected.append((str(raw.get("event_id")), "key-missing"))
+                continue
+            if raw.get(resolver.key) is None:
+                event = {**raw, resolver.key: entity}
         try:  # as the writer: the key first, then the event time, then the clocks
             key = str(projection.key(event_type, event))
         except Exception as exc:  # a record without a usable key is refused
@@ -270,6 +301,7 @@ def fold_timed(
         result.effects.extend(effects)
         if with_timers:
             queue.set(partition, key, timed(projection).due(state))
+    result.clocks = clocks.clocks
     for state in result.states.values():
         result.aggregate.update(projection.contribution(state))
     result.aggregate = Counter({k: v for k, v in result.aggregate.items() if v != 0})

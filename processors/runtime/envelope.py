@@ -45,7 +45,6 @@ from refold.contracts.layout import (
 from refold.contracts.origin import (
     parse_origin_id,
 )
-from refold.contracts.processors import EventTime
 from refold.contracts.store.connect import pipelined_eval, redis_client
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
@@ -54,15 +53,12 @@ from refold.processors.errors import (
     SinkConflictError,
     StateStoreUnavailableError,
 )
-from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
 from refold.processors.fold.projection import (
-    EventRejectedError,
     Projection,
 )
 from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.rekey import Link, encode_link
 from refold.processors.fold.timers import (
-    GroupClocks,
     has_timers,
 )
 from refold.processors.runtime.dead_letter_index import index_fields, letters_to_send
@@ -71,6 +67,7 @@ from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.intake import Intake
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 from refold.processors.runtime.kinds import BatchKind, kind_of
+from refold.processors.runtime.lateness import ForeignTime, judge_lateness, write_clocks
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]  # the first two re-exported
@@ -170,11 +167,8 @@ class FoldWriter:
         _kind_name, make_kind = kind_of(projection)
         self._kind: BatchKind = make_kind(self)
         keyless = not self._kind.keyed
-        if target.slots and keyless:
-            msg = (
-                f"{target.processor}: a window or lookup processor needs the partition key as "
-                "its key (no re-keying)"
-            )
+        if target.slots and self._timers:
+            msg = f"{target.processor}: timers need the partition key as its key (no re-keying)"
             raise ValueError(msg)
         self._intake = Intake(target, projection, self.codec, slot, keyed=not keyless)
 
@@ -351,10 +345,13 @@ class FoldWriter:
         dead: list[DeadLetter] = []
         new_pos: dict[str, int] = {}
         links: list[tuple[str, str, Link]] = []
+        foreign: list[ForeignTime] = []  # re-keyed: the other slots' records, for the clocks
         if self.slot is None:
             self._intake.take(records, applied_pos, pending, dead, new_pos, outcome)
         else:
-            self._intake.route(pipe, records, applied_pos, pending, dead, new_pos, links, outcome)
+            self._intake.route(
+                pipe, records, applied_pos, pending, dead, new_pos, links, outcome, foreign
+            )
         for field_name, (_start, end) in covered.items():
             reached = max(new_pos.get(field_name, 0), applied_pos.get(field_name, 0))
             if end > reached:
@@ -365,10 +362,20 @@ class FoldWriter:
         clocks: dict[str, int] = {}
         late_out: list[DeadLetter] = []
         watermarks: list[int | None] = []
-        if self.target.event_time is not None and pending:
-            pending, clocks, watermarks = self._judge_lateness(
-                pipe, pending, dead, late_out, outcome
+        if self.target.event_time is not None and (pending or foreign):
+            judged, refused, late_out, late = judge_lateness(
+                pipe,
+                keys,
+                self.target.event_time,
+                self.target.topics,
+                self.slot,
+                pending,
+                foreign,
+                self._timers,
             )
+            pending, clocks, watermarks = judged.kept, judged.clocks, judged.marks
+            dead += refused
+            outcome.late += late
         staged = self._kind.stage(pipe, pending, watermarks, dead, outcome)
         letters = self._send_records(pipe, dead, late_out, batch_id, outcome, outbox)
         staged.send_effects(outbox)
@@ -409,8 +416,7 @@ class FoldWriter:
         keys = self.target.keys
         for via, value, link in links:
             pipe.hsetnx(keys.links(via), value, encode_link(link))
-        if clocks:
-            pipe.hset(keys.clocks, mapping={f: str(t) for f, t in clocks.items()})
+        write_clocks(pipe, keys, clocks, self.slot, self.target.slots)
         if marks:
             marks_update: dict[FieldT, EncodableT] = {f: m for f, m in marks.items()}
             pipe.hset(keys.origin_marks, mapping=marks_update)
@@ -470,65 +476,6 @@ class FoldWriter:
                 moved[name] = f"{origin.offset}.{origin.nth}"
             kept.append(entry)
         return kept, moved
-
-    def _judge_lateness(
-        self,
-        pipe: Pipeline,
-        pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
-        dead: list[DeadLetter],
-        late_out: list[DeadLetter],
-        outcome: BatchOutcome,
-    ) -> tuple[
-        list[tuple[SourceRecord, str, dict[str, Any], str]], dict[str, int], list[int | None]
-    ]:
-        """Keep the on-time records (and the late ones under ``accept``); advance the clocks.
-
-        Per partition, in log order, against the clock stored with its positions (read under
-        the partition's guard): the same verdict for a record whatever the batch it is in.
-
-        Returns:
-            The records to fold, the clocks that moved (written with the positions) and, per
-            record kept, its partition group's watermark once it was seen (timers).
-        """
-        event_time = cast("EventTime", self.target.event_time)
-        fields = {position_field(p[0].topic, p[0].partition) for p in pending}
-        if self._timers:  # the group's other topics: their clocks hold its watermark back
-            pids = {p[0].partition for p in pending}
-            fields |= {position_field(t, pid) for t in self.target.topics for pid in pids}
-        names = sorted(fields)
-        raw = cast("list[bytes | None]", pipe.hmget(self.target.keys.clocks, names))
-        stored = {f: int(v) for f, v in zip(names, raw, strict=True) if v is not None}
-        clocks = PartitionClocks(event_time, stored)
-        groups = GroupClocks(self.target.topics, event_time.lateness_ms, stored)
-        kept = []
-        marks: list[int | None] = []
-        for item in pending:
-            record, event_type, data, _entity = item
-            try:
-                at = event_time_ms(data, event_time.field_of(event_type))
-            except EventRejectedError as exc:
-                dead.append(DeadLetter(record, "no-event-time", str(exc)))
-                continue
-            verdict = clocks.observe(position_field(record.topic, record.partition), at)
-            mark = groups.advance(record.topic, record.partition, at)
-            if verdict is not Verdict.ON_TIME:
-                outcome.late += 1
-            if is_folded(verdict, event_time):
-                kept.append(item)
-                marks.append(mark)
-                continue
-            behind = (
-                f"event time {at} is more than {event_time.lateness_ms} ms behind the newest "
-                f"event time seen on {record.topic}/{record.partition} before it"
-            )
-            if event_time.late == "accept":  # expired: beyond the retention
-                detail = f"{behind}, and beyond the retention ({event_time.retention_ms} ms)"
-                dead.append(DeadLetter(record, "expired", detail))
-            elif event_time.late == "side-output":
-                late_out.append(DeadLetter(record, "late", behind))
-            else:
-                dead.append(DeadLetter(record, "late", behind))
-        return kept, clocks.changed, marks
 
     def _send_records(
         self,

@@ -20,12 +20,14 @@ from redis.client import Pipeline
 from refold.contracts.codec import DecodedEvent, EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
 from refold.contracts.layout import position_field
-from refold.processors.fold.projection import Projection
+from refold.processors.fold.eventtime import event_time_ms
+from refold.processors.fold.projection import EventRejectedError, Projection
 from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.rekey import KeyResolver, Link, decode_link, slot_of
 from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
+from refold.processors.runtime.lateness import ForeignTime
 
 __all__ = ["Intake"]
 
@@ -116,6 +118,7 @@ class Intake:
         new_pos: dict[str, int],
         links: list[tuple[str, str, Link]],
         outcome: BatchOutcome,
+        foreign: list[ForeignTime] | None = None,
     ) -> None:
         """Re-keyed: find each record's entity and keep those of this writer's slot.
 
@@ -125,6 +128,12 @@ class Intake:
         skipped undecoded (most of a re-keyed batch, measured: decoding was a third of a
         slot's time). It folds the records of its own entities and dead-letters the records
         it owns that cannot be folded (see :meth:`_linked_slot` for who owns those).
+
+        With an event time, lateness is judged per source partition over every record the
+        processor folds, whichever slot's: the records it would fold of other slots (not
+        applied yet here) go to ``foreign`` with their event time, for this slot's clocks
+        (:mod:`refold.processors.runtime.lateness`). Those are decoded too (the price of a
+        re-keyed event-time processor), but only when their type is folded.
         """
         slot, slots = cast("int", self.slot), self.target.slots
         self._learn_before(pipe, records)
@@ -141,7 +150,11 @@ class Intake:
             linked = self._linked_slot(record, stored)
             owner = linked if linked is not None else zlib.crc32(record.key or b"") % slots
             if owner != slot and not self._carries_key(record):
-                continue  # another slot's: its entity comes from that link; not decoded here
+                # Another slot's: its entity comes from that link; not decoded here unless
+                # its event time counts (linked: it resolves; unlinked: key-missing there).
+                if foreign is not None and linked is not None and not done:
+                    self._clock_only(record, foreign)
+                continue
             event = self._decode(record)
             if not isinstance(event, DeadLetter):
                 # A record off its partition key's partition must not make or use links: its
@@ -158,6 +171,8 @@ class Intake:
             links.extend(m for m in made if slot_of(m[2].key, slots) == slot)
             mine = (slot_of(entity, slots) == slot) if entity is not None else owner == slot
             if not mine:
+                if foreign is not None and entity is not None and not done:
+                    self._clock_event(record, event, foreign)
                 continue
             own += 1
             if done:
@@ -175,6 +190,29 @@ class Intake:
                 data = {**data, self.target.key_field: entity}
             pending.append((record, event.event_type, data, cast("str", entity)))
         outcome.records = own
+
+    def _clock_only(self, record: SourceRecord, foreign: list[ForeignTime]) -> None:
+        """Another slot's linked record: its event time, if that slot folds it."""
+        if not self._counted(record):
+            return
+        event = self._decode(record)
+        if not isinstance(event, DeadLetter):
+            event = self._check_partition_key(record, event)
+        if not isinstance(event, DeadLetter):
+            self._clock_event(record, event, foreign)
+
+    def _clock_event(
+        self, record: SourceRecord, event: DecodedEvent, foreign: list[ForeignTime]
+    ) -> None:
+        """Another slot's record with its entity: its event time when that slot folds it."""
+        event_time = self.target.event_time
+        if event_time is None or event.event_type not in self.projection.event_types:
+            return
+        try:
+            at = event_time_ms(event.data, event_time.field_of(event.event_type))
+        except EventRejectedError:
+            return  # a dead letter in its own slot ("no-event-time"): no part of the clock
+        foreign.append(ForeignTime(record, at))
 
     def _decode(self, record: SourceRecord) -> DecodedEvent | DeadLetter:
         try:

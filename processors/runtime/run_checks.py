@@ -19,6 +19,7 @@ from refold.processors.fold.archive import is_archive_processor
 from refold.processors.fold.dataframe import is_dataframe_processor
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.rekey import Keying, KeyingError, plan_keying
+from refold.processors.fold.timers import has_timers
 from refold.processors.runtime.run_plan import (
     RunOptions,
 )
@@ -84,7 +85,7 @@ def check_dedupe(projection: Projection, dedupe: EventId | None) -> None:
 def check_event_time(
     projection: Projection, event_time: EventTime | None, keying: Keying | None
 ) -> None:
-    """Windows need an event time; event time needs entities owned by partitions (for now).
+    """Windows need an event time; timers and lookups need entities owned by partitions.
 
     A DataFrame processor has none: its watermark is Spark's, in its transform.
     """
@@ -103,10 +104,20 @@ def check_event_time(
         )
         raise ProcessorConfigError(msg)
     if event_time is not None and keying is not None and keying.slots:
-        msg = (
-            f"{name} has an event time but is re-keyed ({keying.reason}). Lateness is judged "
-            "per source partition, which needs the partition key as the processor's key: "
-            "declare the topics' partition key as its key (window buckets are additive, any "
-            "group works)."
+        # Re-keyed with an event time: lateness is judged per source partition by every
+        # writer slot (processors/runtime/lateness.py). Timers fire on a partition group's
+        # watermark and lookups wait per partition: both still need the partition key.
+        what = (
+            "timers (due/on_timer)"
+            if has_timers(projection)
+            else "a lookup"
+            if getattr(projection, "lookup", None)
+            else None
         )
-        raise ProcessorConfigError(msg)
+        if what is not None:
+            msg = (
+                f"{name} has {what} but is re-keyed ({keying.reason}); those need the "
+                "topics' partition key as the processor's key. Operator action: declare the "
+                "partition key as its key, or fold without them."
+            )
+            raise ProcessorConfigError(msg)

@@ -284,7 +284,9 @@ class WindowReader:
             pipe.hgetall(keys.clocks)
             pipe.hgetall(keys.positions)
             raw_clocks, raw_positions = pipe.execute()
-        clocks = _ints(raw_clocks)
+        # Not the writer slots' own copies (``s<slot>|<topic>/<p>``, re-keyed processors):
+        # the generation's clock of a partition is their minimum.
+        clocks = {f: t for f, t in _ints(raw_clocks).items() if "|" not in f}
         positions = self.registry.parse_positions(raw_positions)[0]
         every = [position_field(t, p) for t, p in positions]
         value = Watermark(watermark_of(clocks, self.lateness_ms, every), self.lateness_ms, clocks)

@@ -1,0 +1,199 @@
+"""Lateness in the fold transaction: each record judged against its partition's stored clock.
+
+Pure rule in :mod:`refold.processors.fold.eventtime`; this module reads the clocks under the
+transaction's guard, judges the chunk's records in log order and queues the clocks that moved
+(inside the MULTI, with the positions).
+
+**Who owns a clock.** Co-partitioned, a partition's task owns its clock: the field
+``<topic>/<partition>`` of the generation's clocks hash, moved under the partition's guard.
+
+Re-keyed, every writer slot reads every record of its partitions' ranges in log order (it
+folds only its own entities' records). So every slot judges lateness against the *whole*
+partition: it observes, besides its own records, those that other slots fold (their event time
+only; :meth:`~refold.processors.runtime.intake.Intake.route` hands them over as
+:class:`ForeignTime`). Each slot keeps its own copy of each partition's clock, the field
+``s<slot>|<topic>/<partition>``, moved with its own positions under its own guard. One shared
+field could not work: a slot ahead of another would write a clock "from the future" of the
+slower slot's records, and they would be judged late against events that come after them; nor
+could it be written under one slot's guard while another slot writes it. Because every slot's
+clock at an offset is the largest event time of the same records, the slots' copies agree
+offset by offset, so the verdicts are those of a co-partitioned processor, whatever the slots'
+batch sizes and progress. The generation's own field ``<topic>/<partition>`` is the minimum
+over the slots' copies (the clock at the generation's position, the slots' minimum), written
+atomically in each slot's transaction as the positions are: the watermark, window closing and
+every reader read a re-keyed generation as any other.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from redis.client import Pipeline
+from redis.typing import EncodableT, FieldT
+
+from refold.contracts.layout import GenerationKeys, position_field
+from refold.contracts.processors import EventTime
+from refold.contracts.store.connect import pipelined_eval
+from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
+from refold.processors.fold.projection import EventRejectedError
+from refold.processors.fold.records import SourceRecord
+from refold.processors.fold.timers import GroupClocks
+from refold.processors.runtime.dead_letters import DeadLetter
+from refold.processors.runtime.fold_target import PendingRecord
+
+__all__ = ["ForeignTime", "Judged", "judge_lateness", "slot_clock_field", "write_clocks"]
+
+# KEYS[1]: the clocks hash; ARGV[1]: the number of slots, ARGV[2..]: partition fields. Each
+# field becomes the minimum of the slots' copies ``s<i>|<field>``; left alone while a slot has
+# none (it has observed nothing there yet).
+_MIN_CLOCKS = """
+local slots = tonumber(ARGV[1])
+for a = 2, #ARGV do
+  local f, low = ARGV[a], nil
+  for s = 0, slots - 1 do
+    local v = redis.call('HGET', KEYS[1], 's' .. s .. '|' .. f)
+    if not v then low = nil break end
+    v = tonumber(v)
+    if low == nil or v < low then low = v end
+  end
+  if low ~= nil then redis.call('HSET', KEYS[1], f, low) end
+end
+return 0
+"""
+
+
+def slot_clock_field(slot: int | None, field: str) -> str:
+    """The clocks-hash field of partition ``field``'s clock as a writer (slot) keeps it."""
+    return field if slot is None else f"s{slot}|{field}"
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignTime:
+    """A record another writer slot folds, as this slot's clocks see it (re-keyed).
+
+    Attributes:
+        record: The record (observed before this slot's later records of its partition).
+        at: Its event time (ms).
+    """
+
+    record: SourceRecord
+    at: int
+
+
+@dataclass(slots=True)
+class Judged:
+    """What :func:`judge_lateness` kept: records to fold, moved clocks, per-record marks."""
+
+    kept: list[PendingRecord]
+    clocks: dict[str, int]
+    marks: list[int | None]
+
+
+def judge_lateness(
+    pipe: Pipeline,
+    keys: GenerationKeys,
+    event_time: EventTime,
+    topics: Sequence[str],
+    slot: int | None,
+    pending: Sequence[PendingRecord],
+    foreign: Sequence[ForeignTime],
+    timers: bool,
+) -> tuple[Judged, list[DeadLetter], list[DeadLetter], int]:
+    """Keep the on-time records (and the late ones under ``accept``); advance the clocks.
+
+    Per partition, in log order, against the clock stored with its positions (read under the
+    writer's guard): the same verdict for a record whatever the batch it is in.
+
+    Args:
+        pipe: The WATCHed pipeline (immediate mode).
+        keys: The generation's keys.
+        event_time: The processor's event time.
+        topics: Its topics (timers: a partition group's watermark is over all of them).
+        slot: The writer slot (None: co-partitioned).
+        pending: This writer's records, in log order per partition.
+        foreign: Re-keyed: the other slots' records of the chunk, observed only.
+        timers: The fold has timers (per record, its partition group's watermark).
+
+    Returns:
+        What to fold, the dead letters, the late side output, and how many were late.
+    """
+    fields = {position_field(p[0].topic, p[0].partition) for p in pending}
+    fields |= {position_field(f.record.topic, f.record.partition) for f in foreign}
+    if timers:  # the group's other topics: their clocks hold its watermark back
+        pids = {p[0].partition for p in pending}
+        fields |= {position_field(t, pid) for t in topics for pid in pids}
+    names = sorted(fields)
+    stored_names = [slot_clock_field(slot, f) for f in names]
+    raw = cast("list[bytes | None]", pipe.hmget(keys.clocks, stored_names))
+    stored = {f: int(v) for f, v in zip(names, raw, strict=True) if v is not None}
+    clocks = PartitionClocks(event_time, stored)
+    groups = GroupClocks(topics, event_time.lateness_ms, stored)
+    judged = Judged([], {}, [])
+    dead: list[DeadLetter] = []
+    late_out: list[DeadLetter] = []
+    late = 0
+    others: dict[str, deque[ForeignTime]] = {}
+    for other in foreign:  # per partition, in log order: only that order matters to a clock
+        name = position_field(other.record.topic, other.record.partition)
+        others.setdefault(name, deque()).append(other)
+    for item in pending:
+        record, event_type, data, _entity = item
+        field = position_field(record.topic, record.partition)
+        before = others.get(field)
+        while before and before[0].record.offset < record.offset:
+            clocks.observe(field, before.popleft().at)
+        try:
+            at = event_time_ms(data, event_time.field_of(event_type))
+        except EventRejectedError as exc:
+            dead.append(DeadLetter(record, "no-event-time", str(exc)))
+            continue
+        verdict = clocks.observe(field, at)
+        mark = groups.advance(record.topic, record.partition, at)
+        if verdict is not Verdict.ON_TIME:
+            late += 1
+        if is_folded(verdict, event_time):
+            judged.kept.append(item)
+            judged.marks.append(mark)
+            continue
+        _refuse(record, at, event_time, dead, late_out)
+    for field, rest in others.items():
+        for other in rest:
+            clocks.observe(field, other.at)
+    judged.clocks = clocks.changed
+    return judged, dead, late_out, late
+
+
+def _refuse(
+    record: SourceRecord,
+    at: int,
+    event_time: EventTime,
+    dead: list[DeadLetter],
+    late_out: list[DeadLetter],
+) -> None:
+    """A late record that is not folded: a dead letter or the late side output."""
+    behind = (
+        f"event time {at} is more than {event_time.lateness_ms} ms behind the newest "
+        f"event time seen on {record.topic}/{record.partition} before it"
+    )
+    if event_time.late == "accept":  # expired: beyond the retention
+        detail = f"{behind}, and beyond the retention ({event_time.retention_ms} ms)"
+        dead.append(DeadLetter(record, "expired", detail))
+    elif event_time.late == "side-output":
+        late_out.append(DeadLetter(record, "late", behind))
+    else:
+        dead.append(DeadLetter(record, "late", behind))
+
+
+def write_clocks(
+    pipe: Pipeline, keys: GenerationKeys, clocks: Mapping[str, int], slot: int | None, slots: int
+) -> None:
+    """Queue (inside MULTI) the clocks that moved; re-keyed, also the slots' minimum."""
+    if not clocks:
+        return
+    mapping: dict[FieldT, EncodableT] = {slot_clock_field(slot, f): t for f, t in clocks.items()}
+    pipe.hset(keys.clocks, mapping=mapping)
+    if slot is not None:
+        pipelined_eval(pipe, _MIN_CLOCKS, 1, keys.clocks, slots, *sorted(clocks))
