@@ -8,6 +8,9 @@ key                                         type    content
 =========================================  ======  =============================================
 ``<p>:<proc>:live``                         string  live generation number (the alias)
 ``<p>:<proc>:generations``                  hash    generation -> status (building/live/retired)
+``<p>:<proc>:dlq:redriven``                 hash    ``<topic>/<p>@<offset>`` -> JSON: a dead
+                                                    letter's record ``refold dlq redrive`` sent
+                                                    back (``pending`` or ``sent``); no state
 ``<p>:{<proc>.g<N>}:meta``                  hash    created_at, starting_offsets, fingerprints
 ``<p>:{<proc>.g<N>}:positions``             hash    ``<topic>/<partition>`` -> next offset to
                                                     apply; ``batch_id`` -> last Spark batch
@@ -321,6 +324,11 @@ class StateLayout:
     def generations(self) -> str:
         """Hash generation -> status."""
         return f"{self.prefix}:{self.processor}:generations"
+
+    @property
+    def redriven(self) -> str:
+        """Hash origin -> what ``refold dlq redrive`` did with its record (every generation's)."""
+        return f"{self.prefix}:{self.processor}:dlq:redriven"
 
     def generation(self, generation: int) -> GenerationKeys:
         """The keys of generation ``generation``."""
