@@ -45,7 +45,7 @@ from redis.typing import EncodableT, FieldT
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import DeserializationError
-from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.kafka.outputs import output_producer
 from refold.contracts.layout import BATCH_ID_FIELD, position_field
 from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.store.stats import count_outcome
@@ -64,8 +64,8 @@ from refold.processors.fold.archive import (
 from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.archive_store import ArchiveStore, Intent
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
-from refold.processors.runtime.dead_letter_index import decide_letters
-from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
+from refold.processors.runtime.dead_letter_index import send_once
+from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.fold_target import add_outcome
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
@@ -333,16 +333,9 @@ def _send_dead_letters(
     decision = _redis_call(
         target,
         writer.redis,
-        lambda: decide_letters(writer.redis, target.layout, target.generation, letters),
+        lambda: send_once(writer.redis, writer.producer, target, letters, batch_id),
     )
     outcome.suppressed_letters = decision.suppressed
-    chosen = [letters[i] for i in decision.send]
-    if chosen:
-        sent = Deliveries(writer.producer, f"{len(chosen)} dead letters to {target.dlq_topic}")
-        produce_letters(
-            sent, target.dlq_topic, chosen, target.processor, target.generation, batch_id
-        )
-        sent.wait()
     return decision.entries
 
 

@@ -46,7 +46,7 @@ from redis.typing import EncodableT, FieldT
 
 from refold.contracts.codec import EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
-from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.kafka.outputs import output_producer
 from refold.contracts.layout import BATCH_ID_FIELD
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
@@ -66,8 +66,8 @@ from refold.processors.fold.dataframe import (
     output_mode_of,
 )
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
-from refold.processors.runtime.dead_letter_index import decide_letters
-from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
+from refold.processors.runtime.dead_letter_index import send_once
+from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.offset_log import batch_end_offsets
@@ -144,14 +144,7 @@ def _send_once(target: FoldTarget, dead: list[DeadLetter]) -> None:
     client = _REDIS.get(target.redis_url)
     if client is None:
         client = _REDIS[target.redis_url] = redis.Redis.from_url(target.redis_url)
-    decision = decide_letters(client, target.layout, target.generation, dead)
-    chosen = [dead[i] for i in decision.send]
-    if chosen:
-        sent = Deliveries(
-            _producer(target.kafka), f"{len(chosen)} dead letters to {target.dlq_topic}"
-        )
-        produce_letters(sent, target.dlq_topic, chosen, target.processor, target.generation)
-        sent.wait()
+    decision = send_once(client, _producer(target.kafka), target, dead)
     index: dict[FieldT, EncodableT] = dict(decision.entries.items())
     client.hset(target.keys.dead_letters, mapping=index)
 

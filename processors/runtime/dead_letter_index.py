@@ -28,10 +28,13 @@ from dataclasses import dataclass, field as dataclass_field
 from typing import cast
 
 import redis
+from confluent_kafka import Producer
 from redis.client import Pipeline
 
+from refold.contracts.kafka.outputs import Deliveries
 from refold.contracts.layout import StateLayout, parse_position_field, position_field
-from refold.processors.runtime.dead_letters import DeadLetter
+from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
+from refold.processors.runtime.fold_target import FoldTarget
 
 __all__ = [
     "LetterDecision",
@@ -40,6 +43,7 @@ __all__ = [
     "decide_letters",
     "index_fields",
     "letters_to_send",
+    "send_once",
     "summarise_index",
 ]
 
@@ -155,6 +159,32 @@ def decide_letters(
         send = letters_to_send(letters, fields, live[1], reasons)
     entries = {f: letter.reason for f, letter in zip(fields, letters, strict=True)}
     return LetterDecision(send, entries)
+
+
+def send_once(
+    client: redis.Redis,
+    producer: Producer,
+    target: FoldTarget,
+    letters: Sequence[DeadLetter],
+    batch_id: int | None = None,
+) -> LetterDecision:
+    """Decide ``letters``, send those to send to the dead-letter topic, wait for every ack.
+
+    For the engines that send letters outside a Kafka transaction (the DataFrame decode task,
+    the archive task); the caller writes the decision's entries.
+
+    Raises:
+        DeadLetterError: A letter was not acknowledged (the caller commits nothing).
+    """
+    decision = decide_letters(client, target.layout, target.generation, letters)
+    chosen = [letters[i] for i in decision.send]
+    if chosen:
+        sent = Deliveries(producer, f"{len(chosen)} dead letters to {target.dlq_topic}")
+        produce_letters(
+            sent, target.dlq_topic, chosen, target.processor, target.generation, batch_id
+        )
+        sent.wait()
+    return decision
 
 
 @dataclass(frozen=True, slots=True)
