@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``refold dlq`` command line."""
     parser = CommandParser(
         prog="refold dlq",
-        description="A processor's dead letters, by reason and origin.",
+        description="A processor's dead letters: by reason and origin, and sent back after a fix.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
