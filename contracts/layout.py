@@ -12,6 +12,9 @@ key                                         type    content
 ``<p>:{<proc>}:generations``                hash    generation -> status (building/live/retired)
 ``<p>:{<proc>}:flips``                      hash    ``<N>:live_since`` (epoch ms), ``<N>:replaced``
                                                     (the generation N replaced), set by the flip
+``<p>:<proc>:dlq:redriven``                 hash    ``<topic>/<p>@<offset>`` -> JSON: a dead
+                                                    letter's record ``refold dlq redrive`` sent
+                                                    back (``pending`` or ``sent``); no state
 ``<p>:{<proc>.g<N>}:meta``                  hash    created_at, starting_offsets, fingerprints
 ``<p>:{<proc>.g<N>}:positions``             hash    ``<topic>/<partition>`` -> next offset to
                                                     apply; ``batch_id`` -> last Spark batch
@@ -342,6 +345,11 @@ class StateLayout:
     def legacy_registry(self) -> tuple[str, str]:
         """``(alias, generations)`` as written before the registry had a hash tag."""
         return f"{self.prefix}:{self.processor}:live", f"{self.prefix}:{self.processor}:generations"
+
+    @property
+    def redriven(self) -> str:
+        """Hash origin -> what ``refold dlq redrive`` did with its record (every generation's)."""
+        return f"{self.prefix}:{self.processor}:dlq:redriven"
 
     def generation(self, generation: int) -> GenerationKeys:
         """The keys of generation ``generation``."""

@@ -19,14 +19,20 @@ Ids of other outputs (closed windows: at least once, read them as upserts) have 
 are ids, not sequence numbers, and are never deduplicated by mark.
 
 The other headers say who sent an output (``refold.processor``, ``refold.generation``) and, on a
-dead letter, why (``refold.reason``, ``refold.error``). This module owns every one of those
-names and builds them (:func:`origin_headers`, :func:`dead_letter_headers`): consumers, tests and
-the webhook dispatcher read them byte for byte.
+dead letter, why (``refold.reason``, ``refold.error``) and what the record's own headers were
+(``refold.headers``: so ``refold dlq redrive`` sends the record back byte for byte). This
+module owns every one of those names and builds them (:func:`origin_headers`,
+:func:`dead_letter_headers`): consumers, tests and the webhook dispatcher read them byte for
+byte.
 """
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Sequence
 from typing import NamedTuple
+
+import orjson
 
 __all__ = [
     "DEAD_LETTER_ERROR",
@@ -37,9 +43,12 @@ __all__ = [
     "ORIGIN_PARTITION",
     "ORIGIN_PROCESSOR",
     "ORIGIN_TOPIC",
+    "RECORD_HEADERS",
     "Headers",
     "OriginSeq",
     "dead_letter_headers",
+    "decode_record_headers",
+    "encode_record_headers",
     "failure_headers",
     "origin_headers",
     "origin_id",
@@ -57,10 +66,14 @@ ORIGIN_GENERATION = "refold.generation"
 # Why a record is a dead letter: a short machine-friendly reason, and the error for people.
 DEAD_LETTER_REASON = "refold.reason"
 DEAD_LETTER_ERROR = "refold.error"
+# A dead letter's record's own headers (:func:`encode_record_headers`); absent when the sender
+# did not read them (a letter sent before refold kept them, or from a source of Spark rows).
+RECORD_HEADERS = "refold.headers"
 # Longest error text (bytes) kept in a dead letter's ``refold.error`` header.
 _ERROR_HEADER_MAX = 2000
 
 Headers = list[tuple[str, str | bytes | None]]
+RecordHeaders = Sequence[tuple[str, str | bytes | None]]
 
 
 class OriginSeq(NamedTuple):
@@ -158,3 +171,36 @@ def dead_letter_headers(
         generation: Its generation.
     """
     return [*failure_headers(reason, detail), *origin_headers(*origin, processor, generation)]
+
+
+def encode_record_headers(headers: RecordHeaders) -> bytes:
+    """A record's headers as one header value: in order, duplicates kept, values exact.
+
+    JSON: ``[[name, base64 value or null], ...]`` (``[]``: the record had none).
+    """
+    return orjson.dumps(
+        [
+            [name, None if value is None else base64.b64encode(_bytes(value)).decode()]
+            for name, value in headers
+        ]
+    )
+
+
+def decode_record_headers(raw: bytes | str) -> list[tuple[str, bytes | None]]:
+    """The headers :func:`encode_record_headers` encoded, values as bytes.
+
+    Raises:
+        ValueError: ``raw`` is not such a value.
+    """
+    try:
+        pairs = orjson.loads(raw)
+        return [
+            (str(n), None if v is None else base64.b64decode(v, validate=True)) for n, v in pairs
+        ]
+    except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+        msg = f"not a {RECORD_HEADERS} value: {exc}"
+        raise ValueError(msg) from exc
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value

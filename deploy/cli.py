@@ -291,7 +291,7 @@ PASSED_ON: dict[str, tuple[str, str]] = {
         "refold.deploy.webhooks_cli",
     ),
     "dlq": (
-        "list a processor's dead letters by reason and origin (see `refold dlq -h`)",
+        "list a processor's dead letters by reason, redrive them after a fix (`refold dlq -h`)",
         "refold.deploy.dlq_cli",
     ),
     "keys": (

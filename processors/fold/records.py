@@ -44,14 +44,16 @@ class SourceRecord(NamedTuple):
     value: bytes | None
     timestamp: int = 0
     origin: str | None = None
+    headers: tuple[tuple[str, str | bytes | None], ...] | None = None
 
     @classmethod
     def of_message(cls, message: KafkaMessage) -> SourceRecord:
         """The fold record of a consumed confluent-kafka message."""
         _kind, timestamp = message.timestamp()
         origin = None
-        headers = message.headers() or ()
-        for name, value in headers.items() if isinstance(headers, dict) else headers:
+        raw = message.headers() or ()
+        headers = tuple(raw.items() if isinstance(raw, dict) else raw)
+        for name, value in headers:
             if name == ORIGIN_ID and value is not None:
                 origin = value.decode() if isinstance(value, bytes) else value
         return cls(
@@ -62,4 +64,5 @@ class SourceRecord(NamedTuple):
             message.value(),
             max(timestamp, 0),  # -1 when the broker sent none (TIMESTAMP_NOT_AVAILABLE)
             origin,
+            headers,
         )

@@ -14,9 +14,12 @@ per Kafka partition ``(topic, partition)`` of its ranges a task:
 4. records its intent (where it will write), then writes one file per group, named by the
    range it covers, ``<topic>~p<partition>~<A>-<end>.parquet`` (temporary name + rename; a re-run
    writes the same names);
-5. dead-letters what does not decode (acknowledged before step 6), with reason and origin;
+5. dead-letters what does not decode (acknowledged before step 6), with reason and origin,
+   once: a generation being rebuilt does not send a letter the live generation sent for the
+   same record and reason (:mod:`~refold.processors.runtime.dead_letter_index`);
 6. moves the positions from ``A`` to ``end`` in ONE transaction guarded by ``WATCH`` on the
-   partitions' guard keys, as the fold envelope does.
+   partitions' guard keys, as the fold envelope does, with the letters it decided in the
+   generation's dead-letter index.
 
 So a batch's files are committed exactly when its positions move: a re-run batch finds the
 positions moved and writes nothing; a crash between 4 and 6 leaves files the next attempt
@@ -38,10 +41,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import pyarrow as pa
 import redis
 from confluent_kafka import Producer
+from redis.typing import EncodableT, FieldT
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import DeserializationError
-from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.kafka.outputs import output_producer
 from refold.contracts.layout import BATCH_ID_FIELD, position_field
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.outage import wait_out_redis
@@ -61,7 +65,8 @@ from refold.processors.fold.archive import (
 from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.archive_store import ArchiveStore, Intent
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
-from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
+from refold.processors.runtime.dead_letter_index import send_once
+from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.fold_target import add_outcome
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
@@ -124,6 +129,7 @@ class ArchiveOutcome:
     skipped: int = 0
     undecodable: int = 0
     files: int = 0
+    suppressed_letters: int = 0  # a rebuild's letters the live generation had sent
     positions: dict[str, int] = field(default_factory=dict)
     dead_letters: dict[str, int] = field(default_factory=dict)
 
@@ -183,10 +189,12 @@ class _Writer:
         moves: Mapping[str, tuple[int | None, int]],
         batch_id: int,
         outcome: ArchiveOutcome | None = None,
+        letters: Mapping[str, str] | None = None,
     ) -> None:
         """Move each position from its expected value to its end, in one guarded transaction.
 
-        ``outcome``'s counts (archived, dead letters) are counted in the same transaction.
+        ``outcome``'s counts (archived, dead letters) are counted in the same transaction, and
+        ``letters`` (the dead-letter index's entries it decided) written.
 
         Raises:
             SinkConflictError: A position is neither where this task found it nor at its end
@@ -224,6 +232,9 @@ class _Writer:
                     )
                     for name, (_expected, end) in moves.items():
                         pipe.set(keys.guard(name), end)
+                    if letters:
+                        index: dict[FieldT, EncodableT] = dict(letters.items())
+                        pipe.hset(keys.dead_letters, mapping=index)
                     if outcome is not None:
                         count_outcome(
                             pipe,
@@ -308,14 +319,25 @@ def _decode_into(
 
 
 def _send_dead_letters(
-    writer: _Writer, dead: list[tuple[SourceRecord, DeserializationError]], batch_id: int
-) -> None:
-    """Produce the undecodable records with reason and origin; wait for every ack."""
+    writer: _Writer,
+    dead: list[tuple[SourceRecord, DeserializationError]],
+    batch_id: int,
+    outcome: ArchiveOutcome,
+) -> dict[str, str]:
+    """Produce the undecodable records a rebuild has not sent yet; wait for every ack.
+
+    Returns:
+        The letters' entries of the generation's dead-letter index (written at the commit).
+    """
     target = writer.plan.target
     letters = [DeadLetter(record, exc.reason, str(exc)) for record, exc in dead]
-    sent = Deliveries(writer.producer, f"{len(dead)} dead letters to {target.dlq_topic}")
-    produce_letters(sent, target.dlq_topic, letters, target.processor, target.generation, batch_id)
-    sent.wait()
+    decision = _redis_call(
+        target,
+        writer.redis,
+        lambda: send_once(writer.redis, writer.producer, target, letters, batch_id),
+    )
+    outcome.suppressed_letters = decision.suppressed
+    return decision.entries
 
 
 # A task's ArchiveOutcome crosses to the driver as one Arrow row (see OutcomeRows).
@@ -377,12 +399,13 @@ def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) 
         for (event_type, date), group in sorted(mine.items()):
             store.write(date_dir(root, event_type, date), coverage, group.to_table())
             outcome.files += 1
+    entries: dict[str, str] = {}
     if dead:
         outcome.undecodable = len(dead)
         outcome.dead_letters = dict(Counter(exc.reason for _record, exc in dead))
-        _send_dead_letters(writer, dead, batch_id)
+        entries = _send_dead_letters(writer, dead, batch_id, outcome)
     moves = {position_field(t, p): (applied.get(position_field(t, p)), e) for t, p, _b, e in todo}
-    _redis_call(plan.target, writer.redis, lambda: writer.commit(moves, batch_id, outcome))
+    _redis_call(plan.target, writer.redis, lambda: writer.commit(moves, batch_id, outcome, entries))
     outcome.positions = {f: end for f, (_expected, end) in moves.items()}
     return outcome
 

@@ -17,6 +17,14 @@ writes before it runs the batch) and the batch id, in ONE Redis ``MULTI/EXEC`` g
 aggregates (a batch's rows are the groups it changed); a transform that emits a row per event
 at high rates is better written as a fold.
 
+Dead letters once: the decode task decides its letters as every engine does
+(:func:`~refold.processors.runtime.dead_letter_index.decide_letters`: a generation being rebuilt
+does not send a letter the live generation sent for the same record and reason) and writes the
+entries to the generation's dead-letter index once they are acknowledged. That is not the
+positions' transaction (the driver moves them, and never sees the letters), but it comes
+before it: every record the positions pass has its entry, and an entry past the positions (a
+batch that failed after its decode) is one a rebuild ignores and the re-run writes again.
+
 The aggregation state lives in the Spark checkpoint, so the runner refuses to continue a
 generation whose checkpoint is gone once it has applied a batch (:func:`refuse_lost_checkpoint`).
 """
@@ -34,10 +42,11 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 import redis
 from confluent_kafka import Producer
+from redis.typing import EncodableT, FieldT
 
 from refold.contracts.codec import EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
-from refold.contracts.kafka.outputs import Deliveries, output_producer
+from refold.contracts.kafka.outputs import output_producer
 from refold.contracts.layout import BATCH_ID_FIELD
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.outage import RedisOutage
@@ -58,7 +67,8 @@ from refold.processors.fold.dataframe import (
     output_mode_of,
 )
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
-from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
+from refold.processors.runtime.dead_letter_index import send_once
+from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.offset_log import batch_end_offsets
@@ -116,9 +126,10 @@ class DecodePlan:
     arrow: pa.Schema
 
 
-# Per Python worker (Spark reuses them): the dead-letter producer, and per plan which writer
-# fingerprints are decoded.
+# Per Python worker (Spark reuses them): the dead-letter producer, the Redis client of the
+# dead-letter index, and per plan which writer fingerprints are decoded.
 _PRODUCERS: dict[tuple[tuple[str, str], ...], Producer] = {}
+_REDIS: dict[str, redis.Redis] = {}
 _WANTED: dict[tuple[str, int, bytes], bool] = {}
 
 
@@ -127,6 +138,16 @@ def _producer(kafka: tuple[tuple[str, str], ...]) -> Producer:
     if producer is None:
         producer = _PRODUCERS[kafka] = output_producer(dict(kafka))
     return producer
+
+
+def _send_once(target: FoldTarget, dead: list[DeadLetter]) -> None:
+    """Send the letters this generation decides to send; then record them all in its index."""
+    client = _REDIS.get(target.redis_url)
+    if client is None:
+        client = _REDIS[target.redis_url] = redis_client(target.redis_url)
+    decision = send_once(client, _producer(target.kafka), target, dead)
+    index: dict[FieldT, EncodableT] = dict(decision.entries.items())
+    client.hset(target.keys.dead_letters, mapping=index)
 
 
 def _wanted(plan: DecodePlan, value: bytes | None) -> bool:
@@ -153,7 +174,8 @@ def _decode_task(
     """``mapInArrow`` (executor side): the task's records as rows of the events DataFrame.
 
     Idempotent: a re-run task reads the same ranges and yields the same rows (its dead letters
-    are written again: at least once, with their origin in the headers).
+    are written again: at least once, with their origin in the headers; a rebuild skips those
+    the live generation sent, see the module docstring).
     """
     ranges = ranges_of(batches) if ranges_mode else ()
     parts = records_of_ranges(plan.target, ranges) if ranges_mode else records_of_rows(batches)
@@ -176,12 +198,7 @@ def _decode_task(
                 yield pa.RecordBatch.from_pylist(rows, schema=plan.arrow)
                 rows = []
     if dead:  # acknowledged before the rows go on (the batch fails and runs again if not)
-        target = plan.target
-        sent = Deliveries(
-            _producer(target.kafka), f"{len(dead)} dead letters to {target.dlq_topic}"
-        )
-        produce_letters(sent, target.dlq_topic, dead, target.processor, target.generation)
-        sent.wait()
+        _send_once(plan.target, dead)
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=plan.arrow)
 

@@ -14,17 +14,38 @@ for a new reason, or refuses a record the old code applied) is sent, and its hea
 building generation. Records past the live generation's positions are sent as usual, so the
 cutover loses none. A live generation written before this index existed has no entries: a
 rebuild then sends its letters, as it always did.
+
+Every engine decides the same way, through :func:`decide_letters` (the fold envelope, the
+DataFrame decode task, the archive task): it reads, before its transaction, whether its
+generation is building and what the live one decided, and writes the entries it returns with
+its positions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
+from typing import cast
 
-from refold.contracts.layout import parse_position_field, position_field
-from refold.processors.runtime.dead_letters import DeadLetter
+import redis
+from confluent_kafka import Producer
+from redis.client import Pipeline
 
-__all__ = ["ReasonSummary", "index_fields", "letters_to_send", "summarise_index"]
+from refold.contracts.kafka.outputs import Deliveries
+from refold.contracts.layout import StateLayout, parse_position_field, position_field
+from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
+from refold.processors.runtime.fold_target import FoldTarget
+
+__all__ = [
+    "LetterDecision",
+    "ReasonSummary",
+    "building_against",
+    "decide_letters",
+    "index_fields",
+    "letters_to_send",
+    "send_once",
+    "summarise_index",
+]
 
 
 def index_fields(letters: Sequence[DeadLetter]) -> list[str]:
@@ -63,6 +84,108 @@ def letters_to_send(
         if not applied_by_live or live_reason != letter.reason:
             send.append(index)
     return send
+
+
+def building_against(
+    client: redis.Redis | Pipeline,
+    layout: StateLayout,
+    generation: int,
+    partitions: Iterable[tuple[str, int]],
+) -> tuple[int | None, dict[str, int]] | None:
+    """What a building generation compares with: the live generation and its positions.
+
+    Args:
+        client: The plain client, not a WATCHing pipeline: these keys are in other hash slots
+            than a transaction's (the registry's, the live generation's), on a cluster.
+        layout: The processor's keys.
+        generation: The generation that decides.
+        partitions: ``(topic, partition)`` whose live positions matter.
+
+    Returns:
+        ``None`` unless ``generation`` is ``building``; else the live generation (``None``:
+        there is none) and its applied positions of ``partitions``.
+    """
+    status = client.hget(layout.generations, str(generation))
+    if status not in (b"building", "building"):
+        return None
+    raw_live = client.get(layout.alias)
+    live = None if raw_live is None else int(cast("bytes", raw_live))
+    if live is None or live == generation:
+        return None, {}
+    fields = sorted({position_field(topic, partition) for topic, partition in partitions})
+    raw = cast("list[bytes | None]", client.hmget(layout.generation(live).positions, fields))
+    return live, {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+
+
+@dataclass(slots=True)
+class LetterDecision:
+    """Which of a batch's letters to send, and the index entries to write with the positions.
+
+    Attributes:
+        send: The indices of the letters to send, in order.
+        entries: Every letter's index entry (``<topic>/<p>@<offset>.<n>`` -> reason), sent or
+            not: the generation decided them all.
+    """
+
+    send: list[int] = dataclass_field(default_factory=list)
+    entries: dict[str, str] = dataclass_field(default_factory=dict)
+
+    @property
+    def suppressed(self) -> int:
+        """How many letters the live generation sent already."""
+        return len(self.entries) - len(self.send)
+
+
+def decide_letters(
+    client: redis.Redis | Pipeline,
+    layout: StateLayout,
+    generation: int,
+    letters: Sequence[DeadLetter],
+) -> LetterDecision:
+    """What ``generation`` does with ``letters`` (read before the writer's transaction).
+
+    A live generation (or one with no live generation to compare with) sends them all; a
+    building one skips those the live generation sent for the same record and reason.
+    """
+    if not letters:
+        return LetterDecision()
+    fields = index_fields(letters)
+    send = list(range(len(letters)))
+    live = building_against(client, layout, generation, {letter.record[:2] for letter in letters})
+    if live is not None and live[0] is not None:
+        raw = cast(
+            "list[bytes | None]", client.hmget(layout.generation(live[0]).dead_letters, fields)
+        )
+        reasons = [None if r is None else r.decode() for r in raw]
+        send = letters_to_send(letters, fields, live[1], reasons)
+    entries = {f: letter.reason for f, letter in zip(fields, letters, strict=True)}
+    return LetterDecision(send, entries)
+
+
+def send_once(
+    client: redis.Redis,
+    producer: Producer,
+    target: FoldTarget,
+    letters: Sequence[DeadLetter],
+    batch_id: int | None = None,
+) -> LetterDecision:
+    """Decide ``letters``, send those to send to the dead-letter topic, wait for every ack.
+
+    For the engines that send letters outside a Kafka transaction (the DataFrame decode task,
+    the archive task); the caller writes the decision's entries.
+
+    Raises:
+        DeadLetterError: A letter was not acknowledged (the caller commits nothing).
+    """
+    decision = decide_letters(client, target.layout, target.generation, letters)
+    chosen = [letters[i] for i in decision.send]
+    if chosen:
+        sent = Deliveries(producer, f"{len(chosen)} dead letters to {target.dlq_topic}")
+        produce_letters(
+            sent, target.dlq_topic, chosen, target.processor, target.generation, batch_id
+        )
+        sent.wait()
+    return decision
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 import orjson
 
 from refold.contracts.kafka.outputs import Deliveries
-from refold.contracts.origin import Headers, dead_letter_headers
+from refold.contracts.origin import (
+    RECORD_HEADERS,
+    Headers,
+    dead_letter_headers,
+    encode_record_headers,
+)
 from refold.processors.fold.records import SourceRecord
 
 __all__ = ["DeadLetter", "letter_message", "log_letters", "produce_letters", "summarise_letters"]
@@ -45,13 +50,19 @@ class DeadLetter:
 def letter_message(
     letter: DeadLetter, processor: str, generation: int
 ) -> tuple[bytes | None, bytes | None, Headers]:
-    """The ``(value, key, headers)`` a letter is sent as."""
+    """The ``(value, key, headers)`` a letter is sent as.
+
+    The record's own key and value, and its own headers in one ``refold.headers`` header (when
+    the source read them), so ``refold dlq redrive`` can send it back as it was.
+    """
     record = letter.record
     headers = dead_letter_headers(letter.reason, letter.detail, record[:3], processor, generation)
     value = record.value
     if letter.timer:  # the record was applied: the letter describes the timer
         headers.append(("refold.timer", b"1"))
         value = orjson.dumps({"timer": letter.detail})
+    elif record.headers is not None:
+        headers.append((RECORD_HEADERS, encode_record_headers(record.headers)))
     return value, record.key, headers
 
 

@@ -61,7 +61,7 @@ from refold.processors.fold.rekey import Link, encode_link
 from refold.processors.fold.timers import (
     has_timers,
 )
-from refold.processors.runtime.dead_letter_index import index_fields, letters_to_send
+from refold.processors.runtime.dead_letter_index import building_against, decide_letters
 from refold.processors.runtime.dead_letters import DeadLetter, letter_message, log_letters
 from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.intake import Intake
@@ -499,51 +499,28 @@ class FoldWriter:
         letters = [*dead, *late_out]
         if not letters:
             return {}
-        fields = index_fields(letters)
-        send: list[int] = list(range(len(letters)))
-        live = self.building_against({letter.record[:2] for letter in letters})
-        if live is not None and live[0] is not None:
-            live_reasons = cast(
-                "list[bytes | None]",
-                self.redis.hmget(self.target.layout.generation(live[0]).dead_letters, fields),
-            )
-            reasons = [None if r is None else r.decode() for r in live_reasons]
-            send = letters_to_send(letters, fields, live[1], reasons)
-            outcome.suppressed_letters = len(letters) - len(send)
-        chosen = set(send)
+        target = self.target
+        decision = decide_letters(self.redis, target.layout, target.generation, letters)
+        outcome.suppressed_letters = decision.suppressed
+        chosen = set(decision.send)
         to_dlq = [dead[i] for i in range(len(dead)) if i in chosen]
         to_late = [late_out[i] for i in range(len(late_out)) if i + len(dead) in chosen]
         if to_dlq:
             self._send_dead_letters(to_dlq, batch_id, outbox)
         if to_late:
             self._send_dead_letters(to_late, batch_id, outbox, topic=self.target.late_topic)
-        return {field: letter.reason for field, letter in zip(fields, letters, strict=True)}
+        return decision.entries
 
     def building_against(
         self, partitions: Iterable[tuple[str, int]]
     ) -> tuple[int | None, dict[str, int]] | None:
-        """What a building generation compares with: the live generation and its positions.
+        """What a building generation compares with (:func:`building_against`).
 
         Read with the plain client, not the transaction's WATCHing connection: these keys are
         in other hash slots (the registry's, the live generation's), and none of them is
         watched (a flip during the batch changes nothing this batch writes).
-
-        Returns:
-            ``None`` unless this generation is ``building``; else the live generation
-            (``None``: there is none) and its applied positions of ``partitions``.
         """
-        layout = self.target.layout
-        pipe = self.redis
-        status = pipe.hget(layout.generations, str(self.target.generation))
-        if status not in (b"building", "building"):
-            return None
-        raw_live = pipe.get(layout.alias)
-        live = None if raw_live is None else int(cast("bytes", raw_live))
-        if live is None or live == self.target.generation:
-            return None, {}
-        fields = sorted({position_field(topic, partition) for topic, partition in partitions})
-        raw = cast("list[bytes | None]", pipe.hmget(layout.generation(live).positions, fields))
-        return live, {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+        return building_against(self.redis, self.target.layout, self.target.generation, partitions)
 
     def _commit_outputs(self, outbox: Outbox, new_pos: Mapping[str, int]) -> None:
         """Commit the batch's outputs in Kafka (before Redis: see the module's docstring)."""

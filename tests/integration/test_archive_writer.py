@@ -36,6 +36,7 @@ from refold.processors.runtime.archive_store import ArchiveOwnerError, ArchiveSt
 from refold.processors.runtime.envelope import FoldTarget
 from refold.services.producer.publisher import EventPublisher
 from tests.support.archive import archive_rows, assert_archive_equals_log
+from tests.support.dead_letters import dlq_letters
 
 DAY_MS = 86_400_000
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -207,7 +208,7 @@ def test_a_crashed_attempt_leaves_files_that_the_next_attempt_removes(world, mon
     big, _rest = world.batches(0.8)
     small, _ = world.batches(0.3)
 
-    def crash(self, moves, batch_id, outcome):
+    def crash(self, moves, batch_id, outcome, letters):
         msg = "killed between the files and the commit"
         raise OSError(msg)
 
@@ -281,6 +282,60 @@ def test_undecodable_records_are_dead_lettered_with_reason_and_origin(world):
         assert headers["refold.origin.topic"] == orders.encode()
         assert headers["refold.processor"] == b"archive"
         assert int(headers["refold.origin.offset"]) >= 0
+
+
+def test_a_rebuild_does_not_send_the_live_generations_dead_letters_again(world, tmp_path):
+    """Dead letters once (issue 22 item 3) in the archive engine."""
+    orders = world.topics[0]
+    raw = Producer({"bootstrap.servers": world.bootstrap})
+    bad: list[tuple[int, int]] = []
+    for _round in range(2):  # a bad record on each partition of orders, twice
+        for partition in range(4):
+            raw.produce(
+                orders,
+                b"not avro",
+                b"key",
+                partition=partition,
+                on_delivery=lambda _e, m: bad.append((m.partition(), m.offset())),
+            )
+        raw.flush(30)
+    ends = world.ends()
+    # The live generation's batch ends past each partition's first bad record.
+    firsts = {p: min(o for q, o in bad if q == p) for p in range(4)}
+    first = tuple(
+        (t, p, 0, firsts[p] + 1 if t == orders else e) for (t, p), e in sorted(ends.items())
+    )
+    second = tuple((t, p, firsts[p] + 1, e) for (t, p), e in sorted(ends.items()) if t == orders)
+    target = world.plan.target
+
+    archive_ranges(world.plan, first, batch_id=0)  # live (g1): the first half
+    by_live = dlq_letters(world.bootstrap, target.dlq_topic)
+    assert len(by_live) == 4
+
+    # A rebuild (g2, its own root) of the whole log: only the second half's letters are sent.
+    assert world.registry.create({"replay_of": 1}) == 2
+    world.registry.set_positions(2, {position_field(t, p): 0 for t, p in world.ends()})
+    rebuild = dataclasses.replace(
+        world.plan,
+        target=dataclasses.replace(target, generation=2),
+        archive=dataclasses.replace(world.plan.archive, root=tmp_path / "rebuilt"),
+    )
+    rebuild.store.claim(target.processor, target.key_prefix, 2)
+    (everything,) = world.batches()
+    outcome = archive_ranges(rebuild, everything, batch_id=0)
+    after = dlq_letters(world.bootstrap, target.dlq_topic)
+    new = after[len(by_live) :]
+    assert (outcome.undecodable, outcome.suppressed_letters) == (8, 4)
+    assert len(new) == 4
+    assert {(p, o) for p, o, _r, _g in new}.isdisjoint({(p, o) for p, o, _r, _g in by_live})
+    assert all(g == 2 for *_rest, g in new)
+    # Its index, written with its positions, holds all eight it decided.
+    index = world.client.hgetall(rebuild.target.keys.dead_letters)
+    assert sorted(index.values()) == [b"bad-magic"] * 8
+    assert {k.decode().rpartition("@")[0] for k in index} == {f"{orders}/{p}" for p in range(4)}
+    # The rest of the live generation: its letters go out as usual.
+    archive_ranges(world.plan, second, batch_id=1)
+    assert len(dlq_letters(world.bootstrap, target.dlq_topic)) == len(after) + 4
 
 
 def test_backfill_and_compaction_keep_the_same_rows_in_fewer_files(world, monkeypatch):

@@ -2,7 +2,7 @@
 
 The sink applies a batch once, by its batch id (a re-executed or older batch changes nothing),
 with the positions read from the checkpoint's offsets log; the decode task types the events it
-counts, passes other types by and dead-letters what does not decode.
+counts, passes other types by and dead-letters what does not decode, once across a rebuild.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.store.connect import redis_client
+from refold.contracts.store.generations import GenerationRegistry
 from refold.processors.fold.dataframe import event_columns
 from refold.processors.runtime import dataframe
 from refold.processors.runtime.dataframe import DataFrameSink, DecodePlan, _decode_task
 from refold.processors.runtime.envelope import FoldTarget
 from refold.services.reader.state_reader import StateReader
+from tests.support.dead_letters import dlq_letters
 
 _OFFSETS_HEADER = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n'
 
@@ -158,3 +160,79 @@ def test_the_decode_task_types_its_events_and_dead_letters_the_rest(
     headers = {k: v.decode() for k, v in letters[0].headers()}
     assert headers["refold.reason"] == "bad-magic"
     assert headers["refold.origin.offset"] == "9"
+
+
+def _paid(n: int) -> dict[str, object]:
+    return {
+        "event_id": f"e{n}",
+        "order_id": f"o{n}",
+        "amount_minor": 100 + n,
+        "currency": "EUR",
+        "payment_method": "CARD",
+        "paid_at": 1_767_225_600_000 + n,
+    }
+
+
+def test_a_rebuild_does_not_send_the_live_generations_dead_letters_again(
+    target: FoldTarget, redis_url, kafka_bootstrap, tmp_path
+):
+    """Dead letters once (issue 22 item 3) in the DataFrame engine: decode task + sink."""
+    codec = EventCodec()
+    columns = event_columns([codec.reader_for("OrderPaid").raw])
+    base = dataclasses.replace(target, processor="sales_native")
+    live, rebuild = base, dataclasses.replace(base, generation=2)
+    client = redis_client(redis_url)
+    registry = GenerationRegistry.of(client, base.processor, base.key_prefix)
+    assert registry.create({"topics": ["orders"]}, live=True) == 1
+    # Two partitions of 12 records; every third one does not decode.
+    records = [
+        (p, o, b"not avro" if o % 3 == 1 else codec.encode("OrderPaid", _paid(100 * p + o)))
+        for p in (0, 1)
+        for o in range(12)
+    ]
+
+    def decode(plan_target: FoldTarget, upto: int) -> int:
+        chosen = [r for r in records if r[1] < upto]
+        batch = pa.RecordBatch.from_pydict(
+            {
+                "key": [b"k"] * len(chosen),
+                "value": [v for _p, _o, v in chosen],
+                "topic": ["orders"] * len(chosen),
+                "partition": [p for p, _o, _v in chosen],
+                "offset": [o for _p, o, _v in chosen],
+                "timestamp": pa.array([0] * len(chosen), pa.timestamp("us", tz="UTC")),
+            }
+        )
+        plan = DecodePlan(plan_target, codec, ("OrderPaid",), columns, _arrow_of(columns))
+        try:
+            rows = list(_decode_task(plan, False, iter([batch])))
+        finally:
+            dataframe._PRODUCERS.clear()
+        return sum(b.num_rows for b in rows)
+
+    # Live: the first 8 offsets of each partition, decoded and applied by the sink.
+    assert decode(live, 8) == 2 * 5
+    checkpoint = _checkpoint(tmp_path / "cp1", {0: {"orders": {"0": 8, "1": 8}}})
+    DataFrameSink(live, "per_minute", checkpoint)(_Frame([("EUR:1", '{"count": 10}')]), 0)
+    by_live = dlq_letters(kafka_bootstrap, base.dlq_topic)
+    assert sorted((p, o) for p, o, _r, _g in by_live) == [(p, o) for p in (0, 1) for o in (1, 4, 7)]
+
+    # A rebuild of the whole log: only the letters past the live positions are sent, by it.
+    assert registry.create({"topics": ["orders"], "replay_of": 1}) == 2
+    assert decode(rebuild, 12) == 2 * 8
+    after = dlq_letters(kafka_bootstrap, base.dlq_topic)
+    new = after[len(by_live) :]
+    assert sorted((p, o, g) for p, o, _r, g in new) == [(0, 10, 2), (1, 10, 2)]
+    assert all(r == "bad-magic" for _p, _o, r, _g in after)
+    # Each generation's index holds every letter it decided, sent or not.
+    index = {
+        g: {k.decode(): v.decode() for k, v in client.hgetall(t.keys.dead_letters).items()}
+        for g, t in ((1, live), (2, rebuild))
+    }
+    assert index[1] == {f"orders/{p}@{o}.0": "bad-magic" for p in (0, 1) for o in (1, 4, 7)}
+    assert index[2] == {f"orders/{p}@{o}.0": "bad-magic" for p in (0, 1) for o in (1, 4, 7, 10)}
+
+    # A re-run decode task of the live generation sends again (at least once, as before):
+    # only a building generation compares.
+    decode(live, 8)
+    assert len(dlq_letters(kafka_bootstrap, base.dlq_topic)) == len(after) + 6

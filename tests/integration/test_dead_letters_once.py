@@ -12,15 +12,7 @@ import json
 import zlib
 from collections import Counter
 
-from confluent_kafka import Consumer, TopicPartition
-
 from refold.contracts.codec import EventCodec
-from refold.contracts.origin import (
-    DEAD_LETTER_REASON,
-    ORIGIN_GENERATION,
-    ORIGIN_OFFSET,
-    ORIGIN_PARTITION,
-)
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.cli import main as refold_main
@@ -29,6 +21,7 @@ from refold.processors.fold.projection import EventRejectedError, State
 from refold.processors.fold.records import SourceRecord
 from refold.processors.order_state.projection import OrderStateProjection
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from tests.support.dead_letters import dlq_letters
 
 PARTITIONS = 2
 
@@ -57,30 +50,6 @@ def _records() -> list[SourceRecord]:
     return sorted(out, key=lambda r: (r.partition, r.offset))
 
 
-def _letters(bootstrap: str, topic: str) -> list[tuple[int, int, str, int]]:
-    """(partition, offset, reason, generation) of every letter on the topic."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "t", "enable.auto.commit": "false"}
-    )
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    found, idle = [], 0
-    while idle < 6:
-        batch = [m for m in consumer.consume(500, timeout=0.5) if m.error() is None]
-        idle = 0 if batch else idle + 1
-        for message in batch:
-            headers = {k: v.decode() for k, v in message.headers() or []}
-            found.append(
-                (
-                    int(headers[ORIGIN_PARTITION]),
-                    int(headers[ORIGIN_OFFSET]),
-                    headers[DEAD_LETTER_REASON],
-                    int(headers[ORIGIN_GENERATION]),
-                )
-            )
-    consumer.close()
-    return found
-
-
 def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
     target: FoldTarget, redis_url, kafka_bootstrap, monkeypatch, capsys
 ):
@@ -96,7 +65,7 @@ def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
     ]
     old = OrderStateProjection()
     FoldWriter(first, old).apply(head, batch_id=0)
-    by_live = _letters(kafka_bootstrap, target.dlq_topic)
+    by_live = dlq_letters(kafka_bootstrap, target.dlq_topic)
     reasons = Counter(reason for _p, _o, reason, _g in by_live)
     assert reasons["bad-magic"] > 0  # the premise: both kinds of bad record
     assert reasons["rejected"] > 0
@@ -104,7 +73,7 @@ def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
     # A rebuild with the same code, of the whole log: only the tail's letters are new.
     assert registry.create({"topics": ["orders"], "replay_of": 1}) == 2
     outcome = FoldWriter(second, old).apply(records, batch_id=0)
-    after_rebuild = _letters(kafka_bootstrap, target.dlq_topic)
+    after_rebuild = dlq_letters(kafka_bootstrap, target.dlq_topic)
     new = after_rebuild[len(by_live) :]
     assert outcome.suppressed_letters == len(by_live)
     assert {(p, o) for p, o, _r, _g in new}.isdisjoint({(p, o) for p, o, _r, _g in by_live})
@@ -116,7 +85,7 @@ def test_a_rebuild_sends_each_dead_letter_once_and_a_new_reason_once(
     # A rebuild with stricter code: only the letters of its new rule are sent.
     assert registry.create({"topics": ["orders"], "replay_of": 2}) == 3
     stricter = FoldWriter(third, StricterOrderState()).apply(records, batch_id=0)
-    after_stricter = _letters(kafka_bootstrap, target.dlq_topic)
+    after_stricter = dlq_letters(kafka_bootstrap, target.dlq_topic)
     newest = after_stricter[len(after_rebuild) :]
     assert newest, "the premise: the new rule refuses some shipments"
     assert {r for *_po, r, _g in newest} == {"rejected"}

@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
@@ -25,6 +24,7 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import position_field
 from refold.contracts.processors import EventTime
 from refold.contracts.settings import KafkaSettings
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.windows import result_from_record, watermark_of
 from refold.deploy.simulators.orders import OrderSimulator
@@ -128,7 +128,7 @@ def _target(redis_url, kafka_bootstrap, dlq, prefix, topic) -> FoldTarget:
 
 def _start(target: FoldTarget, topic: str) -> None:
     """What the runner does before a generation's first batch: every slot starts at 0."""
-    client = redis.Redis.from_url(target.redis_url)
+    client = redis_client(target.redis_url)
     start = {position_field(topic, p): 0 for p in range(ORDERS.partitions)}
     client.hset(target.keys.positions, mapping=start)
     for slot in range(SLOTS):
@@ -190,7 +190,7 @@ def test_three_batch_sizes_fold_the_oracle_with_the_same_late_letters(
         [("late", f, o) for f, o in oracle.late]
         + [("key-missing", f, o) for f, o in oracle.key_missing]
     )
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     dumps = []
     for run, (chunk, order) in enumerate([(37, [0, 1, 2]), (450, [2, 0, 1]), (100_000, [1, 2, 0])]):
         dlq = make_topic(partitions=1, prefix="dlq")
@@ -301,7 +301,7 @@ def test_a_re_keyed_entity_fold_judges_lateness_per_partition_as_its_oracle(
         fold, event_time, (topic,), timed, KeyResolver("customer_id", ("order_id",))
     )
     assert len(oracle.late) >= 10
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     for run, chunk in enumerate((29, 5_000)):
         dlq = make_topic(partitions=1, prefix="dlq")
         target = dataclasses.replace(

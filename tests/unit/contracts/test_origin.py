@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from refold.contracts.origin import (
     dead_letter_headers,
+    decode_record_headers,
+    encode_record_headers,
     failure_headers,
     origin_headers,
     origin_id,
@@ -39,3 +43,12 @@ def test_an_origin_id_parses_back_to_its_stream_and_sequence():
     assert parsed is not None
     assert (parsed.stream, parsed.seq) == ("customer_stats#1|orders/3", (17, 2))
     assert parse_origin_id("sales_windows|1m/0/abc/g") is None
+
+
+def test_a_record_s_headers_round_trip_in_order_with_duplicates_and_nulls():
+    headers = [("trace", b"t-1"), ("hop", b"a"), ("hop", b"\x00\xff"), ("x", None), ("s", "é")]
+    encoded = encode_record_headers(headers)
+    assert decode_record_headers(encoded) == [*headers[:4], ("s", "é".encode())]
+    assert decode_record_headers(encode_record_headers([])) == []
+    with pytest.raises(ValueError, match=r"refold\.headers"):
+        decode_record_headers(b"not json")
