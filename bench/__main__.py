@@ -17,7 +17,9 @@ One run, on a private local stack, over the same pre-produced order events:
    (``bench/windows.py``; ``python -m bench windows`` runs this part alone, on its own backlog).
 Parts run alone, each on a private stack of its own: ``python -m bench archive``, ``webhooks``,
 ``serving`` (the HTTP services: single-key reads against Redis, batched ingest against the SDK;
-``bench/serving.py``) and ``realtime`` (Spark's real-time mode against micro-batches).
+``bench/serving.py``), ``cluster`` (the entity fold on a local Redis Cluster against one
+redis-server, and failover; ``bench/redis_cluster.py``) and ``realtime`` (Spark's real-time
+mode against micro-batches).
 Prints a table and writes ``bench/results/latest.json``.
 """
 
@@ -527,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.realtime import main as realtime_main
 
         return realtime_main(given[1:])
+    if given[:1] == ["cluster"]:  # the entity fold on a local Redis Cluster against one Redis
+        from bench.redis_cluster import main as cluster_main
+
+        return cluster_main(given[1:])
     if given[:1] == ["serving"]:  # the HTTP services: reads and ingest against Redis and the SDK
         from bench.serving import main as serving_main
 

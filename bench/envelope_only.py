@@ -34,12 +34,13 @@ from refold.processors.runtime.window_store import WindowCloser
 from refold.processors.sales_windows.config import SALES_WINDOWS
 from refold.processors.sales_windows.projection import SalesWindows
 
-__all__ = ["envelope_only", "envelope_rows"]
+__all__ = ["apply_in_chunks", "envelope_only", "envelope_rows", "read_records"]
 
 _CHUNK = 25_000  # records per transaction, as a Spark task applies them
 
 
-def _read(bootstrap: str, topic: str, limit: int) -> list[SourceRecord]:
+def read_records(bootstrap: str, topic: str, limit: int) -> list[SourceRecord]:
+    """About ``limit`` records of ``topic``, an equal share from each partition."""
     kafka = {"bootstrap.servers": bootstrap}
     with LogOffsets(kafka) as offsets:
         share = max(1, limit // len(offsets.partitions(topic)))
@@ -50,7 +51,8 @@ def _read(bootstrap: str, topic: str, limit: int) -> list[SourceRecord]:
     ]
 
 
-def _apply(writer: FoldWriter, records: Sequence[SourceRecord]) -> float:
+def apply_in_chunks(writer: FoldWriter, records: Sequence[SourceRecord]) -> float:
+    """Apply ``records`` in task-sized transactions; returns the seconds it took."""
     started = time.perf_counter()
     for i in range(0, len(records), _CHUNK):
         writer.apply(records[i : i + _CHUNK], batch_id=i // _CHUNK)
@@ -59,7 +61,7 @@ def _apply(writer: FoldWriter, records: Sequence[SourceRecord]) -> float:
 
 def envelope_only(bootstrap: str, redis_url: str, topic: str, limit: int) -> dict[str, Any]:
     """Apply the same records as order_state and as sales_windows; time the closer too."""
-    records = _read(bootstrap, topic, limit)
+    records = read_records(bootstrap, topic, limit)
     run = uuid.uuid4().hex[:8]
     kafka = (("bootstrap.servers", bootstrap),)
     dlq, results = f"bench-envelope-{run}.dlq", f"bench-envelope-{run}.windows"
@@ -83,11 +85,11 @@ def envelope_only(bootstrap: str, redis_url: str, topic: str, limit: int) -> dic
         event_time=SALES_WINDOWS.event_time,
         topics=(topic,),
     )
-    entity_s = _apply(FoldWriter(entity, OrderStateProjection()), records)
+    entity_s = apply_in_chunks(FoldWriter(entity, OrderStateProjection()), records)
     deduped = dataclasses.replace(entity, generation=2, dedupe=EventId())
-    dedupe_s = _apply(FoldWriter(deduped, OrderStateProjection()), records)
+    dedupe_s = apply_in_chunks(FoldWriter(deduped, OrderStateProjection()), records)
     # The envelope takes either kind of fold; it is typed for entity folds.
-    windows_s = _apply(FoldWriter(windows, cast("Projection", SalesWindows())), records)
+    windows_s = apply_in_chunks(FoldWriter(windows, cast("Projection", SalesWindows())), records)
     client = redis_client(redis_url)
     GenerationRegistry.of(client, "sales_windows", prefix).create({"topics": [topic]}, live=True)
     closer = WindowCloser(

@@ -15,6 +15,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -25,7 +26,13 @@ import redis
 
 from refold.contracts.process_group import alive, terminate
 
-__all__ = ["DEFAULT_CLUSTER_PORT", "ClusterNode", "LocalRedisCluster", "RedisClusterError"]
+__all__ = [
+    "DEFAULT_CLUSTER_PORT",
+    "ClusterNode",
+    "LocalRedisCluster",
+    "RedisClusterError",
+    "free_port_run",
+]
 
 # Six ports from here (the cluster bus takes each port + 10000).
 DEFAULT_CLUSTER_PORT = 17001
@@ -48,6 +55,23 @@ class ClusterNode:
     running: bool
     role: str | None  # "master" | "slave" (Redis' word) | None when it does not answer
     log_file: Path
+
+
+def free_port_run(count: int = 6) -> int:
+    """The first of ``count`` consecutive free loopback ports whose bus ports (+10000) are free.
+
+    For throwaway clusters (tests, benchmarks): free now, as :func:`free_port` is.
+    """
+    for first in range(21000, 29000, 97):
+        if all(_free(port) and _free(port + 10000) for port in range(first, first + count)):
+            return first
+    msg = f"no {count} consecutive free ports between 21000 and 29000 (and their bus ports)"
+    raise RedisClusterError(msg)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
 def _binary(name: str) -> str:

@@ -10,7 +10,6 @@ the HTTP query paging through a cutover. Then a master is killed under traffic.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import pytest
 
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
-from refold.deploy.redis_cluster import LocalRedisCluster
+from refold.deploy.redis_cluster import LocalRedisCluster, free_port_run
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.order_state.projection import OrderStateProjection
@@ -69,24 +68,10 @@ from tests.integration.test_window_writer import (  # noqa: F401
 P = OrderStateProjection()
 
 
-def _free_run(count: int) -> int:
-    """A first port of ``count`` consecutive free ports whose cluster bus ports are free too."""
-    for first in range(21000, 29000, 97):
-        ports = [first + i for i in range(count)]
-        if all(_free(p) and _free(p + 10000) for p in ports):
-            return first
-    pytest.fail("no run of free ports for a local Redis Cluster")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) != 0
-
-
 @pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
     home = tmp_path_factory.mktemp("redis-cluster")
-    with LocalRedisCluster(home, _free_run(6), persistent=False) as cluster:
+    with LocalRedisCluster(home, free_port_run(6), persistent=False) as cluster:
         yield cluster
 
 

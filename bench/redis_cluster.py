@@ -1,0 +1,158 @@
+"""``python -m bench cluster``: the entity fold on a local Redis Cluster against one redis-server.
+
+One run, one backlog. The same order records go through the fold envelope (``FoldWriter``, in
+25,000-record transactions as a Spark task applies them) into a single redis-server and into a
+local cluster of 3 masters with 1 replica each (``refold up --redis-cluster``), alternating
+which goes first, for ``--rounds``. Printed: events/s of each, the cluster's share of the single
+server's rate, the commands each master served during the cluster runs (INFO commandstats), and
+failover: a master killed while a writer applies batches, the seconds until a batch commits
+again. One machine: the cluster cannot be faster here; the figures say what it costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from redis.cluster import RedisCluster
+
+from bench.backlog import ORDERS_TOPIC, produce_orders
+from bench.envelope_only import apply_in_chunks, read_records
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.store.connect import redis_client
+from refold.contracts.topics import TopicSpec, effects_spec
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.deploy.redis_cluster import LocalRedisCluster, free_port_run
+from refold.processors.fold.records import SourceRecord
+from refold.processors.order_state.projection import (
+    DEFAULT_NOTIFICATIONS_TOPIC,
+    OrderStateProjection,
+)
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+
+__all__ = ["main"]
+
+
+def _calls(cluster: LocalRedisCluster) -> dict[int, int]:
+    """Commands each running master has served so far (INFO commandstats)."""
+    out = {}
+    for port in cluster.masters_now():
+        with cluster.node_client(port) as node:
+            stats = node.info("commandstats")
+        out[port] = sum(int(v["calls"]) for v in stats.values())
+    return out
+
+
+def _target(url: str, kafka: tuple[tuple[str, str], ...], dlq: str) -> FoldTarget:
+    return FoldTarget("order_state", 1, url, f"bench-cluster-{uuid.uuid4().hex[:8]}", kafka, dlq)
+
+
+def _failover(
+    cluster: LocalRedisCluster, records: Sequence[SourceRecord], kafka: Any, dlq: str
+) -> float:
+    """Seconds from killing the master of a generation's slot until a batch commits again."""
+    target = _target(cluster.url, kafka, dlq)
+    client = cast("RedisCluster", redis_client(cluster.url))
+    master = client.get_node_from_key(target.keys.positions).port  # type: ignore[no-untyped-call]
+    writer = FoldWriter(target, OrderStateProjection())
+    committed: list[float] = []
+    chunks = [records[i : i + 2_000] for i in range(0, len(records), 2_000)]
+
+    def traffic() -> None:
+        for batch_id, chunk in enumerate(chunks):
+            writer.apply(chunk, batch_id=batch_id)
+            committed.append(time.monotonic())
+
+    thread = threading.Thread(target=traffic, daemon=True)
+    thread.start()
+    while len(committed) < 3 and thread.is_alive():
+        time.sleep(0.005)
+    cluster.kill(master)
+    killed = time.monotonic()
+    while thread.is_alive() and not [t for t in committed if t > killed]:
+        time.sleep(0.01)
+    recovered = next((t - killed for t in committed if t > killed), float("nan"))
+    thread.join()
+    cluster.restart(master)  # back as a replica of the promoted one
+    cluster.wait_ok()
+    return recovered
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m bench cluster``."""
+    parser = argparse.ArgumentParser(prog="python -m bench cluster", description=__doc__)
+    parser.add_argument("--events", type=int, default=200_000, help="order events applied")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    parser.add_argument("--failovers", type=int, default=2, help="master kills measured")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="refold-bench-cluster-") as tmp:
+        state = Path(tmp)
+        with (
+            LocalStack(state / "stack", free_port(), free_port(), redis_persistent=False) as stack,
+            LocalRedisCluster(state, free_port_run(6), persistent=False) as cluster,
+        ):
+            kafka = (("bootstrap.servers", stack.bootstrap_servers),)
+            dlq = "bench.cluster.dlq"
+            ensure_topics(
+                dict(kafka),
+                [
+                    ORDERS_TOPIC,
+                    TopicSpec(dlq, 1, "(key)", ("(any)",)),
+                    effects_spec(DEFAULT_NOTIFICATIONS_TOPIC),
+                ],
+            )
+            produce_orders(stack.bootstrap_servers, args.events)
+            records = read_records(stack.bootstrap_servers, ORDERS_TOPIC.name, args.events)
+            print(f"backlog: {len(records):,} order events, 8 partitions", flush=True)
+            rates: dict[str, list[float]] = {"single": [], "cluster": []}
+            before = _calls(cluster)
+            for round_ in range(args.rounds):
+                order = ["single", "cluster"] if round_ % 2 == 0 else ["cluster", "single"]
+                for name in order:
+                    url = stack.redis_url if name == "single" else cluster.url
+                    writer = FoldWriter(_target(url, kafka, dlq), OrderStateProjection())
+                    rates[name].append(len(records) / apply_in_chunks(writer, records))
+                print(
+                    f"round {round_ + 1}: single {rates['single'][-1]:,.0f} ev/s, "
+                    f"cluster {rates['cluster'][-1]:,.0f} ev/s",
+                    flush=True,
+                )
+            after = _calls(cluster)
+            recoveries = [_failover(cluster, records, kafka, dlq) for _ in range(args.failovers)]
+    _print(rates, {port: after[port] - before.get(port, 0) for port in after}, recoveries)
+    return 0
+
+
+def _print(rates: dict[str, list[float]], calls: dict[int, int], recoveries: list[float]) -> None:
+    ratios = [c / s for s, c in zip(rates["single"], rates["cluster"], strict=True)]
+    total = sum(calls.values()) or 1
+    even = total / max(len(calls), 1)
+    rows = [
+        ("entity fold, single redis-server", _span(rates["single"], "ev/s")),
+        ("entity fold, 3-master cluster", _span(rates["cluster"], "ev/s")),
+        ("cluster / single, same round", f"{min(ratios):.0%}-{max(ratios):.0%}"),
+        *(
+            (f"  master :{port} commands", f"{n:,} ({n / even:.2f}x even)")
+            for port, n in sorted(calls.items())
+        ),
+        ("failover: a batch commits again after", _span(recoveries, "s", ".1f")),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print("\nRedis Cluster (one machine: 3 masters, 3 replicas, the processes share 2 cores)")
+    for label, value in rows:
+        print(f"  {label:<{width}}  {value}")
+    print(
+        "  One generation's keys share one hash tag, so one master serves a processor: the "
+        "cluster spreads processors and generations, not yet one processor's keys."
+    )
+
+
+def _span(values: list[float], unit: str, spec: str = ",.0f") -> str:
+    low, high = min(values), max(values)
+    return f"{low:{spec}} {unit}" if low == high else f"{low:{spec}}-{high:{spec}} {unit}"
