@@ -144,16 +144,22 @@ def test_a_snapshot_taken_while_batches_commit_is_consistent(world):
     chunks = [world.records[i : i + 25] for i in range(0, len(world.records), 25)]
     writer.apply(chunks[0])
     done = threading.Event()
+    snapshots = []
 
     def keep_writing():
-        for chunk in chunks[1:]:
+        for index, chunk in enumerate(chunks[1:]):
+            taken = len(snapshots)
             writer.apply(chunk)
             time.sleep(0.01)  # spread the commits so that snapshots land between them
+            # Every other commit waits for a snapshot after it (bounded), so that snapshots land
+            # mid-stream on a loaded machine too; the others race the snapshots' copies.
+            deadline = time.monotonic() + 5
+            while index % 2 == 0 and len(snapshots) == taken and time.monotonic() < deadline:
+                time.sleep(0.001)
         done.set()
 
     thread = threading.Thread(target=keep_writing)
     thread.start()
-    snapshots = []
     while not done.is_set() or not snapshots:
         snapshots.append(store.take(world.live))
     thread.join()
