@@ -253,7 +253,11 @@ class LocalRedisCluster:
             raise RedisClusterError(msg)
 
     def wait_ok(self, timeout_s: float = _READY_TIMEOUT_S) -> None:
-        """Wait until every running node says ``cluster_state:ok`` with all slots served."""
+        """Wait until every running node says ``cluster_state:ok`` with all slots served.
+
+        And until every replica's link to its master is up (synced): a master killed before
+        its replica has synced has nobody to fail over to, and its slots stay down.
+        """
         deadline = time.monotonic() + timeout_s
         states: list[str] = []
         while time.monotonic() < deadline:
@@ -273,6 +277,13 @@ class LocalRedisCluster:
             return f"{port} {exc}"
         if int(info.get("cluster_slots_ok", 0)) != 16384:
             return f"{port} {info.get('cluster_slots_ok')} slots ok"
+        try:
+            with self.node_client(port) as node:
+                replication = node.info("replication")
+        except redis.RedisError as exc:
+            return f"{port} {exc}"
+        if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+            return f"{port} replica not synced"
         return f"{port} {info.get('cluster_state')}"
 
     def masters_now(self) -> list[int]:
