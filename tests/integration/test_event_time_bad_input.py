@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 
 import orjson
-from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.layout import StateLayout, position_field
@@ -35,6 +34,7 @@ from refold.processors.sales_windows.projection import SalesWindows
 from refold.processors.web_sessions.config import WEB_SESSIONS
 from refold.processors.web_sessions.projection import WebSessionsProjection
 from refold.services.reader.state_reader import StateReader
+from tests.support.topics import read_to_end
 from tests.support.windows import bucket_dump
 
 CODEC = EventCodec()
@@ -43,16 +43,7 @@ UNLUCKY = 13  # an amount the test fold refuses to measure
 
 
 def _letters(bootstrap: str, topic: str) -> list[tuple[dict[str, bytes], bytes | None]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t"})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    found: list = []
-    idle = 0
-    while idle < 4:
-        batch = [m for m in consumer.consume(100, timeout=0.5) if m.error() is None]
-        idle = 0 if batch else idle + 1
-        found += [(dict(m.headers()), m.value()) for m in batch]
-    consumer.close()
-    return found
+    return [(dict(m.headers()), m.value()) for m in read_to_end(bootstrap, topic)]
 
 
 def _record(offset: int, event_type: str, event: dict, topic: str = "orders") -> SourceRecord:

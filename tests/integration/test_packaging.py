@@ -14,13 +14,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
 from refold.processors.fold.oracle import fold_all
 from refold.processors.fold.records import SourceRecord
 from refold.processors.order_state.projection import OrderStateProjection
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from tests.support.topics import read_to_end
 from tests.support.wheel import fresh_venv, session_wheel
 
 FOLDERS = ("contracts", "services", "processors", "replay", "deploy")
@@ -91,17 +91,9 @@ _ABSENT = "pyspark", "pyarrow", "pandas", "fastapi", "uvicorn", "prometheus_clie
 
 
 def _records(bootstrap: str, topic: str, partitions: int) -> list[SourceRecord]:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "t", "enable.auto.commit": "false"}
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    found, idle = [], 0
-    while idle < 6:
-        batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
-        idle = 0 if batch else idle + 1
-        found += [SourceRecord(topic, m.partition(), m.offset(), m.key(), m.value()) for m in batch]
-    consumer.close()
-    return sorted(found, key=lambda r: (r.partition, r.offset))
+    found = read_to_end(bootstrap, topic)
+    assert {m.partition() for m in found} <= set(range(partitions))
+    return [SourceRecord(topic, m.partition(), m.offset(), m.key(), m.value()) for m in found]
 
 
 def test_without_extras_a_venv_publishes_and_reads_and_names_the_extra_it_lacks(

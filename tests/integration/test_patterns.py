@@ -14,8 +14,6 @@ import dataclasses
 import random
 import zlib
 
-from confluent_kafka import Consumer, TopicPartition
-
 from refold.contracts.codec import MAGIC, EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.origin import ORIGIN_ID
@@ -31,6 +29,7 @@ from refold.processors.order_alerts.config import ORDER_ALERTS
 from refold.processors.order_alerts.projection import build as build_order_alerts
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.services.reader.state_reader import StateReader
+from tests.support.topics import read_to_end
 
 CODEC = EventCodec()
 PARTITIONS = 8
@@ -85,25 +84,17 @@ def _run(target, projection, records, rng=None):
 
 def _insights(bootstrap: str, topic: str) -> dict[str, dict]:
     """The insights on ``topic`` by id, each checked against the Insight contract."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t"})
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     seen: dict[str, dict] = {}
-    idle = 0
-    while idle < 4:
-        batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
-        idle = 0 if batch else idle + 1
-        for message in batch:
-            value = message.value()
-            assert value.startswith(MAGIC)  # Avro, written with its contract: not JSON
-            decoded = CODEC.decode(value)
-            assert decoded.event_type == "Insight"
-            insight = decoded.data
-            assert message.key().decode() == insight["key"]
-            headers = dict(message.headers() or [])
-            assert headers[ORIGIN_ID].decode().startswith(f"{insight['processor']}|")
-            assert seen.setdefault(insight["insight_id"], insight) == insight  # at least once
-    consumer.close()
+    for message in read_to_end(bootstrap, topic):
+        value = message.value()
+        assert value.startswith(MAGIC)  # Avro, written with its contract: not JSON
+        decoded = CODEC.decode(value)
+        assert decoded.event_type == "Insight"
+        insight = decoded.data
+        assert message.key().decode() == insight["key"]
+        headers = dict(message.headers() or [])
+        assert headers[ORIGIN_ID].decode().startswith(f"{insight['processor']}|")
+        assert seen.setdefault(insight["insight_id"], insight) == insight  # at least once
     return seen
 
 

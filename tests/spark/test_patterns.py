@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-
 from refold.contracts.codec import MAGIC, EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.process_group import GroupProcess
@@ -28,6 +26,7 @@ from refold.processors.order_alerts.config import ORDER_ALERTS
 from refold.processors.order_alerts.projection import build
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
+from tests.support.topics import read_to_end
 from tests.support.waiting import assert_eventually
 from tests.support.windows import timed_input
 
@@ -37,20 +36,12 @@ CODEC = EventCodec()
 
 def _insights(bootstrap: str, topic: str) -> dict[str, dict]:
     """The insights on ``topic`` by id (a repeated one must be identical)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t"})
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     seen: dict[str, dict] = {}
-    idle = 0
-    while idle < 4:
-        batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
-        idle = 0 if batch else idle + 1
-        for message in batch:
-            value = message.value()
-            assert value.startswith(MAGIC)  # Avro, written with the Insight contract
-            insight = CODEC.decode(value).data
-            assert seen.setdefault(insight["insight_id"], insight) == insight
-    consumer.close()
+    for message in read_to_end(bootstrap, topic):
+        value = message.value()
+        assert value.startswith(MAGIC)  # Avro, written with the Insight contract
+        insight = CODEC.decode(value).data
+        assert seen.setdefault(insight["insight_id"], insight) == insight
     return seen
 
 

@@ -11,7 +11,6 @@ import dataclasses
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher, ProcessorOptions
@@ -30,21 +29,13 @@ from refold.replay.plan import ToEarliest
 from refold.replay.rebuild import plan_replay, run_rebuild
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
+from tests.support.topics import read_to_end
 from tests.support.waiting import assert_eventually
 from tests.support.windows import timed_input
 
 
 def _closed(bootstrap: str, topic: str) -> set[tuple]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t"})
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    seen, idle = set(), 0
-    while idle < 4:
-        batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
-        idle = 0 if batch else idle + 1
-        seen |= {tuple(sorted(orjson.loads(m.value()).items())) for m in batch}
-    consumer.close()
-    return seen
+    return {tuple(sorted(orjson.loads(m.value()).items())) for m in read_to_end(bootstrap, topic)}
 
 
 def test_sessions_and_the_search_join_equal_their_oracles_through_a_kill_and_a_replay(

@@ -13,8 +13,6 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.layout import StateLayout
@@ -38,6 +36,7 @@ from refold.processors.unique_visitors.projection import UniqueVisitors
 from refold.replay.plan import ToEarliest
 from refold.replay.rebuild import plan_replay, run_rebuild
 from refold.services.producer.publisher import EventPublisher
+from tests.support.topics import read_to_end
 from tests.support.waiting import assert_eventually
 from tests.support.windows import bucket_dump, log_events, sketch_counts
 
@@ -55,22 +54,10 @@ def _result(value: bytes) -> dict:
 
 def _emitted(bootstrap: str, topic: str) -> list[tuple[dict, dict]]:
     """Every result on a windows topic, with its headers, in partition order."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t"})
-    meta = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in meta])
-    out, idle = [], 0
-    while idle < 4:
-        batch = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
-        idle = 0 if batch else idle + 1
-        out += [
-            (
-                _result(m.value()),
-                {k: v.decode() for k, v in m.headers()},
-            )
-            for m in batch
-        ]
-    consumer.close()
-    return out
+    return [
+        (_result(m.value()), {k: v.decode() for k, v in m.headers()})
+        for m in read_to_end(bootstrap, topic)
+    ]
 
 
 def _final_results(emitted: list[tuple[dict, dict]]) -> dict[tuple[str, str, int], dict]:
