@@ -12,8 +12,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["GroupProcess", "alive", "terminate"]
 
@@ -52,6 +54,25 @@ def terminate(pid: int, grace_s: float, *, group: bool = False) -> None:
         send(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
+
+
+def start_daemon(command: Sequence[str], log_file: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    """Start a server or daemon that outlives its caller, its output appended to ``log_file``.
+
+    A new session (and process group): ``refold up`` returns while it goes on, Ctrl-C in a
+    test run does not reach it, and its owner stops it by its PID (:func:`terminate`).
+    ``popen`` adds ``env``, ``cwd``... The one way the local stack's servers, the local Redis
+    Cluster's nodes and the Spark cluster's daemons start.
+    """
+    with log_file.open("ab") as log:
+        return subprocess.Popen(  # noqa: S603 - the caller's fixed argv, no shell
+            list(command),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            **popen,
+        )
 
 
 @dataclass

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from refold.contracts.errors import RefoldError
-from refold.contracts.process_group import terminate
+from refold.contracts.process_group import start_daemon, terminate
 from refold.deploy.processes import tcp_port
 
 __all__ = [
@@ -366,18 +366,12 @@ class SparkCluster:
 
     def _spawn(self, role: Role, spark_home: Path) -> subprocess.Popen[bytes]:
         command = daemon_command(role, self.spec, spark_home, self.work_dir)
-        with self.log_file(role).open("ab") as log:
-            # A new session (and process group): `refold cluster up` returns while the daemons
-            # go on, Ctrl-C does not reach them, and `down` stops each group by its PID.
-            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=daemon_env(role, self.spec, spark_home, os.environ),
-                cwd=self.state_dir,
-            )
+        proc = start_daemon(
+            command,
+            self.log_file(role),
+            env=daemon_env(role, self.spec, spark_home, os.environ),
+            cwd=self.state_dir,
+        )
         ports = (
             [self.spec.master_port, self.spec.webui_port]
             if role == "master"

@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from typing import Literal
 from confluent_kafka.admin import AdminClient
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
-from refold.contracts.process_group import alive, terminate
+from refold.contracts.process_group import alive, start_daemon, terminate
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.deploy.kafka_broker import (
     MAIN_CLASS,
@@ -356,17 +355,7 @@ class LocalStack:
 
     def _spawn(self, name: ServerName) -> int:
         command = self._command(name)
-        log = self._log_file(name).open("ab")
-        with log:
-            # A new session: `refold up` returns while the servers go on; Ctrl-C in a test
-            # run does not reach them, the fixtures stop them by PID.
-            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        proc = start_daemon(command, self._log_file(name))
         # The port too, so `refold status` and `down` need not be told it again.
         self._pid_file(name).write_text(f"{proc.pid} {self._port(name)}\n")
         return proc.pid

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import redis
 
-from refold.contracts.process_group import alive, terminate
+from refold.contracts.process_group import alive, start_daemon, terminate
 
 __all__ = [
     "DEFAULT_CLUSTER_PORT",
@@ -214,14 +214,7 @@ class LocalRedisCluster:
             *("--cluster-node-timeout", str(_NODE_TIMEOUT_MS), "--save", ""),
             *("--appendonly", "yes" if self.persistent else "no", "--appendfsync", "everysec"),
         ]
-        with self.log_file(port).open("ab") as log:
-            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        proc = start_daemon(command, self.log_file(port))
         self._pid_file(port).write_text(f"{proc.pid} {port}\n")
         return proc.pid
 

@@ -10,8 +10,10 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from refold.contracts.store.connect import redis_client
 from refold.deploy import kafka_broker
 from refold.deploy.local_stack import LocalStack, LocalStackError, _port_open, free_port
+from refold.deploy.redis_cluster import free_port_run
 
 
 def _recorded_pid(stack_dir, name):
@@ -59,6 +61,36 @@ def test_up_status_down_through_the_cli(tmp_path):
     status = subprocess.run([*base, "status"], capture_output=True, text=True, timeout=30)
     assert status.returncode == 3
     assert "stopped" in status.stdout
+
+
+def test_up_with_a_redis_cluster_stays_a_cluster_and_down_stops_every_node(tmp_path):
+    first = free_port_run(6)
+    base = [sys.executable, "-m", "refold.deploy.cli", "--state-dir", str(tmp_path)]
+    ports = ["--kafka-port", str(free_port()), "--redis-port", str(first)]
+    up = subprocess.run(
+        [*base, "up", "--redis-cluster", *ports], capture_output=True, text=True, timeout=120
+    )
+    stack = tmp_path / "stack"
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"REFOLD_REDIS__URL=redis+cluster://127.0.0.1:{first}" in up.stdout
+        client = redis_client(f"redis+cluster://127.0.0.1:{first}")
+        assert client.set("{t}k", "v")
+        assert client.get("{t}k") == b"v"
+        status = subprocess.run([*base, "status"], capture_output=True, text=True, timeout=30)
+        assert status.stdout.count("running (pid") == 7  # Kafka and six nodes
+        # Without the flag, the state dir stays what it was first started as.
+        cluster = LocalStack(stack).cluster
+        assert cluster is not None
+        assert cluster.first_port == first
+        pids = [cluster.pid(port) for port in cluster.ports]
+    finally:
+        down = subprocess.run([*base, "down"], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0
+    assert down.stdout.count("redis (port") == 6
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_a_taken_port_is_a_clear_error_and_starts_nothing(tmp_path):
