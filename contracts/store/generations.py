@@ -178,14 +178,19 @@ class GenerationRegistry:
     def __init__(self, client: redis.Redis, layout: StateLayout) -> None:
         self.client = client
         self.layout = layout
-        self._adopt_legacy_registry()
+        self._adopted = False  # checked on first use, not here: building one calls no Redis
 
     def _adopt_legacy_registry(self) -> None:
-        """Rename a registry written before it had its hash tag (one EXISTS when there is none).
+        """Rename a registry written before it had its hash tag (one EXISTS, once per registry).
 
+        Called by the methods that read or write the registry's keys, so that its first Redis
+        call is its caller's, inside whatever outage or refused-login handling the caller has.
         Only a single Redis can hold one: a cluster refused the untagged flip. RENAMENX, so of
         two processes adopting at once one renames and the other finds it done.
         """
+        if self._adopted:
+            return
+        self._adopted = True
         legacy_alias, legacy_generations = self.layout.legacy_registry
         if is_cluster(self.client) or not self.client.exists(legacy_generations):
             return
@@ -208,11 +213,13 @@ class GenerationRegistry:
 
     def live(self) -> int | None:
         """The generation readers see, or ``None`` before the first one exists."""
+        self._adopt_legacy_registry()
         value = self.client.get(self.layout.alias)
         return None if value is None else int(_decode(cast("bytes", value)))
 
     def list(self) -> list[GenerationInfo]:
         """Every generation, oldest first."""
+        self._adopt_legacy_registry()
         raw = cast("dict[bytes, bytes]", self.client.hgetall(self.layout.generations))
         result = []
         for gen_raw, status in sorted(raw.items(), key=lambda kv: int(kv[0])):
@@ -249,6 +256,7 @@ class GenerationRegistry:
 
     def status(self, generation: int) -> GenerationStatus | None:
         """Status of one generation, ``None`` if it does not exist."""
+        self._adopt_legacy_registry()
         value = self.client.hget(self.layout.generations, str(generation))
         return None if value is None else cast("GenerationStatus", _decode(cast("bytes", value)))
 
@@ -262,6 +270,7 @@ class GenerationRegistry:
         Returns:
             The new generation number.
         """
+        self._adopt_legacy_registry()
         while True:
             taken = [
                 int(g) for g in cast("list[bytes]", self.client.hkeys(self.layout.generations))
@@ -284,6 +293,7 @@ class GenerationRegistry:
 
     def forget(self, generation: int) -> None:
         """Remove ``generation`` from the registry (gc, once its keys are gone)."""
+        self._adopt_legacy_registry()
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hdel(self.layout.generations, str(generation))
             pipe.hdel(self.layout.flips, *(f"{generation}:{name}" for name in _FLIP_FIELDS))
@@ -342,6 +352,7 @@ class GenerationRegistry:
         Raises:
             RefoldError: ``generation`` does not exist.
         """
+        self._adopt_legacy_registry()
         if self.status(generation) is None:
             msg = f"{self.layout.processor} has no generation {generation}"
             raise RefoldError(msg)
@@ -388,6 +399,7 @@ class GenerationRegistry:
             ``(flipped, previous live generation, how far behind per partition)``; the last
             is empty when it flipped.
         """
+        self._adopt_legacy_registry()
         if self.status(generation) is None:
             msg = f"{self.layout.processor} has no generation {generation}"
             raise RefoldError(msg)
