@@ -98,6 +98,22 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _wait_stopped(pid: int, timeout_s: float = 5.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (state T in /proc; no /proc: return)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            states = [
+                (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                for task in Path(f"/proc/{pid}/task").iterdir()
+            ]
+        except (OSError, IndexError):
+            return  # gone, or no /proc to look at
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.005)
+
+
 def _installed_kafka_version() -> str:
     try:
         return kafka_version(jars_dir())
@@ -404,10 +420,17 @@ class LocalStack:
         self._wait_ready(name)
 
     def pause(self, name: ServerName, paused: bool = True) -> None:
-        """SIGSTOP (or SIGCONT) one server: it keeps its sockets but answers nothing."""
+        """SIGSTOP (or SIGCONT) one server: it keeps its sockets but answers nothing.
+
+        Returns once every thread of it has stopped: kill() returns before a busy thread does,
+        and a JVM's network thread answered a request in that window (a fault test saw four
+        events acknowledged by a broker it had just paused).
+        """
         pid = self._recorded_pid(name)
         if pid is not None and _pid_runs(pid, self._program(name)):
             os.kill(pid, signal.SIGSTOP if paused else signal.SIGCONT)
+            if paused:
+                _wait_stopped(pid)
 
     def stop(self) -> None:
         """Stop the servers this stack recorded, by PID; a missing server is not an error.
