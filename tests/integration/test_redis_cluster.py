@@ -29,6 +29,12 @@ from tests.integration.test_added_state_kind import (  # noqa: F401 - run here o
     test_a_kind_added_as_a_module_folds_replays_snapshots_diffs_resets_and_is_collected,
     top_kind,
 )
+from tests.integration.test_api_keys import (  # noqa: F401
+    client,
+    prefix,
+    store,
+    test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_other_keys_go_on,
+)
 from tests.integration.test_fold_writer import (  # noqa: F401
     test_concurrent_writers_of_one_generation_apply_each_record_once,
     test_partial_overlap_applies_only_the_new_tail,
@@ -82,20 +88,20 @@ def redis_url(redis_cluster: LocalRedisCluster) -> str:
 
 
 def test_the_cluster_spreads_processors_and_keeps_each_flip_in_one_slot(redis_url, unique):
-    client = redis_client(redis_url)
+    cluster_client = redis_client(redis_url)
     slots = {}
     for name in ("order_state", "customer_stats", "sales_windows", "order_alerts"):
-        registry = GenerationRegistry.of(client, name, f"test-{unique}")
+        registry = GenerationRegistry.of(cluster_client, name, f"test-{unique}")
         generation = registry.create({"topics": ["orders"]}, live=True)
         nodes = {
-            client.get_node_from_key(key).name
+            cluster_client.get_node_from_key(key).name
             for key in (registry.layout.alias, registry.layout.generations, registry.layout.flips)
         }
         assert len(nodes) == 1  # the registry's keys: one slot
         second = registry.create({"topics": ["orders"]})
         assert registry.flip(second) == generation
         assert registry.meta(second)["replaced"] == str(generation)
-        slots[name] = client.keyslot(registry.keys(second).positions)
+        slots[name] = cluster_client.keyslot(registry.keys(second).positions)
     assert len(set(slots.values())) == len(slots)  # each generation its own slot
 
 
@@ -116,8 +122,8 @@ def test_a_master_killed_under_traffic_fails_over_and_nothing_is_lost_or_applied
     publisher.close()
     records, _ends = _read_back(kafka_bootstrap, topic, 4)
     chunks = [records[i : i + 60] for i in range(0, len(records), 60)]
-    client = redis_client(target.redis_url)
-    master = client.get_node_from_key(target.keys.positions).port
+    cluster_client = redis_client(target.redis_url)
+    master = cluster_client.get_node_from_key(target.keys.positions).port
     writer = FoldWriter(target, P)
     applied_at: list[float] = []
     killed_at: list[float] = []

@@ -127,19 +127,24 @@ def test_a_registry_written_before_its_hash_tag_is_adopted_with_its_live_generat
     redis_url, unique
 ):
     client = redis_client(redis_url)
-    if is_cluster(client):
-        pytest.skip("only a single Redis can hold a registry without a hash tag")
     prefix = f"test-{unique}"
+    legacy = (f"{prefix}:order_state:live", f"{prefix}:order_state:generations")
     # As an older refold wrote it: no hash tag on the alias and the generations hash.
-    client.hset(f"{prefix}:order_state:generations", mapping={"1": "retired", "2": "live"})
-    client.set(f"{prefix}:order_state:live", "2")
+    client.hset(legacy[1], mapping={"1": "retired", "2": "live"})
+    client.set(legacy[0], "2")
     client.hset(f"{prefix}:{{order_state.g2}}:meta", mapping={"replaced": "1", "live_since": "7"})
 
     registry = GenerationRegistry.of(client, "order_state", prefix)
+    if is_cluster(client):
+        # An older refold could not flip on a cluster (its alias and registry were in two
+        # slots), so no deployment holds such keys there: they are left as they are.
+        assert registry.live() is None
+        assert [client.exists(key) for key in legacy] == [1, 1]
+        return
     assert registry.live() == 2
     assert [(g.generation, g.status) for g in registry.list()] == [(1, "retired"), (2, "live")]
     assert registry.meta(2)["replaced"] == "1"  # what a rollback flips back to
-    assert not client.exists(f"{prefix}:order_state:live", f"{prefix}:order_state:generations")
+    assert not client.exists(*legacy)
     assert GenerationRegistry.of(client, "order_state", prefix).live() == 2  # adopted once
     assert registry.flip(1, record_replaced=False) == 2
     assert client.get(f"{prefix}:{{order_state}}:live") == b"1"
