@@ -17,9 +17,9 @@ from refold.processors.fold.oracle import fold_all
 from refold.processors.fold.records import SourceRecord
 from refold.processors.order_state.projection import OrderStateProjection
 from refold.processors.runtime.envelope import FoldWriter
-from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
+from tests.support.topics import source_records
 
 P = OrderStateProjection()
 
@@ -30,27 +30,6 @@ def _state(target):
         dict(reader.scan("orders", generation=1)),
         reader.aggregate("order_totals", generation=1).value,
     )
-
-
-def _read_back(kafka_bootstrap, topic, partitions, since=None):
-    """Every record of ``topic`` (from ``since`` per partition) as SourceRecords."""
-    from refold.contracts.kafka.offsets import LogOffsets
-
-    with LogOffsets({"bootstrap.servers": kafka_bootstrap}) as offsets:
-        ends = offsets.end_offsets([(topic, p) for p in range(partitions)])
-    since = since or {}
-    ranges = tuple(
-        (topic, p, since.get(p, 0), ends[(topic, p)])
-        for p in range(partitions)
-        if ends[(topic, p)] > since.get(p, 0)
-    )
-    options = SourceOptions(kafka=(("bootstrap.servers", kafka_bootstrap),), topics=(topic,))
-    records = [
-        SourceRecord.of_message(m)
-        for chunk in read_messages(options, ranges, slot="test")
-        for m in chunk
-    ]
-    return sorted(records, key=lambda r: (r.partition, r.offset)), ends
 
 
 def _poison(order_id="ord-poison"):
@@ -120,14 +99,14 @@ def test_a_range_redis_lost_is_read_and_folded_again(target, kafka_bootstrap, ma
     events = list(OrderSimulator(600, seed=11, anomaly_rate=0))
     half = len(events) // 2
     publisher.emit_many(events[:half])
-    first, ends_first = _read_back(kafka_bootstrap, topic, 4)
+    first, ends_first = source_records(kafka_bootstrap, topic, 4)
     writer = FoldWriter(target, P)
     writer.apply(first)
     client = redis_client(target.redis_url)
     backup = {k: client.dump(k) for k in client.scan_iter(match=f"{target.key_prefix}:*")}
 
     publisher.emit_many(events[half : half + half // 2])
-    second, ends_second = _read_back(
+    second, ends_second = source_records(
         kafka_bootstrap, topic, 4, {p: ends_first[(topic, p)] for p in range(4)}
     )
     writer.apply(second)
@@ -137,7 +116,9 @@ def test_a_range_redis_lost_is_read_and_folded_again(target, kafka_bootstrap, ma
         client.restore(key, 0, value)
 
     publisher.emit_many(events[half + half // 2 :])
-    third, _ = _read_back(kafka_bootstrap, topic, 4, {p: ends_second[(topic, p)] for p in range(4)})
+    third, _ = source_records(
+        kafka_bootstrap, topic, 4, {p: ends_second[(topic, p)] for p in range(4)}
+    )
     outcome = writer.apply(third)
 
     assert outcome.applied == len(events) - half

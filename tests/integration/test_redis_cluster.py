@@ -10,12 +10,14 @@ the HTTP query paging through a cutover. Then a master is killed under traffic.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from refold.contracts.commerce import ORDERS
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.redis_cluster import LocalRedisCluster, free_port_run
@@ -23,7 +25,6 @@ from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.order_state.projection import OrderStateProjection
 from refold.processors.runtime.envelope import FoldWriter
-from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
 from tests.integration.test_added_state_kind import (  # noqa: F401 - run here on the cluster
     test_a_kind_added_as_a_module_folds_replays_snapshots_diffs_resets_and_is_collected,
@@ -41,7 +42,6 @@ from tests.integration.test_fold_writer import (  # noqa: F401
     test_reader_follows_the_alias_flip,
     test_state_equals_the_oracle_and_replaying_changes_nothing,
 )
-from tests.integration.test_fold_writer_faults import _read_back, target_kafka
 from tests.integration.test_rekeyed_writer import (  # noqa: F401
     orders,
     test_slots_fold_again_what_redis_lost,
@@ -70,6 +70,7 @@ from tests.integration.test_window_writer import (  # noqa: F401
     test_after_a_flip_the_new_generation_emits_only_the_windows_the_old_one_did_not,
     test_buckets_equal_the_oracle_whatever_the_chunks_and_interleaving,
 )
+from tests.support.topics import publish, source_records
 
 P = OrderStateProjection()
 
@@ -110,17 +111,8 @@ def test_a_master_killed_under_traffic_fails_over_and_nothing_is_lost_or_applied
 ):
     topic = make_topic(partitions=4, prefix="orders")
     events = list(OrderSimulator(1500, seed=17, anomaly_rate=0))
-    import dataclasses
-
-    from refold.contracts.commerce import ORDERS
-
-    publisher = EventPublisher(
-        target_kafka(kafka_bootstrap),
-        topics=[dataclasses.replace(ORDERS, name=topic, partitions=4)],
-    )
-    publisher.emit_many(events)
-    publisher.close()
-    records, _ends = _read_back(kafka_bootstrap, topic, 4)
+    publish(kafka_bootstrap, dataclasses.replace(ORDERS, partitions=4), topic, events)
+    records, _ends = source_records(kafka_bootstrap, topic, 4)
     chunks = [records[i : i + 60] for i in range(0, len(records), 60)]
     cluster_client = redis_client(target.redis_url)
     master = cluster_client.get_node_from_key(target.keys.positions).port

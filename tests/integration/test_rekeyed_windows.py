@@ -38,6 +38,7 @@ from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 from refold.processors.runtime.window_store import WindowCloser, generation_watermark
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
+from tests.support.topics import publish, source_records
 from tests.support.windows import bucket_dump
 
 SLOTS = 3
@@ -93,19 +94,9 @@ def _events() -> list[tuple[str, dict]]:
 def orders(kafka_bootstrap, make_topic):
     """The orders topic (8 partitions by order_id) and its records as read back."""
     topic = make_topic(partitions=ORDERS.partitions, prefix="orders")
-    publisher = EventPublisher(
-        KafkaSettings(bootstrap_servers=kafka_bootstrap),
-        topics=[dataclasses.replace(ORDERS, name=topic)],
-    )
-    publisher.emit_many(_events())
-    publisher.close()
-    with LogOffsets({"bootstrap.servers": kafka_bootstrap}) as offsets:
-        ends = offsets.end_offsets([(topic, p) for p in range(ORDERS.partitions)])
-    options = SourceOptions(kafka=(("bootstrap.servers", kafka_bootstrap),), topics=(topic,))
-    ranges = tuple((topic, p, 0, ends[(topic, p)]) for p in range(ORDERS.partitions))
-    records = [
-        SourceRecord.of_message(m) for chunk in read_messages(options, ranges, "t") for m in chunk
-    ]
+    publish(kafka_bootstrap, ORDERS, topic, _events())
+    records, _ends = source_records(kafka_bootstrap, topic, ORDERS.partitions)
+    return topic, sorted(records, key=lambda r: (r.offset, r.partition))  # partitions interleaved
     return topic, sorted(records, key=lambda r: (r.offset, r.partition))
 
 

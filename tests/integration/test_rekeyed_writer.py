@@ -4,15 +4,11 @@ slots' minimum, no record refused that the oracle accepts."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
-from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import position_field
-from refold.contracts.settings import KafkaSettings
 from refold.contracts.store.connect import redis_client
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.customer_stats.projection import CustomerStatsProjection
@@ -20,9 +16,8 @@ from refold.processors.fold.oracle import fold_all
 from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.rekey import KeyResolver
 from refold.processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
-from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
-from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
+from tests.support.topics import publish, source_records
 
 P = CustomerStatsProjection()
 SLOTS = 3
@@ -33,20 +28,9 @@ def orders(kafka_bootstrap, make_topic):
     """A topic of simulated orders, its events as published and its records as read back."""
     topic = make_topic(partitions=ORDERS.partitions, prefix="orders")
     events = list(OrderSimulator(300, seed=61))
-    publisher = EventPublisher(
-        KafkaSettings(bootstrap_servers=kafka_bootstrap),
-        topics=[dataclasses.replace(ORDERS, name=topic)],
-    )
-    publisher.emit_many(events)
-    publisher.close()
-    with LogOffsets({"bootstrap.servers": kafka_bootstrap}) as offsets:
-        ends = offsets.end_offsets([(topic, p) for p in range(ORDERS.partitions)])
-    options = SourceOptions(kafka=(("bootstrap.servers", kafka_bootstrap),), topics=(topic,))
-    ranges = tuple((topic, p, 0, ends[(topic, p)]) for p in range(ORDERS.partitions))
-    records = [
-        SourceRecord.of_message(m) for chunk in read_messages(options, ranges, "t") for m in chunk
-    ]
-    return topic, events, sorted(records, key=lambda r: (r.partition, r.offset))
+    publish(kafka_bootstrap, ORDERS, topic, events)
+    records, _ends = source_records(kafka_bootstrap, topic, ORDERS.partitions)
+    return topic, events, records
 
 
 def _target(redis_url, kafka_bootstrap, make_topic, unique, topic) -> FoldTarget:

@@ -1,4 +1,8 @@
-"""Read a whole topic as it is now, for tests: every partition up to its end, then return.
+"""Write and read whole topics in tests: events published, records read up to each end.
+
+``publish`` and ``source_records`` are the fixtures' way to put events on a topic and take
+them back as the fold envelope gets them (``SourceRecord`` with real offsets, so a writer can
+refill a range it lost from the log).
 
 The one way tests read a topic's records: up to each partition's end (for ``read_committed``
 the last stable offset: records of open transactions are not readable yet), told by librdkafka's
@@ -8,11 +12,57 @@ waiting for seconds of silence, so a probe polled by ``assert_eventually`` costs
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from refold.contracts.kafka.consumers import Isolation, passive_consumer
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.settings import KafkaSettings
+from refold.contracts.topics import TopicSpec
+from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
+from refold.services.producer.publisher import EventPublisher
 
-__all__ = ["read_to_end"]
+__all__ = ["publish", "read_to_end", "source_records"]
+
+
+def publish(
+    bootstrap: str, spec: TopicSpec, topic: str, events: Iterable[tuple[str, dict[str, Any]]]
+) -> None:
+    """Publish ``events`` with the SDK to ``topic``, routed as ``spec`` routes them."""
+    publisher = EventPublisher(
+        KafkaSettings(bootstrap_servers=bootstrap), topics=[dataclasses.replace(spec, name=topic)]
+    )
+    publisher.emit_many(list(events))
+    publisher.close()
+
+
+def source_records(
+    bootstrap: str, topic: str, partitions: int, since: Mapping[int, int] | None = None
+) -> tuple[list[SourceRecord], dict[tuple[str, int], int]]:
+    """The records of ``topic`` from ``since`` (per partition) to its end, by partition, offset.
+
+    Returns:
+        The records and the end offsets they were read to.
+    """
+    with LogOffsets({"bootstrap.servers": bootstrap}) as offsets:
+        ends = offsets.end_offsets([(topic, p) for p in range(partitions)])
+    since = since or {}
+    ranges = tuple(
+        (topic, p, since.get(p, 0), ends[(topic, p)])
+        for p in range(partitions)
+        if ends[(topic, p)] > since.get(p, 0)
+    )
+    options = SourceOptions(kafka=(("bootstrap.servers", bootstrap),), topics=(topic,))
+    records = [
+        SourceRecord.of_message(m)
+        for chunk in read_messages(options, ranges, slot="test")
+        for m in chunk
+    ]
+    return sorted(records, key=lambda r: (r.partition, r.offset)), ends
 
 
 def read_to_end(
