@@ -12,11 +12,12 @@ that cannot be taken become dead letters with the reason.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from redis.client import Pipeline
 
+from refold.contracts.catalog import SchemaVersion
 from refold.contracts.codec import DecodedEvent, EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
 from refold.contracts.layout import position_field
@@ -293,17 +294,8 @@ class Intake:
         A processor often folds some types of several on its topics (sales_windows:
         ``OrderPaid``, a tenth of the orders topic), so the others are never decoded.
         """
-        fingerprint = fingerprint_of(record.value)
-        if fingerprint is None:
-            return True
-        # Per fingerprint, not writer_of per record: this runs for every record of the fold.
-        counted = self._counts.get(fingerprint)
-        if counted is None:
-            writer = self.codec.writer_of(record.value)
-            if writer is None:
-                return True
-            counted = self._counts[fingerprint] = writer.name in self.projection.event_types
-        return counted
+        types = self.projection.event_types
+        return self._by_writer(record, self._counts, lambda writer: writer.name in types)
 
     def _carries_key(self, record: SourceRecord) -> bool:
         """Whether the record's writer schema has the entity key field (read off its header).
@@ -311,18 +303,33 @@ class Intake:
         Such records make links, so every slot decodes them; so are records whose schema is
         not known (the decode says why).
         """
+        key = self.target.key_field
+        return self._by_writer(
+            record,
+            self._carries,
+            lambda writer: any(f.get("name") == key for f in writer.raw.get("fields", [])),
+        )
+
+    def _by_writer(
+        self,
+        record: SourceRecord,
+        known: dict[bytes, bool],
+        decide: Callable[[SchemaVersion], bool],
+    ) -> bool:
+        """``decide`` of the record's writer schema, once per fingerprint (True: unknown).
+
+        Per fingerprint, not ``writer_of`` per record: this runs for every record of the fold.
+        """
         fingerprint = fingerprint_of(record.value)
         if fingerprint is None:
             return True
-        carries = self._carries.get(fingerprint)
-        if carries is None:
+        answer = known.get(fingerprint)
+        if answer is None:
             writer = self.codec.writer_of(record.value)
             if writer is None:
                 return True
-            key = self.target.key_field
-            fields = writer.raw.get("fields", [])
-            carries = self._carries[fingerprint] = any(f.get("name") == key for f in fields)
-        return carries
+            answer = known[fingerprint] = decide(writer)
+        return answer
 
     def _learn_before(self, pipe: Pipeline, records: Sequence[SourceRecord]) -> None:
         """Learn the links of what the slowest slot has not applied yet, below ``records``.
