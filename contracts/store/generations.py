@@ -237,10 +237,13 @@ class GenerationRegistry:
         With what its flips recorded (``live_since``, ``replaced``): they are kept in the
         registry's slot (``StateLayout.flips``), so that a flip is one transaction on a cluster.
         """
-        raw = cast("dict[bytes, bytes]", self.client.hgetall(self.keys(generation).meta))
-        meta = {_decode(k): _decode(v) for k, v in raw.items()}
         fields = [f"{generation}:{name}" for name in _FLIP_FIELDS]
-        flipped = cast("list[bytes | None]", self.client.hmget(self.layout.flips, fields))
+        # One round trip; not a transaction, which a cluster refuses across the two slots.
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys(generation).meta)
+            pipe.hmget(self.layout.flips, fields)
+            raw, flipped = cast("tuple[dict[bytes, bytes], list[bytes | None]]", pipe.execute())
+        meta = {_decode(k): _decode(v) for k, v in raw.items()}
         meta |= {
             name: _decode(value)
             for name, value in zip(_FLIP_FIELDS, flipped, strict=True)
