@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -60,9 +61,11 @@ class ClusterNode:
 def free_port_run(count: int = 6) -> int:
     """The first of ``count`` consecutive free loopback ports whose bus ports (+10000) are free.
 
-    For throwaway clusters (tests, benchmarks): free now, as :func:`free_port` is.
+    For throwaway clusters (tests, benchmarks): free now, as :func:`free_port` is. The runs
+    are tried in a random order, so two processes that look at once (test workers) rarely
+    pick the same one.
     """
-    for first in range(21000, 29000, 97):
+    for first in random.sample(range(21000, 29000, 97), k=len(range(21000, 29000, 97))):
         if all(_free(port) and _free(port + 10000) for port in range(first, first + count)):
             return first
     msg = f"no {count} consecutive free ports between 21000 and 29000 (and their bus ports)"

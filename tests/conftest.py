@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,25 +24,60 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(getattr(pytest.mark, marker))
 
 
+_STACK_ENV = ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL")
+_SHARED_STACK = pytest.StashKey[Any]()
+
+
+def _session_stack(state_dir: Path) -> Any:
+    """The run's one broker and Redis: a LocalStack on free ports, with the default topics."""
+    from refold.deploy.local_stack import LocalStack, free_port
+
+    stack = LocalStack(state_dir, free_port(), free_port(), redis_persistent=False).start()
+    _create_default_topics(stack.bootstrap_servers)
+    return stack
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With ``-n N`` (pytest-xdist), the controller starts the run's one stack for its workers.
+
+    The workers inherit its address through KAFKA_BOOTSTRAP_SERVERS and REDIS_URL, which
+    :func:`local_stack` honours: one broker per run, however many workers share it. Tests
+    already share it one after the other; each uses its own topics and key prefix.
+    """
+    workers = getattr(config.option, "numprocesses", None)
+    if hasattr(config, "workerinput") or not workers or all(map(os.environ.get, _STACK_ENV)):
+        return
+    stack = _session_stack(Path(tempfile.mkdtemp(prefix="refold-tests-stack-")))
+    config.stash[_SHARED_STACK] = stack
+    os.environ.update(KAFKA_BOOTSTRAP_SERVERS=stack.bootstrap_servers, REDIS_URL=stack.redis_url)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stack = config.stash.get(_SHARED_STACK, None)
+    if stack is not None:
+        for name in _STACK_ENV:
+            os.environ.pop(name, None)
+        stack.stop()
+        shutil.rmtree(stack.state_dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(bootstrap servers, redis url): an existing stack from the environment, else a local one.
 
-    Set KAFKA_BOOTSTRAP_SERVERS and REDIS_URL to run the suite against servers you started.
+    Set KAFKA_BOOTSTRAP_SERVERS and REDIS_URL to run the suite against servers you started
+    (``-n N`` does so for its workers: :func:`pytest_configure`).
     """
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     redis_url = os.environ.get("REDIS_URL")
     if bootstrap and redis_url:
         yield bootstrap, redis_url
         return
-    from refold.deploy.local_stack import LocalStack, free_port
-
-    stack = LocalStack(
-        tmp_path_factory.mktemp("stack"), free_port(), free_port(), redis_persistent=False
-    )
-    with stack:
-        _create_default_topics(stack.bootstrap_servers)
+    stack = _session_stack(tmp_path_factory.mktemp("stack"))
+    try:
         yield stack.bootstrap_servers, stack.redis_url
+    finally:
+        stack.stop()
 
 
 _MADE_UP_SOURCES = ("orders", "changes", "crm", "durable", "pv", "se", "clicks")
