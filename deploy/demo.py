@@ -7,7 +7,6 @@ everything it started, also on Ctrl-C or failure.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import shutil
 import time
 from collections import Counter
@@ -29,20 +28,18 @@ from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import dead_letter_spec, effects_spec
 from refold.deploy.demo_serving import DemoService, read_your_write, start_service
+from refold.deploy.demo_summary import clock, money, platform_summary, windows_summary
 from refold.deploy.local_stack import LocalStack, free_port
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
-from refold.deploy.simulators.orders import OrderSimulator
+from refold.deploy.simulators.orders import OrderSimulator, first_orders
 from refold.deploy.simulators.webhook_receiver import WebhookReceiver
 from refold.processors.fold.lookups import PENDING_TIMERS
 from refold.processors.fold.patterns import default_insights_topic
-from refold.processors.sales_windows.projection import SalesWindows
-from refold.processors.search_ctr.projection import ctr
-from refold.processors.unique_visitors.projection import ALL, UniqueVisitors
+from refold.processors.runtime.window_store import generation_watermark
 from refold.replay.plan import ToEarliest
 from refold.replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
-from refold.services.reader.window_reader import WindowReader
 from refold.services.webhooks.config import WebhookSettings
 from refold.services.webhooks.dispatcher import DispatcherThread, WebhookDispatcher
 from refold.services.webhooks.store import WebhookStore
@@ -73,10 +70,6 @@ _TAKEOVER_TIMEOUT_S = 120.0
 
 def _say(text: str) -> None:
     print(f"\n== {text}", flush=True)
-
-
-def _money(minor: int) -> str:
-    return f"{minor / 100:,.2f}"
 
 
 def _wait_for_takeover(
@@ -143,7 +136,7 @@ def _summary(reader: StateReader, generation: int, dead_letters: int) -> None:
     print(f"  {'total':<10} {sum(by_status.values()):>8,}")
     print("revenue (paid and shipped orders):")
     for currency, minor in sorted(revenue.items()):
-        print(f"  {currency}  {_money(minor):>16}")
+        print(f"  {currency}  {money(minor):>16}")
     print(f"dead letters (rejected or undecodable events): {dead_letters}")
     examples = reader.get_many("orders", ["ord-0000001", "ord-0000002", "ord-0000003"], generation)
     print("example orders:")
@@ -152,7 +145,7 @@ def _summary(reader: StateReader, generation: int, dead_letters: int) -> None:
             continue
         lines = ", ".join(f"{sku} x{line['qty']}" for sku, line in sorted(state["lines"].items()))
         print(
-            f"  {order_id}  {state['status']:<9} {_money(state['total_minor']):>10} "
+            f"  {order_id}  {state['status']:<9} {money(state['total_minor']):>10} "
             f"{state['currency']}  {state['items']} items [{lines}]  "
             f"({state['events']} events)"
         )
@@ -161,90 +154,35 @@ def _summary(reader: StateReader, generation: int, dead_letters: int) -> None:
     print(f"freshness (next offset per partition): {applied}")
 
 
-def _platform_summary(client: redis.Redis) -> None:
-    customers = dict(StateReader(client, "customer_stats").scan("customers"))
-    print(f"customer_stats (re-keyed by customer_id): {len(customers):,} customers; top spenders:")
-    spend = sorted(customers.values(), key=lambda c: -sum(c["spend_minor"].values()) if c else 0)
-    for state in spend[:3]:
-        money = ", ".join(f"{_money(v)} {c}" for c, v in sorted(state["spend_minor"].items()))
-        name = (state.get("profile") or {}).get("name", "(no profile yet)")
-        print(
-            f"  {state['customer_id']}  {name:<22} {state['orders']} orders, "
-            f"{state['paid']} paid, {state['cancelled']} cancelled; spend {money}"
+def _wait_for_lookups(client: redis.Redis, timeout: float = 60.0) -> None:
+    """Block until enriched_clicks has joined every click customer_profiles' watermark passed.
+
+    Its joiner runs beside its batches and, once it is idle, every second: the table's
+    watermark moves with customer_profiles' batches.
+    """
+    table = GenerationRegistry.of(client, "customer_profiles")
+    event_time = processor_spec("customer_profiles").event_time
+    lateness = 0 if event_time is None else event_time.lateness_ms
+    clicks = StateLayout("enriched_clicks").generation(
+        StateReader(client, "enriched_clicks").live_generation()
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        live = table.live()
+        watermark = (
+            None if live is None else generation_watermark(client, table.keys(live), lateness)
         )
-    sessions = StateReader(client, "session_stats").aggregate("session_totals").value
-    print(
-        f"session_stats: {sessions.get('sessions', 0):,} sessions "
-        f"({sessions.get('identified', 0):,} signed in), {sessions.get('page_views', 0):,} page "
-        f"views, {sessions.get('searches', 0):,} searches, {sessions.get('clicks', 0):,} clicks"
-    )
-
-
-def _clock(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%H:%M")
-
-
-def _windows_summary(client: redis.Redis) -> None:
-    """The event-time processors: the last closed minutes of sales, unique visitors per hour."""
-    sales = WindowReader.from_fold(client, SalesWindows(), lateness_ms=30_000)
-    watermark = sales.watermark().value.watermark
-    groups = sales.groups("per_minute").value
-    if watermark is None or not groups:
-        print("sales_windows: no payment yet")
-        return
-    since = watermark - 5 * 60_000
-    recent = {g: sales.range("per_minute", g, since, watermark).value for g in groups}
-    busiest = max(groups, key=lambda g: sum(m["count"] for m in recent[g]))
-    print(
-        f"sales_windows (event time, watermark {_clock(watermark)}): the last closed minutes "
-        f"of {busiest} sales"
-    )
-    for minute in recent[busiest][-3:]:
-        span = f"{_clock(minute['start'])}-{_clock(minute['end'])}"
-        print(
-            f"  {span}  {minute['count']:>3} payments  sum {_money(minute['sum:amount_minor'])}  "
-            f"avg {_money(int(minute['avg:amount_minor']))}  "
-            f"max {_money(minute['max:amount_minor'])}"
+        due = (
+            0
+            if watermark is None
+            else client.zcount(clicks.timers(PENDING_TIMERS), "-inf", f"({watermark}")
         )
-    sliding = sales.window("five_minutes_sliding", busiest, watermark - watermark % 10_000).value
-    print(f"  the five minutes before the watermark (sliding by 10 s): {sliding['count']} payments")
-    visitors = WindowReader.from_fold(client, UniqueVisitors(), lateness_ms=60_000)
-    seen = visitors.watermark().value.clocks.values()
-    if not seen:
-        print("unique_visitors: no page view yet")
-        return
-    newest = max(seen)
-    day_start = newest - 24 * 3_600_000
-    hours = visitors.range("hourly", ALL, day_start, newest + 3_600_000).value
-    day = visitors.distinct("hourly", "visitors", ALL, day_start, newest + 1).value
-    per_hour = ", ".join(f"{_clock(h['start'])} {h['distinct:visitors']}" for h in hours[:6])
-    print(f"unique_visitors (HyperLogLog): {day:,} distinct visitors in the last 24 h")
-    print(f"  per hour: {per_hour}")
-    visits = StateReader(client, "web_sessions").aggregate("visit_totals").value
-    closed = visits.get("closed", 0)
-    average = visits.get("closed_ms", 0) / max(closed, 1) / 60_000
-    print(
-        f"web_sessions (session windows, gap 30 min): {visits.get('visits', 0):,} visits, "
-        f"{closed:,} closed (average {average:.1f} min), {visits.get('open', 0):,} still open"
-    )
-    rates = ctr(StateReader(client, "search_ctr").aggregate("ctr").value)
-    top = sorted(rates.items(), key=lambda item: -item[1][0])[:3]
-    shown = ", ".join(f"{term!r} {c}/{s} ({r:.0%})" for term, (s, c, r) in top)
-    print(f"search_ctr (searches joined with clicks within 10 min): top terms {shown}")
-    clicks = StateReader(client, "enriched_clicks").aggregate("clicks_by_customer").value
-    tiers = ", ".join(
-        f"{name[5:]} {count}" for name, count in sorted(clicks.items()) if name.startswith("tier:")
-    )
-    waiting = client.zcard(
-        StateLayout("enriched_clicks")
-        .generation(StateReader(client, "enriched_clicks").live_generation())
-        .timers(PENDING_TIMERS)
-    )
-    print(
-        f"enriched_clicks (clicks joined with the profile as of the click): "
-        f"{clicks.get('clicks', 0):,} joined ({clicks.get('anonymous', 0):,} anonymous), "
-        f"by tier: {tiers}; {waiting:,} wait for customer_profiles' watermark"
-    )
+        if not due:
+            return
+        if time.monotonic() > deadline:
+            msg = f"enriched_clicks has not joined {due} clicks after {timeout:.0f}s"
+            raise TimeoutError(msg)
+        time.sleep(0.25)
 
 
 def _wait_for_deliveries(
@@ -303,7 +241,7 @@ def _results_out(
         insight = example.get("data", {})
         print(
             f"  e.g. Idempotency-Key {example.get('id')}: {insight.get('pattern')} on "
-            f"{insight.get('key')} at {_clock(int(insight.get('detected_at', 0)))} "
+            f"{insight.get('key')} at {clock(int(insight.get('detected_at', 0)))} "
             f"({', '.join(f'{k} {v}' for k, v in insight.get('details', {}).items())})"
         )
     tables = sorted(d.name for d in archive_root.iterdir() if not d.name.startswith("_"))
@@ -326,7 +264,7 @@ def _results_out(
         [f"{archive_root}/OrderPaid/*/*.parquet"],
     ).fetchall()
     for day, currency, payments, minor in paid:
-        print(f"  {day} {currency}: {payments:,} payments, {_money(minor)}")
+        print(f"  {day} {currency}: {payments:,} payments, {money(minor)}")
     return exact
 
 
@@ -394,7 +332,10 @@ def run_demo(orders: int, state_dir: Path) -> int:
         order_events = list(simulator)
         web = list(
             ClickstreamSimulator(
-                max(1, orders // 3), seed=2026, customer_ids=simulator.customer_ids
+                max(1, orders // 3),
+                seed=2026,
+                customer_ids=simulator.customer_ids,
+                registered_by=first_orders(order_events),  # every ordering customer has a profile
             )
         )
         events = order_events + web
@@ -427,13 +368,14 @@ def run_demo(orders: int, state_dir: Path) -> int:
                     desc=name,
                 )
             print(f"caught up {waited:.1f}s after the last event was acknowledged")
+            _wait_for_lookups(client)
             _wait_for_deliveries(dispatcher.store, offsets, insight_topics)
             dlq = dead_letter_spec(PROCESSOR).name
             dead = sum(offsets.end_offsets([(dlq, 0)]).values())
             live = reader.live_generation()
             _summary(reader, live, dead)
-            _platform_summary(client)
-            _windows_summary(client)
+            platform_summary(client, order_events)
+            windows_summary(client)
 
             before_replay = receiver.snapshot()["requests"]
             _say("replay: rebuild order_state from the earliest offset into a new generation")

@@ -11,7 +11,8 @@ first. Anything imported from refold's other modules is internal and moves witho
 - **Folds** (the state kinds): :class:`Projection` (entities) with :class:`State`,
   :class:`SideEffect` and its errors; windows (:class:`WindowFold` with :class:`Tumbling`,
   :class:`Hopping`, :class:`Sliding`, :class:`Measure`); timers (:class:`TimedFold`,
-  :data:`TIMER_EVENT`); lookups and joins (:class:`LookupFold`, :class:`TableRef`); patterns
+  :data:`TIMER_EVENT`); lookups and joins (:class:`LookupFold`, :class:`TableRef`, versioned
+  tables with :func:`add_version`, :class:`VersionRetention` and :func:`as_of`); patterns
   (:class:`PatternProjection`, :class:`Sequence`, :class:`Absence`, :class:`CountWithin`,
   :class:`On`, conditions such as :func:`above`); Spark transforms
   (:class:`DataFrameProcessor`); the Parquet archive (:class:`ArchiveProcessor`);
@@ -55,7 +56,14 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "refold.processors.fold.archive": ("ArchiveProcessor",),
     "refold.processors.fold.dataframe": ("DataFrameProcessor",),
     "refold.processors.fold.eventtime": ("event_time_ms",),
-    "refold.processors.fold.lookups": ("LookupFold", "TableRef"),
+    "refold.processors.fold.lookups": (
+        "EXPIRED",
+        "LookupFold",
+        "TableRef",
+        "VersionRetention",
+        "add_version",
+        "as_of",
+    ),
     "refold.processors.fold.oracle": (
         "FoldResult",
         "TimedResult",
@@ -126,7 +134,14 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
     from refold.processors.fold.archive import ArchiveProcessor as ArchiveProcessor
     from refold.processors.fold.dataframe import DataFrameProcessor as DataFrameProcessor
     from refold.processors.fold.eventtime import event_time_ms as event_time_ms
-    from refold.processors.fold.lookups import LookupFold as LookupFold, TableRef as TableRef
+    from refold.processors.fold.lookups import (
+        EXPIRED as EXPIRED,
+        LookupFold as LookupFold,
+        TableRef as TableRef,
+        VersionRetention as VersionRetention,
+        add_version as add_version,
+        as_of as as_of,
+    )
     from refold.processors.fold.oracle import (
         FoldResult as FoldResult,
         TimedResult as TimedResult,

@@ -4,7 +4,12 @@ They live here, not in the producer SDK: they make data, the SDK publishes it.
 """
 
 from refold.deploy.simulators.clickstream import SESSION_TIMEOUT_MS, ClickstreamSimulator
-from refold.deploy.simulators.orders import OrderSimulator, SimulatedEvent, customer_id
+from refold.deploy.simulators.orders import (
+    OrderSimulator,
+    SimulatedEvent,
+    customer_id,
+    first_orders,
+)
 
 __all__ = [
     "SESSION_TIMEOUT_MS",
@@ -12,4 +17,5 @@ __all__ = [
     "OrderSimulator",
     "SimulatedEvent",
     "customer_id",
+    "first_orders",
 ]

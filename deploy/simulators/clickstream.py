@@ -34,7 +34,7 @@ import heapq
 import math
 import random
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -101,6 +101,7 @@ _MEDIAN_GAP_MS = 20_000  # time on a page: median 20 s, log-normal, clipped to [
 _RETURNING_RATE = 0.3  # anonymous sessions by a browser seen before (unique visitors < sessions)
 _OTHER_DEVICE_RATE = 0.15  # signed-in sessions from a customer's other browser
 _PROFILE_CHANGE_RATE = 0.35  # account-page visits that change the profile
+_CHECKOUT_LEAD_MS = 60_000  # an account made at checkout: a minute before the first order
 
 
 @dataclass(slots=True)
@@ -146,6 +147,10 @@ class ClickstreamSimulator:
         session_prefix: Prefix of the session ids (``ses-00000001``...); two simulators writing
             to the same topics need different prefixes, as do their ``visitor_prefix``.
         visitor_prefix: Prefix of the visitor ids (``vis-0000001``...).
+        registered_by: Customers that must have an account by an event time, e.g. each
+            customer's first order (:func:`~refold.deploy.simulators.orders.first_orders`):
+            one that has not registered in a session by then registers a minute before it
+            (an account made at checkout, without a visit in this stream).
     """
 
     def __init__(
@@ -161,6 +166,7 @@ class ClickstreamSimulator:
         start_ms: int = _BASE_MS,
         session_prefix: str = "ses-",
         visitor_prefix: str = "vis-",
+        registered_by: Mapping[str, int] | None = None,
     ) -> None:
         self.sessions = sessions
         self.seed = seed
@@ -176,6 +182,7 @@ class ClickstreamSimulator:
         self.start_ms = start_ms
         self.session_prefix = session_prefix
         self.visitor_prefix = visitor_prefix
+        self.registered_by = dict(registered_by or {})
 
     def __iter__(self) -> Iterator[SimulatedEvent]:
         return _Run(self).events()
@@ -198,15 +205,27 @@ class _Run:
         config = self.config
         arrival = config.start_ms
         mean_arrival_gap_ms = 1000.0 / config.sessions_per_second
+        # (registration time, customer): the accounts made at checkout, in time order.
+        checkouts = sorted((at - _CHECKOUT_LEAD_MS, c) for c, at in config.registered_by.items())
+        checkouts.reverse()  # popped from the end
         started = 0
-        while started < config.sessions or self.pending:
-            if started < config.sessions and (not self.pending or arrival <= self.pending[0][0]):
+        while started < config.sessions or self.pending or checkouts:
+            arriving = started < config.sessions
+            now = min(
+                arrival if arriving else math.inf,
+                self.pending[0][0] if self.pending else math.inf,
+            )
+            while checkouts and checkouts[-1][0] <= now:  # before anything later is emitted
+                at, cid = checkouts.pop()
+                if cid not in self.customers:
+                    self._sign_in(cid, at)
+            if arriving and (not self.pending or arrival <= self.pending[0][0]):
                 started += 1
                 self._session(started, arrival)
                 arrival += max(1, round(self.rng.expovariate(1 / mean_arrival_gap_ms)))
-                continue
-            _, _, event_type, event = heapq.heappop(self.pending)
-            yield event_type, event
+            elif self.pending:
+                _, _, event_type, event = heapq.heappop(self.pending)
+                yield event_type, event
 
     # -- building blocks ------------------------------------------------------------------
 

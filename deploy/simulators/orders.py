@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OrderSimulator", "SimulatedEvent", "customer_id"]
+__all__ = ["OrderSimulator", "SimulatedEvent", "customer_id", "first_orders"]
 
 SimulatedEvent = tuple[str, dict[str, Any]]
 
@@ -30,6 +30,20 @@ def customer_id(number: int) -> str:
     Orders and the clickstream use the same ids, so commerce and web events join on them.
     """
     return f"cus-{number:06d}"
+
+
+def first_orders(events: Iterable[SimulatedEvent]) -> dict[str, int]:
+    """Each customer's first ``placed_at``: when, at the latest, it needs an account.
+
+    Pass it to the clickstream simulator (``registered_by``) so that every customer who orders
+    has a profile on ``crm.customers`` from before its first order.
+    """
+    first: dict[str, int] = {}
+    for event_type, event in events:
+        if event_type == "OrderPlaced":
+            customer, at = str(event["customer_id"]), int(event["placed_at"])
+            first[customer] = min(first.get(customer, at), at)
+    return first
 
 
 @dataclass(slots=True)

@@ -1,8 +1,9 @@
 """The enriched_clicks fold: a click counted with its customer's profile as of its time (pure).
 
 See :mod:`refold.processors.fold.lookups`: the platform holds each click until customer_profiles'
-watermark has passed it, then hands over the customer's row (every version); the version valid
-at the click's time gives the tier and country it is counted under.
+watermark has passed it, then hands over the customer's row (the versions it keeps); the version
+valid at the click's time gives the tier and country it is counted under. A click older than the
+versions the table still keeps for its customer counts as ``expired``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from refold.contracts.processors import ProcessorOptions
-from refold.processors.fold.lookups import TableRef, version_at
+from refold.processors.fold.lookups import EXPIRED, TableRef, as_of
 from refold.processors.fold.projection import State
 
 __all__ = ["EnrichedClicksProjection", "build"]
@@ -38,9 +39,11 @@ class EnrichedClicksProjection:
         del event_type
         if event.get("customer_id") is None:
             return {"clicks": 1, "anonymous": 1}
-        profile = None if row is None else version_at(row["versions"], at)
+        profile = as_of(row, at)
         if profile is None:  # not registered (yet) at the click's time
             return {"clicks": 1, "unregistered": 1}
+        if profile is EXPIRED:  # the table's retention dropped the version valid then
+            return {"clicks": 1, "expired": 1}
         return {"clicks": 1, f"tier:{profile['tier']}": 1, f"country:{profile['country']}": 1}
 
 

@@ -13,23 +13,33 @@ of the event's time).
 
 The price: an event is joined only once the table's watermark passes it. A table whose
 partitions go quiet holds its lookups back until its next events (or heartbeats).
+
+A table bounds each entity's versions with a :class:`VersionRetention` (:func:`add_version`): a
+deterministic rule over the entity's own versions, applied by the fold, so it is written in the
+table's transaction and every replay and the oracle keep the same versions. A row that lost old
+versions says so (``"dropped"``), and :func:`as_of` answers :data:`EXPIRED` for a time before
+its oldest kept version, rather than a wrong version or "not there yet".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import orjson
 
 from refold.processors.fold.projection import State
 
 __all__ = [
+    "EXPIRED",
     "PENDING_TIMERS",
     "LookupFold",
     "Pending",
     "TableRef",
+    "VersionRetention",
+    "add_version",
+    "as_of",
     "decode_pending",
     "encode_pending",
     "version_at",
@@ -101,6 +111,89 @@ def version_at(versions: Sequence[Sequence[Any]], at: int) -> Any:
         else:
             break
     return found
+
+
+class _Expired:
+    """What :func:`as_of` answers when retention dropped the version valid at a time."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "EXPIRED"
+
+
+EXPIRED: Final = _Expired()
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRetention:
+    """How many versions a versioned table keeps per entity (see :func:`add_version`).
+
+    Both bounds are judged on the entity's own versions when one is added, never on a clock or
+    on other entities, so the same events keep the same versions in every run.
+
+    Attributes:
+        max_versions: At most this many versions per entity, the newest (at least 1).
+        horizon_ms: Also drop a version superseded more than this long (event time) before the
+            entity's newest version; the version valid at ``newest - horizon_ms`` is kept, so
+            a read as of any time in the horizon is answered. ``None``: no horizon.
+    """
+
+    max_versions: int = 64
+    horizon_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_versions < 1:
+            msg = f"max_versions must be at least 1, not {self.max_versions}"
+            raise ValueError(msg)
+        if self.horizon_ms is not None and self.horizon_ms < 0:
+            msg = f"horizon_ms must not be negative, not {self.horizon_ms}"
+            raise ValueError(msg)
+
+
+def add_version(
+    row: Mapping[str, Any] | None, at: int, value: Any, retention: VersionRetention
+) -> dict[str, Any]:
+    """``row`` with a version valid from ``at``, and the versions ``retention`` drops gone.
+
+    The row's other fields are kept; ``"dropped"`` counts the versions dropped so far (absent
+    while none was), which is how :func:`as_of` knows a time before the oldest kept version
+    is not "before the entity existed".
+
+    Raises:
+        ValueError: ``at`` is older than the row's newest version (versions are appended in
+            valid-from order; the fold rejects such an event first).
+    """
+    old = [] if row is None else list(row.get("versions", ()))
+    if old and at < old[-1][0]:
+        msg = f"a version valid from {at} is older than the newest one ({old[-1][0]})"
+        raise ValueError(msg)
+    versions = [*old, [at, value]]
+    first = 0
+    if retention.horizon_ms is not None:
+        cutoff = at - retention.horizon_ms
+        while first < len(versions) - 1 and versions[first + 1][0] <= cutoff:
+            first += 1  # superseded at or before the cutoff: no read in the horizon needs it
+    first = max(first, len(versions) - retention.max_versions)
+    updated = {**(row or {}), "versions": versions[first:]}
+    dropped = int((row or {}).get("dropped", 0)) + first
+    if dropped:
+        updated["dropped"] = dropped
+    return updated
+
+
+def as_of(row: Mapping[str, Any] | None, at: int) -> Any:
+    """The value of a versioned row valid at ``at``.
+
+    ``None`` when there is no row or no version yet at ``at``; :data:`EXPIRED` when retention
+    dropped the version that was valid then.
+    """
+    if row is None:
+        return None
+    versions = row["versions"]
+    if row.get("dropped") and versions and at < versions[0][0]:
+        return EXPIRED
+    return version_at(versions, at)
 
 
 def encode_pending(pending: Pending) -> bytes:

@@ -5,6 +5,11 @@ micro-batch; the round runs in a background thread while Spark plans and runs th
 The rounds only read committed state and change Redis in guarded steps of their own (a timer
 is settled, a lookup applied, exactly once), so they need no lock with the batches. A failed
 round is logged and its work stays where it was: the next round does it.
+
+A task whose work can come without a batch of its own (:attr:`DriverTask.idle_rounds`: a lookup
+joiner, whose table's watermark moves with another processor's batches) is also nudged by the
+query loop while its processor is idle, so an idle processor's waiting lookups are joined once
+the table passes them, not at its next record. What a round does never depends on when it runs.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ class DriverTask(ABC):
     """Runs :meth:`run` in one background thread, once per request (requests coalesce)."""
 
     label = "driver task"
+    idle_rounds = False  # whether a round can find work with no batch since the last one
 
     def __init__(self) -> None:
         self.done = 0
         self._wanted = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
         self._reported = 0
 
     @abstractmethod
@@ -38,20 +45,26 @@ class DriverTask(ABC):
 
     def request(self) -> int:
         """Ask for a round (after a batch); how many things were done since last asked."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=self.label, daemon=True)
-            self._thread.start()
-        self._wanted.set()
+        self.nudge()
         done, self._reported = self.done - self._reported, self.done
         return done
 
+    def nudge(self) -> None:
+        """Ask for a round without a batch (the query loop, for :attr:`idle_rounds` tasks)."""
+        with self._starting:  # the batch's thread and the query loop may both ask first
+            if self._thread is None and not self._stopping.is_set():
+                self._thread = threading.Thread(target=self._loop, name=self.label, daemon=True)
+                self._thread.start()
+        self._wanted.set()
+
     def stop(self) -> None:
         """Stop the thread, then run one last round in this thread (the query ended)."""
-        if self._thread is not None:
+        with self._starting:
             self._stopping.set()
+            thread, self._thread = self._thread, None
+        if thread is not None:
             self._wanted.set()
-            self._thread.join()
-            self._thread = None
+            thread.join()
         self.run()
 
     def _loop(self) -> None:

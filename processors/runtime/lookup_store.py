@@ -58,6 +58,9 @@ return joined
 class LookupJoiner(DriverTask):
     """Joins a lookup processor's pending events once the table's watermark has passed them.
 
+    Its rounds also run while its processor is idle (:attr:`idle_rounds`): the table's
+    watermark moves with the table processor's batches, not with this processor's.
+
     Args:
         layout: The lookup processor's keys.
         generation: Its generation.
@@ -82,6 +85,7 @@ class LookupJoiner(DriverTask):
         dlq_topic: str,
     ) -> None:
         super().__init__()
+        self.idle_rounds = True
         self.layout = layout
         self.keys = layout.generation(generation)
         self.fold = fold

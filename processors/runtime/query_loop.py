@@ -329,6 +329,8 @@ def run_generation(
             except StreamingQueryException:
                 break  # query.exception() below: raised, or a known Spark failure
             logged_batch = _log_progress(query, logged_batch)
+            if closer is not None and closer.idle_rounds:
+                closer.nudge()  # a lookup's table moves on its own; rounds coalesce
             if started is not None and query.lastProgress is not None:
                 started.set()
             if lease.lost.is_set():

@@ -20,7 +20,8 @@ PUBLIC = {
     # folds: entities, windows, timers, lookups, patterns, Spark transforms, the archive
     "Projection", "State", "SideEffect", "EventRejectedError", "FoldError", "InvalidOutputError",
     "UnstorableStateError", "WindowFold", "Tumbling", "Hopping", "Sliding", "Measure",
-    "TimedFold", "TIMER_EVENT", "LookupFold", "TableRef", "PatternProjection", "PatternOptions",
+    "TimedFold", "TIMER_EVENT", "LookupFold", "TableRef", "VersionRetention", "add_version",
+    "as_of", "EXPIRED", "PatternProjection", "PatternOptions",
     "Sequence", "Absence", "CountWithin", "On", "above", "at_least", "at_most", "below",
     "between", "not_equal", "one_of", "DataFrameProcessor", "ArchiveProcessor",
     "event_time_ms",

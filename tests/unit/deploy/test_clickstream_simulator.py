@@ -5,9 +5,10 @@ import pytest
 from refold.contracts.codec import EventCodec
 from refold.contracts.web import CUSTOMERS, PAGEVIEWS, SEARCHES, WEB
 from refold.deploy.simulators.clickstream import SESSION_TIMEOUT_MS, ClickstreamSimulator
-from refold.deploy.simulators.orders import OrderSimulator
+from refold.deploy.simulators.orders import OrderSimulator, first_orders
 
 WEB_TYPES = set(PAGEVIEWS.event_types) | set(SEARCHES.event_types)
+CRM_TYPES = set(CUSTOMERS.event_types)
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +155,27 @@ def test_customers_can_be_the_order_simulators():
     web_customers = {e["customer_id"] for _, e in clicks if e.get("customer_id")}
     assert web_customers <= shared
     assert len(web_customers & ordering) > 50
+
+
+def test_every_ordering_customer_is_registered_before_its_first_order():
+    orders = OrderSimulator(900, seed=2)
+    first = first_orders(orders)
+    alone = ClickstreamSimulator(300, seed=2, customer_ids=orders.customer_ids)
+    alone_registered = {e["customer_id"] for t, e in alone if t == "CustomerRegistered"}
+    assert len(alone_registered) < len(first)  # sessions alone register only some
+    events = list(
+        ClickstreamSimulator(300, seed=2, customer_ids=orders.customer_ids, registered_by=first)
+    )
+    registered = {}
+    for t, e in events:
+        if t == "CustomerRegistered":
+            assert e["customer_id"] not in registered  # once
+            registered[e["customer_id"]] = e["registered_at"]
+    assert set(first) <= set(registered)
+    assert all(registered[c] < at for c, at in first.items())
+    # The account events stay in event-time order, per customer and over the topic.
+    times = [e.get("registered_at") or e["changed_at"] for t, e in events if t in CRM_TYPES]
+    assert times == sorted(times)
 
 
 def test_no_customers_means_anonymous_sessions_only():
