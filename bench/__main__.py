@@ -533,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.redis_cluster import main as cluster_main
 
         return cluster_main(given[1:])
+    if given[:1] == ["peers"]:  # refold side by side with Quix Streams, Bytewax, Kafka Streams
+        from bench.peers.run import main as peers_main
+
+        return peers_main(given[1:])
     if given[:1] == ["serving"]:  # the HTTP services: reads and ingest against Redis and the SDK
         from bench.serving import main as serving_main
 
