@@ -31,10 +31,14 @@ _PROCESSES = 2
 _BASELINE = "bench.peers.baseline_peer"
 _JVM = ROOT / "bench" / "peers" / "jvm"
 _SCHEMAS = str(ROOT / "refold" / "contracts" / "schemas" / "commerce")
-# Flink's serializers reach into the JDK's collections (as its own launch scripts allow).
-_JVM_OPENS = [
-    f"--add-opens=java.base/{package}=ALL-UNNAMED"
-    for package in ("java.lang", "java.util", "java.lang.reflect", "java.io", "java.nio")
+# Warnings of the JVM peers to their logs; Flink's serializers reach into the JDK's collections
+# (as its own launch scripts allow).
+_JVM_FLAGS = [
+    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+    *(
+        f"--add-opens=java.base/{package}=ALL-UNNAMED"
+        for package in ("java.lang", "java.util", "java.lang.reflect", "java.io", "java.nio")
+    ),
 ]
 
 
@@ -116,7 +120,7 @@ class Engine:
                     check=True,
                 )
             java = shutil.which("java") or "java"
-            return [java, "-Xmx1g", *_JVM_OPENS, "-cp", classpath, self.java, "--schemas", _SCHEMAS]
+            return [java, "-Xmx1g", *_JVM_FLAGS, "-cp", classpath, self.java, "--schemas", _SCHEMAS]
         baseline = self.module == _BASELINE
         return [sys.executable if baseline else _peers_python(), "-m", self.module]
 

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\nresults written to {RESULTS}")
     _chart(RESULTS)
-    return 0 if all(out.get("ok", True) for out in results.values()) else 1
+    return 0 if all(out.get("ok", "skipped" in out) for out in results.values()) else 1
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StoreQueryParameters;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.processor.PunctuationType;
 import org.apache.kafka.streams.processor.api.Processor;
@@ -114,7 +115,7 @@ public final class KafkaStreamsPeer {
 
   public static void main(String[] args) throws Exception {
     Map<String, String> flags = OrderFold.flags(args);
-    OrderFold fold = new OrderFold(flags.get("schemas"));
+    String schemas = flags.get("schemas");  // an OrderFold per task: its decoder is reused
     OrderFold.Progress progress =
         new OrderFold.Progress(flags.get("progress"), OrderFold.ends(flags.get("ends")));
     Properties props = new Properties();
@@ -131,8 +132,13 @@ public final class KafkaStreamsPeer {
     String redisUrl = flags.get("redis-url");
     String prefix = flags.getOrDefault("redis-prefix", "peers");
     builder.stream(flags.get("topic"), Consumed.with(Serdes.String(), Serdes.ByteArray()))
-        .process(() -> new Fold(fold, progress, redisUrl, prefix), STORE);
+        .process(() -> new Fold(new OrderFold(schemas), progress, redisUrl, prefix), STORE);
     KafkaStreams streams = new KafkaStreams(builder.build(), props);
+    streams.setUncaughtExceptionHandler(e -> {
+      e.printStackTrace();  // the run fails: the orchestrator sees the process end
+      Runtime.getRuntime().halt(1);
+      return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
+    });
     CountDownLatch stopped = new CountDownLatch(1);
     Runtime.getRuntime().addShutdownHook(new Thread(() -> {
       try {

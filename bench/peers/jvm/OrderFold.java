@@ -25,6 +25,7 @@ import org.apache.avro.generic.GenericRecord;
 import org.apache.avro.io.BinaryDecoder;
 import org.apache.avro.io.DecoderFactory;
 
+// Not thread-safe (it reuses its decoder): one per task.
 public final class OrderFold implements java.io.Serializable {
   public static final ObjectMapper JSON = new ObjectMapper();
   public static final TypeReference<Map<String, Object>> STATE = new TypeReference<>() {};
