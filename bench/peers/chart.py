@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     results = json.loads(source.read_text())
     rows = [(e["label"], e) for e in results["engines"].values() if "rate_steady" in e]
     labels = [label + ("" if e["ok"] else " (state WRONG)") for label, e in rows]
-    steady = [e["rate_steady"] / 1000 for _l, e in rows]
+    steady = [(e["rate_steady"] or 0) / 1000 for _l, e in rows]  # None: one batch (Spark)
     wall = [e["rate_wall"] / 1000 for _l, e in rows]
     figure, axes = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.6))
     positions = range(len(rows))
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     axes.set_xlabel("thousand order events per second (higher is better)")
     axes.set_title(
         f"{results['events']:,} order events, 8 partitions, refold's Avro, "
-        f"order_state's fold; {results['cores']} cores"
+        f"order_state's fold;\n{results['cores']} cores, load average "
+        f"{results['load_before'][0]:.0f} at the start (other work on the machine)"
     )
     axes.legend(loc="lower right")
     figure.tight_layout()
