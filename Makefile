@@ -9,9 +9,13 @@ PYTEST := $(BIN)/python -m pytest
 JARS := .jars
 JARS_STAMP := $(JARS)/.fetched
 DEPS := $(STAMP) $(JARS_STAMP)
+# The Python peers of `make bench-peers` (the `peers` extra: Quix Streams, Bytewax, matplotlib),
+# in a venv of their own: Quix Streams pins an older confluent-kafka than refold runs on.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-unit test-integration test-spark test-docker lint docs fmt contracts-check bench soak up down status clean
+.PHONY: help setup run test test-unit test-integration test-spark test-docker lint docs fmt contracts-check bench bench-peers soak up down status clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -39,14 +43,20 @@ PYSPARK_HADOOP_VERSION := import pathlib, pyspark; jars = pathlib.Path(pyspark._
 	print(next(jars.glob('hadoop-client-api-*.jar')).stem.removeprefix('hadoop-client-api-'))
 $(JARS_STAMP): $(STAMP) deploy/jars/pom.xml $(wildcard deploy/jars/*/pom.xml)
 	@command -v mvn >/dev/null || { echo "Maven is required to fetch Apache Kafka's jars (apt-get install -y maven)"; exit 1; }
-	@echo "fetching Apache Kafka's, Spark's Kafka connector's and HDFS minicluster's jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
+	@echo "fetching Apache Kafka's, Spark's Kafka connector's, HDFS minicluster's and the benchmark peers' (Kafka Streams, Flink) jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
 	rm -rf $(JARS)
 	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir=$(CURDIR)/$(JARS) \
 		-Dspark.version=$$($(BIN)/python -c 'import pyspark; print(pyspark.__version__)') \
 		-Dhadoop.version=$$($(BIN)/python -c "$(PYSPARK_HADOOP_VERSION)")
 	@touch $(JARS_STAMP)
 
-setup: $(DEPS) ## create .venv, install refold with Spark and dev tools, redis-server, chromium, and the Kafka broker's and Spark connector's jars (mvn)
+$(PEERS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/pip install -q -e '.[peers]'
+	@touch $(PEERS_STAMP)
+
+setup: $(DEPS) $(PEERS_STAMP) ## create .venv (and .venv-peers), install refold with Spark and dev tools, redis-server, chromium, and the Kafka broker's, Spark connector's and peers' jars (mvn)
 
 run: $(DEPS) ## the demo: local stack, thirteen processors in one Spark app, ~130k events, summary, replay + cutover, insights to a webhook, the archive read by DuckDB, refold serve with its dashboard
 	$(BIN)/refold demo
@@ -85,6 +95,9 @@ contracts-check: $(STAMP) ## schema locks (refold contracts check), round trips,
 bench: $(DEPS) ## throughput and latency benchmark on a private local stack
 	$(BIN)/python -m bench
 
+bench-peers: $(DEPS) $(PEERS_STAMP) ## refold side by side with Quix Streams, Bytewax, Kafka Streams and Flink on one backlog (EVENTS=1000000)
+	$(BIN)/python -m bench peers --events $(or $(EVENTS),1000000)
+
 soak: $(DEPS) ## fault suite, big: 1M events and 50 kill -9s, Redis and broker faults; prints the table
 	$(BIN)/python -m tests.support.soak
 
@@ -98,6 +111,6 @@ status: $(DEPS) ## show the local stack
 	$(BIN)/refold status
 
 clean: ## remove the virtualenv and local state
-	rm -rf $(VENV) $(JARS) .state .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(PEERS_VENV) $(JARS) .state .pytest_cache .mypy_cache .ruff_cache *.egg-info
 test-docker: $(STAMP) ## the integration scenario against deploy/compose.yaml (needs a Docker engine)
 	$(PYTEST) tests/docker

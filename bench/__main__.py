@@ -18,8 +18,9 @@ One run, on a private local stack, over the same pre-produced order events:
 Parts run alone, each on a private stack of its own: ``python -m bench archive``, ``webhooks``,
 ``serving`` (the HTTP services: single-key reads against Redis, batched ingest against the SDK;
 ``bench/serving.py``), ``cluster`` (the entity fold on a local Redis Cluster against one
-redis-server, and failover; ``bench/redis_cluster.py``) and ``realtime`` (Spark's real-time
-mode against micro-batches).
+redis-server, and failover; ``bench/redis_cluster.py``), ``realtime`` (Spark's real-time
+mode against micro-batches) and ``peers`` (refold side by side with Quix Streams, Bytewax,
+Kafka Streams and Flink on one backlog; ``bench/peers/``, ``make bench-peers``).
 Prints a table and writes ``bench/results/latest.json``.
 """
 
@@ -533,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.redis_cluster import main as cluster_main
 
         return cluster_main(given[1:])
+    if given[:1] == ["peers"]:  # refold side by side with Quix Streams, Bytewax, Kafka Streams
+        from bench.peers.run import main as peers_main
+
+        return peers_main(given[1:])
     if given[:1] == ["serving"]:  # the HTTP services: reads and ingest against Redis and the SDK
         from bench.serving import main as serving_main
 

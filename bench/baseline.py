@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import queue
 import time
 from dataclasses import dataclass
 
@@ -93,7 +94,17 @@ def run_baseline(
     ]
     for worker in workers:
         worker.start()
-    results = [out.get(timeout=1800) for _ in workers]
+    results: list[tuple[int, float, float]] = []
+    while len(results) < len(workers):
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if failed:  # its traceback is on stderr; the others would wait forever
+                for worker in workers:
+                    worker.terminate()
+                msg = f"a baseline worker failed (exit code {failed[0]})"
+                raise RuntimeError(msg) from None
     for worker in workers:
         worker.join()
     events = sum(r[0] for r in results)

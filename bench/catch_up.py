@@ -25,7 +25,7 @@ from refold.contracts.process_group import GroupProcess
 from refold.contracts.progress import progress_bar
 from refold.contracts.store.generations import GenerationRegistry
 
-__all__ = ["CatchUp", "ProcessorCatchUp", "Run", "Watched", "run_catch_up"]
+__all__ = ["CatchUp", "ProcessorCatchUp", "Run", "TreeUsage", "Watched", "run_catch_up"]
 
 # Progress is sampled every 20 ms (a batch commit is timed to that); VmRSS every 0.5 s, well
 # below the length of a batch, for ~5 ms of /proc reading. Pss costs ~40 ms a sample (the
@@ -34,6 +34,7 @@ __all__ = ["CatchUp", "ProcessorCatchUp", "Run", "Watched", "run_catch_up"]
 _POLL_S = 0.02
 _RSS_EVERY_S = 0.5
 _PSS_EVERY_S = 5.0
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,7 @@ class CatchUp:
     peak_rss_mb: float  # the highest VmRSS sum over all the processes, at one sample
     peak_pss_mb: float  # the same for Pss (shared pages divided), sampled every 5 s only
     peak_rss_mb_by_process: tuple[float, ...]
+    cpu_s: float = 0.0  # CPU seconds (user + system) of every process, as last sampled
 
     @property
     def events(self) -> int:
@@ -113,6 +115,7 @@ class CatchUp:
             "peak_rss_mb": self.peak_rss_mb,
             "peak_pss_mb": self.peak_pss_mb,
             "peak_rss_mb_by_process": list(self.peak_rss_mb_by_process),
+            "cpu_s": self.cpu_s,
             "processors": {name: p.summary() for name, p in self.processors.items()},
         }
 
@@ -183,18 +186,32 @@ class _Progress:
 
 
 @dataclass(slots=True)
-class _Memory:
-    """Peak memory of process trees, sampled from ``/proc``: VmRSS, and Pss beside it."""
+class TreeUsage:
+    """Peak memory and CPU time of process trees, sampled from ``/proc``.
+
+    Memory: VmRSS, and Pss beside it. CPU: user + system time of each process as last seen
+    (a process that exits between two samples loses what it used since the last one).
+    """
 
     leaders: tuple[int, ...]
     peak_rss_kb: int = 0  # the highest sum over every tree, at one sample
     peak_pss_kb: int = 0
     peak_rss_kb_by_leader: dict[int, int] = field(default_factory=dict)
+    cpu_ticks: dict[int, int] = field(default_factory=dict)  # pid -> utime + stime
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds of every process seen so far."""
+        return sum(self.cpu_ticks.values()) / _TICKS_PER_S
 
     def sample(self, *, pss: bool) -> None:
         """Add one sample: each leader's tree, and the total over all of them (Pss if ``pss``)."""
         rss_total = pss_total = 0
         for leader, pids in _trees(self.leaders).items():
+            for pid in pids:
+                ticks = _cpu_ticks(pid)
+                if ticks is not None:
+                    self.cpu_ticks[pid] = ticks
             sizes = [_memory_kb(pid, pss=pss) for pid in pids]
             rss = sum(r for r, _p in sizes)
             rss_total += rss
@@ -225,6 +242,16 @@ def _trees(leaders: Sequence[int]) -> dict[int, list[int]]:
         if owner is not None:
             trees[owner].append(pid)
     return trees
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """utime + stime of a process in clock ticks (None once it has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
 
 
 def _memory_kb(pid: int, *, pss: bool) -> tuple[int, int]:
@@ -263,7 +290,7 @@ def run_catch_up(runs: Sequence[Run], desc: str) -> CatchUp:
     try:
         for run in runs:
             run.process.start()
-        memory = _Memory(tuple(run.process.pid for run in runs))
+        memory = TreeUsage(tuple(run.process.pid for run in runs))
         sampled = pss_sampled = 0.0
         with progress_bar(total=total, unit="ev", desc=desc) as bar:
             while True:
@@ -284,6 +311,7 @@ def run_catch_up(runs: Sequence[Run], desc: str) -> CatchUp:
                     _check_alive(run, progress)
                 time.sleep(_POLL_S)
         finished = time.monotonic()
+        memory.sample(pss=False)  # the CPU used up to the end
     finally:
         for run in runs:
             run.process.stop()
@@ -295,6 +323,7 @@ def run_catch_up(runs: Sequence[Run], desc: str) -> CatchUp:
         peak_rss_mb_by_process=tuple(
             memory.peak_rss_kb_by_leader.get(p, 0) / 1024 for p in memory.leaders
         ),
+        cpu_s=memory.cpu_s,
     )
 
 

@@ -1,0 +1,252 @@
+"""The engines of ``python -m bench peers``: how each is started, and where its states end up.
+
+Every engine folds the same backlog into order_state's per-key state with refold's decoder
+(the JVM peers: Avro's Java library on the same schemas). Two processes (or threads, for the
+JVM peers) each: the machine's two cores. A Redis variant writes each new state to Redis with
+a pipeline, as refold's processor and baseline do (they write in exactly-once transactions).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.peers.oracle import merged_states, redis_states
+from refold.contracts.process_group import GroupProcess
+from refold.contracts.store.connect import redis_client
+from refold.deploy.local_stack import free_port
+from refold.processors.fold.projection import State
+from refold.processors.runtime.envelope import FoldTarget
+
+__all__ = ["ENGINES", "Engine", "Job"]
+
+ROOT = Path(__file__).parent.parent.parent
+_PROCESSES = 2
+_BASELINE = "bench.peers.baseline_peer"
+_JVM = ROOT / "bench" / "peers" / "jvm"
+_SCHEMAS = str(ROOT / "refold" / "contracts" / "schemas" / "commerce")
+# Warnings of the JVM peers to their logs; Flink's serializers reach into the JDK's collections
+# (as its own launch scripts allow).
+_JVM_FLAGS = [
+    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+    *(
+        f"--add-opens=java.base/{package}=ALL-UNNAMED"
+        for package in ("java.lang", "java.util", "java.lang.reflect", "java.io", "java.nio")
+    ),
+]
+
+
+@dataclass
+class Job:
+    """The backlog every engine folds, and where the engines write."""
+
+    bootstrap: str
+    redis_url: str
+    topic: str
+    ends: Mapping[tuple[str, int], int]
+    events: int
+    work: Path
+    expected: dict[str, State] = field(default_factory=dict)
+
+    @property
+    def partition_ends(self) -> dict[int, int]:
+        """Log end per partition."""
+        return {p: e for (_t, p), e in self.ends.items()}
+
+    def args(self, name: str, index: int) -> list[str]:
+        """The flags every peer takes (bench/peers/args.py), for process ``index`` of ``name``."""
+        ends = ",".join(f"{p}:{e}" for p, e in sorted(self.partition_ends.items()))
+        return [
+            "--bootstrap", self.bootstrap, "--topic", self.topic, "--ends", ends,
+            "--progress", str(self.work / name / f"progress-{index}.json"),
+            "--work-dir", str(self.work / name), "--group", f"peers-{name}",
+            "--process-id", str(index),
+        ]  # fmt: skip
+
+    def refold_states(self, base: str) -> dict[str, Any]:
+        """The order states refold wrote into a generation (``base``: its key prefix)."""
+        return redis_states(redis_client(self.redis_url), f"{base}:t:orders")
+
+
+def _peers_python() -> str:
+    return os.environ.get("REFOLD_PEERS_PYTHON", str(ROOT / ".venv-peers" / "bin" / "python"))
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine of the table: its name, label, what it guarantees, how it runs."""
+
+    name: str
+    label: str
+    guarantee: str
+    module: str = ""  # a Python peer's module (bench.peers.*), run in .venv-peers
+    redis: bool = False
+    java: str = ""  # a JVM peer's class (bench/peers/<class>.java) and .jars/ folder
+    jars: str = ""
+    prepare: Callable[[Job, Path], list[str]] | None = None  # extra flags per process
+    ends_itself: bool = False  # a bounded job: it ends at the log's end
+
+    @property
+    def redis_prefix(self) -> str:
+        """Where a Redis variant writes (refold's baseline: its keys' prefix)."""
+        return "peers-baseline" if self.module == _BASELINE else f"peers:{self.name}"
+
+    def missing(self, job: Job) -> str:
+        """Why this engine cannot run here ("" when it can)."""
+        del job
+        if self.module and self.module != _BASELINE and not Path(_peers_python()).exists():
+            return "not installed (.venv-peers: make setup)"
+        if self.java and not any((ROOT / ".jars" / self.jars).glob("*.jar")):
+            return f"not installed (.jars/{self.jars}: make setup)"
+        if self.java and shutil.which("javac") is None:
+            return "no javac (a JDK: apt-get install openjdk-17-jdk-headless)"
+        return ""
+
+    def _argv(self, job: Job) -> list[str]:
+        if self.java:
+            classes = job.work / f"classes-{self.jars}"
+            classpath = f"{classes}:{ROOT / '.jars' / self.jars}/*"
+            if not (classes / f"{self.java}.class").exists():
+                javac = shutil.which("javac") or "javac"  # checked by missing()
+                sources = [str(_JVM / "OrderFold.java"), str(_JVM / f"{self.java}.java")]
+                subprocess.run(
+                    [javac, "-nowarn", "-d", str(classes), "-cp", classpath, *sources],
+                    check=True,
+                )
+            java = shutil.which("java") or "java"
+            return [java, "-Xmx1g", *_JVM_FLAGS, "-cp", classpath, self.java, "--schemas", _SCHEMAS]
+        baseline = self.module == _BASELINE
+        return [sys.executable if baseline else _peers_python(), "-m", self.module]
+
+    def processes(self, job: Job) -> tuple[list[GroupProcess], list[Path]]:
+        """The processes to start, and their progress files."""
+        folder = job.work / self.name
+        folder.mkdir(parents=True, exist_ok=True)
+        count = 1 if self.java or self.module == _BASELINE else _PROCESSES
+        extra = self.prepare(job, folder) if self.prepare is not None else []
+        out, progress = [], []
+        for index in range(count):
+            argv = [*self._argv(job), *job.args(self.name, index), *extra]
+            if self.redis:
+                argv += ["--redis-url", job.redis_url, "--redis-prefix", self.redis_prefix]
+            else:
+                argv += ["--states", str(folder / f"states-{index}.json")]
+            env = {"PYTHONPATH": str(ROOT)}
+            out.append(GroupProcess(argv, env, job.work / "logs" / f"{self.name}-{index}.log"))
+            progress.append(folder / f"progress-{index}.json")
+        return out, progress
+
+    def states(self, job: Job) -> dict[str, Any]:
+        """The engine's final states."""
+        if self.module == _BASELINE:
+            kafka = (("bootstrap.servers", job.bootstrap),)
+            target = FoldTarget(
+                "order_state", 1, job.redis_url, self.redis_prefix, kafka, f"{job.topic}.dlq"
+            )
+            return job.refold_states(target.keys.base)
+        if self.redis:
+            return redis_states(redis_client(job.redis_url), self.redis_prefix)
+        return merged_states(sorted((job.work / self.name).glob("states-*.json")))
+
+
+def _baseline(job: Job, folder: Path) -> list[str]:
+    del folder
+    return ["--processes", str(_PROCESSES)]
+
+
+def _bytewax(job: Job, folder: Path) -> list[str]:
+    """Two processes' addresses, and Bytewax's recovery store (one SQLite file per part)."""
+    recovery = folder / "recovery"
+    recovery.mkdir(exist_ok=True)
+    subprocess.run(
+        [_peers_python(), "-m", "bytewax.recovery", str(recovery), str(_PROCESSES)], check=True
+    )
+    del job
+    return ["--addresses", ",".join(f"127.0.0.1:{free_port()}" for _ in range(_PROCESSES))]
+
+
+_EOS = "exactly once"
+ENGINES: tuple[Engine, ...] = (
+    Engine(
+        "refold-spark",
+        "refold Spark processor",
+        f"{_EOS}: state, positions and batch id in one Redis transaction; online replay",
+    ),
+    Engine(
+        "refold-baseline",
+        "refold plain-Python baseline",
+        f"{_EOS} into Redis (the processor's FoldWriter), no Spark",
+        module="bench.peers.baseline_peer",
+        redis=True,
+        prepare=_baseline,
+        ends_itself=True,
+    ),
+    Engine(
+        "quix",
+        "Quix Streams, RocksDB",
+        f"{_EOS} (Kafka transactions, changelog topics); state local to the process",
+        module="bench.peers.quix_peer",
+    ),
+    Engine(
+        "quix-redis",
+        "Quix Streams + Redis sink",
+        f"{_EOS} in Kafka; the Redis sink at least once (a pipeline per checkpoint)",
+        module="bench.peers.quix_peer",
+        redis=True,
+    ),
+    Engine(
+        "bytewax",
+        "Bytewax, in memory",
+        "snapshots every epoch (recovery on): at least once into outputs",
+        module="bench.peers.bytewax_peer",
+        prepare=_bytewax,
+        ends_itself=True,
+    ),
+    Engine(
+        "bytewax-redis",
+        "Bytewax + Redis sink",
+        "recovery on; the Redis writes at least once (a pipeline per batch)",
+        module="bench.peers.bytewax_peer",
+        redis=True,
+        prepare=_bytewax,
+        ends_itself=True,
+    ),
+    Engine(
+        "kafka-streams",
+        "Kafka Streams, RocksDB",
+        f"{_EOS} (exactly_once_v2: Kafka transactions, changelog topics); state local",
+        java="KafkaStreamsPeer",
+        jars="kafka-streams",
+    ),
+    Engine(
+        "kafka-streams-redis",
+        "Kafka Streams + Redis",
+        f"{_EOS} in Kafka; the Redis writes at least once (a pipeline per 1,000 records)",
+        java="KafkaStreamsPeer",
+        jars="kafka-streams",
+        redis=True,
+    ),
+    Engine(
+        "flink",
+        "Flink MiniCluster, heap state",
+        f"{_EOS} state (checkpoints every second); outputs at least once without a 2PC sink",
+        java="FlinkPeer",
+        jars="flink",
+        ends_itself=True,
+    ),
+    Engine(
+        "flink-redis",
+        "Flink + Redis",
+        f"{_EOS} state; the Redis writes at least once (a pipeline per 1,000 and per checkpoint)",
+        java="FlinkPeer",
+        jars="flink",
+        redis=True,
+        ends_itself=True,
+    ),
+)

@@ -1,0 +1,225 @@
+"""``python -m bench peers``: one backlog, every engine in turn, one table.
+
+See :mod:`bench.peers` and docs/performance.md ("refold and its peers"). Prints the table,
+writes ``bench/results/peers.json`` and draws ``bench/results/peers.png`` from it
+(:mod:`bench.peers.chart`, in ``.venv-peers`` where matplotlib is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.backlog import ORDERS_TOPIC, produce_orders
+from bench.catch_up import Run, Watched, run_catch_up
+from bench.peers.engines import ENGINES, Engine, Job
+from bench.peers.measure import measure
+from bench.peers.oracle import compare, log_events, oracle_states
+from refold.contracts.kafka.admin import ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.process_group import GroupProcess
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.store.connect import redis_client
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.topics import TopicSpec, effects_spec
+from refold.deploy.local_stack import LocalStack, free_port
+from refold.processors.order_state.config import OrderStateOptions
+from refold.processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
+
+RESULTS = Path(__file__).parent.parent / "results" / "peers.json"
+ROOT = Path(__file__).parent.parent.parent
+NOTIFICATIONS = f"{ORDERS_TOPIC.name}.notifications"
+
+
+def _spark(job: Job) -> dict[str, Any]:
+    """refold's Spark processor catching up (``--available-now``), as ``make bench`` runs it."""
+    topic = job.topic
+    options = {
+        "order_state": OrderStateOptions(
+            topics=[topic], dead_letter_topic=f"{topic}.dlq", notifications_topic=NOTIFICATIONS
+        )
+    }
+    prefix = "peers-spark"
+    launcher = ProcessLauncher(
+        KafkaSettings(bootstrap_servers=job.bootstrap),
+        RedisSettings(url=job.redis_url, key_prefix=prefix),
+        SparkSettings(),
+        job.work / "spark",
+        options,
+    )
+    client = redis_client(job.redis_url)
+    registry = GenerationRegistry.of(client, "order_state", prefix)
+    process = GroupProcess(
+        launcher.argv(["order_state"], available_now=True),
+        launcher.env(),
+        job.work / "logs" / "spark.log",
+    )
+    started = time.time()
+    run = run_catch_up([Run(process, (Watched("order_state", registry, job.events),))], "spark")
+    result = run.processors["order_state"]
+    live = registry.live()
+    states = job.refold_states(registry.keys(live or 1).base)
+    return {
+        # After batch 0; None when batch 0 was the whole backlog (no steady state to measure).
+        "rate_steady": result.rate_steady or None,
+        "rate_wall": result.events / result.done_s,
+        "cpu_s": run.cpu_s,
+        "peak_rss_mb": run.peak_rss_mb,
+        "batch0_s": result.batch0_s,
+        "batch0_events": result.batch0_events,
+        "started": started,
+        "states": states,
+    }
+
+
+def _run(engine: Engine, job: Job) -> dict[str, Any]:
+    """One engine: measured, stopped, and its final states checked."""
+    if engine.name == "refold-spark":
+        out = _spark(job)
+        got = out.pop("states")
+        out.pop("started")
+    else:
+        missing = engine.missing(job)
+        if missing:
+            return {"skipped": missing}
+        processes, progress = engine.processes(job)
+        measured = measure(
+            processes, progress, job.partition_ends, engine.label, ends_itself=engine.ends_itself
+        )
+        out = {
+            "rate_steady": measured.rate_steady,
+            "rate_wall": measured.rate_wall,
+            "cpu_s": measured.cpu_s,
+            "peak_rss_mb": measured.peak_rss_mb,
+            "startup_s": measured.first - measured.started,
+        }
+        got = engine.states(job)
+    verdict = compare(job.expected, got)
+    out["correct"] = str(verdict)
+    out["ok"] = verdict.ok
+    out["cpu_s_per_million"] = out["cpu_s"] / job.events * 1e6
+    print(f"  {engine.label}: {out['rate_wall']:,.0f} ev/s incl. start-up, {verdict}", flush=True)
+    return out
+
+
+def _table(results: dict[str, dict[str, Any]]) -> str:
+    header = ("engine", "steady ev/s", "incl. start-up", "CPU-s / 1M ev", "peak RSS", "state")
+    rows = [header]
+    for engine in ENGINES:
+        out = results.get(engine.name)
+        if out is None:
+            continue
+        if "skipped" in out or "error" in out:
+            rows.append((engine.label, "-", "-", "-", "-", out.get("skipped") or out["error"]))
+            continue
+        steady = out["rate_steady"]
+        rows.append(
+            (
+                engine.label,
+                "one batch" if steady is None else f"{steady:,.0f}",
+                f"{out['rate_wall']:,.0f}",
+                f"{out['cpu_s_per_million']:,.0f}",
+                f"{out['peak_rss_mb']:,.0f} MB",
+                out["correct"],
+            )
+        )
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    )
+
+
+def _chart(path: Path) -> None:
+    python = os.environ.get("REFOLD_PEERS_PYTHON", str(ROOT / ".venv-peers" / "bin" / "python"))
+    if not Path(python).exists():
+        print("no chart: .venv-peers is missing (make setup)")
+        return
+    subprocess.run(
+        [python, "-m", "bench.peers.chart", str(path), str(path.with_suffix(".png"))],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(prog="python -m bench peers", description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000, help="backlog size")
+    parser.add_argument(
+        "--engines",
+        default=",".join(e.name for e in ENGINES),
+        help="comma-separated, of: " + ", ".join(e.name for e in ENGINES),
+    )
+    parser.add_argument("--work-dir", type=Path, help="keep state and logs here")
+    args = parser.parse_args(argv)
+    load = os.getloadavg()
+    chosen = [e for e in ENGINES if e.name in args.engines.split(",")]
+    results: dict[str, dict[str, Any]] = {}
+    with (
+        contextlib.nullcontext(str(args.work_dir))
+        if args.work_dir is not None
+        else tempfile.TemporaryDirectory(prefix="refold-bench-peers-")
+    ) as tmp:
+        work = Path(tmp)
+        with LocalStack(work / "stack", free_port(), free_port(), redis_persistent=False) as stack:
+            kafka = {"bootstrap.servers": stack.bootstrap_servers}
+            topic = ORDERS_TOPIC
+            ensure_topics(
+                kafka,
+                [
+                    topic,
+                    TopicSpec(f"{topic.name}.dlq", 1, "(key)", ("(any)",)),
+                    effects_spec(NOTIFICATIONS),  # order_state's shipping notices
+                    effects_spec(DEFAULT_NOTIFICATIONS_TOPIC),  # the same, from the baseline
+                ],
+            )
+            events = produce_orders(stack.bootstrap_servers, args.events)
+            offsets = LogOffsets(kafka)
+            try:
+                ends = offsets.end_offsets([(topic.name, p) for p in range(topic.partitions)])
+            finally:
+                offsets.close()
+            print("oracle: reading the backlog back and folding it ...", flush=True)
+            expected = oracle_states(log_events(stack.bootstrap_servers, ends))
+            job = Job(stack.bootstrap_servers, stack.redis_url, topic.name, ends, events, work)
+            job.expected = expected
+            for engine in chosen:
+                try:
+                    results[engine.name] = _run(engine, job)
+                except RuntimeError as exc:
+                    print(f"  {engine.label} failed: {exc}", flush=True)
+                    results[engine.name] = {"error": f"FAILED to run: {str(exc)[:200]}"}
+    table = _table(results)
+    print("\n" + table)
+    RESULTS.parent.mkdir(exist_ok=True)
+    labels = {e.name: {"label": e.label, "guarantee": e.guarantee} for e in ENGINES}
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "events": args.events,
+                "cores": os.cpu_count(),
+                "python": platform.python_version(),
+                "load_before": load,
+                "engines": {name: {**labels[name], **out} for name, out in results.items()},
+            },
+            indent=2,
+        )
+    )
+    print(f"\nresults written to {RESULTS}")
+    _chart(RESULTS)
+    return 0 if all(out.get("ok", "skipped" in out) for out in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
