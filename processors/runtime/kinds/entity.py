@@ -23,6 +23,7 @@ from refold.contracts.layout import position_field
 from refold.contracts.origin import ORIGIN_ID, origin_headers, origin_id
 from refold.contracts.store.connect import pipelined_mget, pipelined_mset
 from refold.processors.fold.dedupe import SeenIds
+from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.projection import (
     EventRejectedError,
     FoldError,
@@ -373,6 +374,7 @@ class EntityKind:
         partition's whole span after another's.
         """
         target = self.context.target
+        timed_topics = dict(target.marked)
         streams: dict[tuple[str, int], list[tuple[int, SourceRecord, SideEffect, str]]] = {}
         for record, effect in sorted(effects, key=lambda e: e[0][:3]):  # stable
             stream = streams.setdefault((record.topic, record.partition), [])
@@ -382,6 +384,8 @@ class EntityKind:
         for _index, record, effect, oid in heapq.merge(
             *streams.values(), key=lambda e: e[1].timestamp
         ):
+            if effect.topic in timed_topics:  # for the watermark markers
+                _mark(outbox, effect, timed_topics[effect.topic], oid)
             outbox.add(
                 record[:3],
                 effect.topic,
@@ -392,3 +396,12 @@ class EntityKind:
                     (ORIGIN_ID, oid.encode()),
                 ],
             )
+
+
+def _mark(outbox: Outbox, effect: SideEffect, field: str, oid: str) -> None:
+    """An output on a stream with markers: its event time, for its stream (the origin id's)."""
+    try:
+        at = event_time_ms(effect.value, field)
+    except EventRejectedError:
+        return  # the consumer dead-letters it ("no-event-time"): no part of a clock
+    outbox.mark(effect.topic, oid.rpartition("@")[0], at)
