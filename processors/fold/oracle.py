@@ -273,7 +273,9 @@ def fold_timed(
         if event_type == WATERMARK:  # as the writer: moves the clocks, never folded
             if topic in clocks.stream_topics:
                 clocks.mark(topic, partition, Marker(dict(raw["at"]), int(raw["of"])))
-                groups.advance(topic, partition, clocks.clock(topic, partition))
+                mark = groups.advance(topic, partition, clocks.clock(topic, partition))
+                for _due, due in queue.pop_due(partition, mark) if with_timers else ():
+                    _fire(projection, result, queue, partition, due, cast("int", mark))
             continue
         event = raw
         entity = resolver.resolve(offset, raw)[0] if resolver is not None else None

@@ -45,7 +45,7 @@ from redis.typing import EncodableT, FieldT
 from refold.contracts.layout import GenerationKeys, position_field
 from refold.contracts.processors import EventTime
 from refold.contracts.store.connect import pipelined_eval
-from refold.contracts.watermarks import Marker
+from refold.contracts.watermarks import WATERMARK, Marker
 from refold.processors.fold.eventtime import Verdict, event_time_ms, is_folded
 from refold.processors.fold.projection import EventRejectedError
 from refold.processors.fold.records import SourceRecord
@@ -167,7 +167,7 @@ def judge_lateness(
         field = position_field(record.topic, record.partition)
         before = others.get(field)
         while before and before[0].record.offset < record.offset:
-            _observe(clocks, groups, before.popleft())
+            _observe(clocks, groups, before.popleft(), judged if timers else None)
         try:
             at = event_time_ms(data, event_time.field_of(event_type))
         except EventRejectedError as exc:
@@ -186,19 +186,35 @@ def judge_lateness(
         _refuse(record, at, event_time, dead, late_out)
     for rest in others.values():
         for other in rest:
-            _observe(clocks, groups, other)
+            _observe(clocks, groups, other, judged if timers else None)
     judged.clocks = clocks.changed
     return judged, dead, late_out, late
 
 
-def _observe(clocks: TopicClocks, groups: GroupClocks, other: ForeignTime | StreamMark) -> None:
-    """Another slot's record or a marker: it moves the clocks, and is not judged."""
+def _observe(
+    clocks: TopicClocks,
+    groups: GroupClocks,
+    other: ForeignTime | StreamMark,
+    ticks: Judged | None,
+) -> None:
+    """Another slot's record or a marker: it moves the clocks, and is not judged.
+
+    With timers (``ticks``), a marker is kept as a *tick* (event type ``WATERMARK``, no
+    entity): the fold fires the timers due at its watermark there, as at a record, so a
+    derived partition whose last records came before their markers still fires them (the
+    outputs' origin ids name the marker's offset: the same in every run).
+    """
     record = other.record
     if isinstance(other, StreamMark):
         clocks.mark(record.topic, record.partition, other.marker)
     else:
         clocks.observe(record.topic, record.partition, stream_of(record.origin), other.at)
-    groups.advance(record.topic, record.partition, clocks.clock(record.topic, record.partition))
+    mark = groups.advance(
+        record.topic, record.partition, clocks.clock(record.topic, record.partition)
+    )
+    if ticks is not None and isinstance(other, StreamMark):
+        ticks.kept.append((record, WATERMARK, {}, ""))
+        ticks.marks.append(mark)
 
 
 def _stored_clocks(

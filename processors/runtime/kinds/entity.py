@@ -22,6 +22,7 @@ from redis.client import Pipeline
 from refold.contracts.layout import position_field
 from refold.contracts.origin import ORIGIN_ID, origin_headers, origin_id
 from refold.contracts.store.connect import pipelined_mget, pipelined_mset
+from refold.contracts.watermarks import WATERMARK
 from refold.processors.fold.dedupe import SeenIds
 from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.projection import (
@@ -180,7 +181,8 @@ class EntityKind:
         keys = self.context.target.keys
         table = self.projection.table
         queue = self._load_timers(pipe, pending, watermarks) if self.timers else None
-        entities = sorted({p[3] for p in pending} | (queue.entities() if queue else set()))
+        folds = {p[3] for p in pending if p[1] != WATERMARK}  # not the ticks of markers
+        entities = sorted(folds | (queue.entities() if queue else set()))
         table_keys = [keys.table(table, e) for e in entities]
         loaded = cast("list[bytes | None]", pipelined_mget(pipe, table_keys)) if table_keys else []
         before: dict[str, State | None] = {
@@ -192,6 +194,8 @@ class EntityKind:
         for index, (record, event_type, data, entity) in enumerate(pending):
             if queue is not None:
                 self._fire_timers(queue, record, watermarks[index], folded, dead)
+            if event_type == WATERMARK:  # a marker's tick: timers only (lateness.py)
+                continue
             if seen is not None and seen.is_duplicate(entity, data):
                 outcome.duplicates += 1
                 continue
