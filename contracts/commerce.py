@@ -27,12 +27,14 @@ ORDERS = TopicSpec(
 )
 
 # order_state's output stream (processors chain): status changes keyed by customer_id, the
-# partition key a processor of customers needs. Written by order_state, never by producers.
+# partition key a processor of customers needs. Written by order_state, never by producers;
+# with watermark markers in its ``changed_at`` (docs/event-time.md, "Across chains").
 ORDER_CHANGES = TopicSpec(
     name="order_state.changes",
     partitions=8,
     key_field="customer_id",
     event_types=("OrderStatusChanged",),
+    event_time_field="changed_at",
 )
 
 COMMERCE = ContractSet(

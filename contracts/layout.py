@@ -118,7 +118,13 @@ def position_field(topic: str, partition: int) -> str:
 
 
 def parse_position_field(field: str) -> tuple[str, int] | None:
-    """Inverse of :func:`position_field`; ``None`` for the non-position fields."""
+    """Inverse of :func:`position_field`; ``None`` for the non-position fields.
+
+    A field with ``|`` is none: a writer slot's copy (``s<slot>|<topic>/<p>``) or a stream's
+    clock (``<topic>/<p>|<stream>``) in a clocks hash. Kafka topic names have no ``|``.
+    """
+    if "|" in field:
+        return None
     topic, sep, partition = field.rpartition("/")
     if not sep or not (partition.isascii() and partition.isdigit()):
         return None

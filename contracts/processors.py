@@ -106,6 +106,11 @@ class EventTime:
         late_topic: The side-output topic; default ``<processor>.late``.
         by_type: ``(event type, field)`` pairs for the event types whose time is in another
             field (``CustomerRegistered`` -> ``registered_at``).
+        idle_ms: On a topic that carries watermark markers (another processor's output
+            stream: docs/event-time.md, "Across chains"), an upstream stream whose clock is
+            more than this behind the partition's newest stream clock is idle and does not
+            hold the partition's watermark back. Event time on one partition's log, never the
+            wall clock, so a replay decides alike. ``None``: never idle.
     """
 
     field: str
@@ -114,6 +119,7 @@ class EventTime:
     retention_ms: int = _WEEK_MS
     late_topic: str = ""
     by_type: tuple[tuple[str, str], ...] = ()
+    idle_ms: int | None = None
 
     def field_of(self, event_type: str) -> str:
         """The field holding the event time of ``event_type``."""
@@ -128,6 +134,8 @@ class EventTime:
             problems.append("event_time.field is empty")
         if self.lateness_ms < 0 or self.retention_ms < 0:
             problems.append("lateness_ms and retention_ms must be >= 0")
+        if self.idle_ms is not None and self.idle_ms < 0:
+            problems.append("idle_ms must be >= 0 or None")
         if self.late not in LATE_POLICIES:
             problems.append(f"late must be one of {', '.join(LATE_POLICIES)}, not {self.late!r}")
         if problems:

@@ -21,6 +21,10 @@ class TopicSpec:
             stack; 3 is usual in production, with ``min.insync.replicas`` 2).
         config: Topic configs set when the topic is created (``cleanup.policy=compact`` for
             a topic that keeps the latest record per key).
+        event_time_field: An output stream's event-time field: its producing processor writes
+            watermark markers to every partition with its outputs
+            (:mod:`refold.contracts.watermarks`), and an event-time processor that folds it
+            judges lateness per upstream stream (docs/event-time.md, "Across chains").
     """
 
     name: str
@@ -29,6 +33,7 @@ class TopicSpec:
     event_types: tuple[str, ...]
     replication_factor: int | None = None
     config: tuple[tuple[str, str], ...] = ()
+    event_time_field: str | None = None
 
     def __post_init__(self) -> None:
         if self.partitions < 1:

@@ -27,6 +27,7 @@ from refold.contracts.errors import DeserializationError, RefoldError
 from refold.contracts.kafka.consumers import passive_consumer
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.settings import StackSettings
+from refold.contracts.watermarks import is_marker
 
 __all__ = ["TailRecord", "build_parser", "main", "render"]
 
@@ -213,10 +214,12 @@ def tail(
                 if not follow and (message.offset() or 0) >= ends[tp]:
                     todo.discard(tp)
                     continue
-                yield decode_record(message, codec)
-                shown += 1
-                if limit is not None and shown >= limit:
-                    return
+                headers = cast("list[tuple[str, bytes | None]]", message.headers() or [])
+                if not is_marker(headers):  # a watermark marker is no record to show
+                    yield decode_record(message, codec)
+                    shown += 1
+                    if limit is not None and shown >= limit:
+                        return
                 if not follow and (message.offset() or 0) + 1 >= ends[tp]:
                     todo.discard(tp)
             if messages:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from refold.contracts.processors import EventId, EventTime
+from refold.contracts.watermarks import WATERMARK, Marker
 from refold.processors.fold.dedupe import SeenIds
 from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
 from refold.processors.fold.lookups import LookupFold
@@ -28,6 +29,7 @@ from refold.processors.fold.projection import (
     store_state,
 )
 from refold.processors.fold.rekey import KeyResolver
+from refold.processors.fold.stream_clocks import TopicClocks, stream_of
 from refold.processors.fold.timers import (
     TIMER_EVENT,
     GroupClocks,
@@ -238,6 +240,8 @@ def fold_timed(
     topics: Sequence[str],
     records: Iterable[tuple[str, int, int, str, Mapping[str, Any]]],
     resolver: KeyResolver | None = None,
+    stream_topics: Sequence[str] = (),
+    origins: Mapping[tuple[str, int, int], str] | None = None,
 ) -> TimedResult:
     """An event-time entity fold with timers, run the plain way (the oracle).
 
@@ -246,19 +250,33 @@ def fold_timed(
         event_time: Its event-time settings.
         topics: Its topics (a partition group's watermark is over all of them).
         records: ``(topic, partition, offset, event_type, event)``, each topic partition's
-            records in log order; topics and partitions may interleave in any way.
+            records in log order; topics and partitions may interleave in any way. A
+            watermark marker is ``(topic, partition, offset, WATERMARK, {"at": .., "of": ..})``
+            (:mod:`refold.contracts.watermarks`).
         resolver: Re-keyed (no timers): each event's entity as the writer slots resolve it.
             Lateness is judged per source partition all the same.
+        stream_topics: The topics that carry markers: judged per upstream stream, as the
+            writer does (:class:`~refold.processors.fold.stream_clocks.TopicClocks`).
+        origins: ``(topic, partition, offset)`` -> the record's origin id (its stream), on
+            those topics.
     """
     result = TimedResult()
-    clocks = PartitionClocks(event_time, {})
+    clocks = TopicClocks(event_time, {}, frozenset(stream_topics))
     groups = GroupClocks(topics, event_time.lateness_ms, {})
+    streams = origins or {}
     queue = TimerQueue()
     with_timers = has_timers(projection)
     if with_timers and resolver is not None:
         msg = f"{projection.name}: timers need the partition key as its key (no re-keying)"
         raise ValueError(msg)
     for topic, partition, offset, event_type, raw in records:
+        if event_type == WATERMARK:  # as the writer: moves the clocks, never folded
+            if topic in clocks.stream_topics:
+                clocks.mark(topic, partition, Marker(dict(raw["at"]), int(raw["of"])))
+                mark = groups.advance(topic, partition, clocks.clock(topic, partition))
+                for _due, due in queue.pop_due(partition, mark) if with_timers else ():
+                    _fire(projection, result, queue, partition, due, cast("int", mark))
+            continue
         event = raw
         entity = resolver.resolve(offset, raw)[0] if resolver is not None else None
         if event_type not in projection.event_types:
@@ -270,19 +288,14 @@ def fold_timed(
                 continue
             if raw.get(resolver.key) is None:
                 event = {**raw, resolver.key: entity}
-        try:  # as the writer: the key first, then the event time, then the clocks
-            key = str(projection.key(event_type, event))
-        except Exception as exc:  # a record without a usable key is refused
-            result.rejected.append((str(event.get("event_id")), f"no key: {exc!r}"))
+        keyed = _key_and_time(projection, event_time, event_type, event, result)
+        if keyed is None:
             continue
-        try:
-            at = event_time_ms(event, event_time.field_of(event_type))
-        except EventRejectedError as exc:
-            result.rejected.append((str(event.get("event_id")), str(exc)))
-            continue
+        key, at = keyed
         field_name = f"{topic}/{partition}"
-        verdict = clocks.observe(field_name, at)
-        mark = groups.advance(topic, partition, at)
+        stream = stream_of(streams.get((topic, partition, offset)))
+        verdict = clocks.observe(topic, partition, stream, at)
+        mark = groups.advance(topic, partition, clocks.clock(topic, partition))
         if with_timers:
             for _due, entity in queue.pop_due(partition, mark):
                 _fire(projection, result, queue, partition, entity, cast("int", mark))
@@ -306,6 +319,27 @@ def fold_timed(
         result.aggregate.update(projection.contribution(state))
     result.aggregate = Counter({k: v for k, v in result.aggregate.items() if v != 0})
     return result
+
+
+def _key_and_time(
+    projection: Projection,
+    event_time: EventTime,
+    event_type: str,
+    event: Mapping[str, Any],
+    result: TimedResult,
+) -> tuple[str, int] | None:
+    """As the writer: the key first, then the event time (``None``: refused, and noted)."""
+    try:
+        key = str(projection.key(event_type, event))
+    except Exception as exc:  # a record without a usable key is refused
+        result.rejected.append((str(event.get("event_id")), f"no key: {exc!r}"))
+        return None
+    try:
+        at = event_time_ms(event, event_time.field_of(event_type))
+    except EventRejectedError as exc:
+        result.rejected.append((str(event.get("event_id")), str(exc)))
+        return None
+    return key, at
 
 
 def _fire(

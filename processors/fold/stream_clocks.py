@@ -32,14 +32,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from refold.contracts.layout import parse_position_field, position_field
+from refold.contracts.origin import parse_origin_id
 from refold.contracts.processors import EventTime
 from refold.contracts.watermarks import Marker
-from refold.processors.fold.eventtime import Verdict
+from refold.processors.fold.eventtime import PartitionClocks, Verdict
 
-__all__ = ["StreamClocks", "stream_clock_field"]
+__all__ = ["StreamClocks", "TopicClocks", "stream_clock_field", "stream_of"]
 
 _SEP = "|"
 _COUNT, _FIRST = "#", "^"  # reserved stream names: a real one holds "|" and "/"
+
+
+def stream_of(origin: str | None) -> str:
+    """The stream of a record of a derived topic: its origin id's (``""``: it has none)."""
+    parsed = parse_origin_id(origin)
+    return "" if parsed is None else parsed.stream
 
 
 def stream_clock_field(field: str, stream: str) -> str:
@@ -127,3 +135,61 @@ class StreamClocks:
         low = min(live)
         if current is None or low > current:
             self.partition[field] = self.changed[field] = low
+
+
+class TopicClocks:
+    """The clocks of one transaction: per partition (source topics) or per stream (derived).
+
+    One place for the choice, used by the writer (:mod:`refold.processors.runtime.lateness`)
+    and the oracle alike: a partition of a topic in ``stream_topics`` (it carries markers) is
+    judged by :class:`StreamClocks`, any other by
+    :class:`~refold.processors.fold.eventtime.PartitionClocks`.
+
+    Args:
+        event_time: The processor's event-time settings (``idle_ms`` for the streams).
+        stored: The clocks as stored: ``topic/partition`` and ``topic/partition|<stream>``.
+        stream_topics: The topics that carry markers.
+    """
+
+    def __init__(
+        self, event_time: EventTime, stored: Mapping[str, int], stream_topics: frozenset[str]
+    ) -> None:
+        self.stream_topics = stream_topics
+        plain: dict[str, int] = {}
+        derived: dict[str, int] = {}
+        for name, value in stored.items():
+            parsed = parse_position_field(name.partition(_SEP)[0])
+            if parsed is not None and parsed[0] in stream_topics:
+                derived[name] = value
+            elif parsed is not None and _SEP not in name:
+                plain[name] = value
+        self.plain = PartitionClocks(event_time, plain)
+        self.streams = StreamClocks(event_time, derived, event_time.idle_ms)
+
+    def observe(self, topic: str, partition: int, stream: str, at: int) -> Verdict:
+        """Judge a record at ``at`` (of ``stream``, on a derived topic), then move the clocks."""
+        field = position_field(topic, partition)
+        if topic in self.stream_topics:
+            return self.streams.observe(field, stream, at)
+        return self.plain.observe(field, at)
+
+    def mark(self, topic: str, partition: int, marker: Marker) -> None:
+        """A watermark marker on ``topic/partition`` (a topic that carries markers)."""
+        self.streams.mark(position_field(topic, partition), marker)
+
+    def clock(self, topic: str, partition: int) -> int | None:
+        """The partition's clock (``None``: none yet)."""
+        field = position_field(topic, partition)
+        if topic in self.stream_topics:
+            return self.streams.clock(field)
+        return self.plain.clocks.get(field)
+
+    @property
+    def changed(self) -> dict[str, int]:
+        """The clocks-hash fields that moved."""
+        return {**self.plain.changed, **self.streams.changed}
+
+    @property
+    def clocks(self) -> dict[str, int]:
+        """Every partition's clock (``topic/partition`` -> ms)."""
+        return {**self.plain.clocks, **self.streams.partition}

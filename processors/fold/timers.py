@@ -85,10 +85,14 @@ class GroupClocks:
             if parsed is not None:
                 self.clocks[parsed] = value
 
-    def advance(self, topic: str, partition: int, at: int) -> int | None:
-        """Record an event time seen on ``topic/partition``; the group's watermark after it."""
+    def advance(self, topic: str, partition: int, at: int | None) -> int | None:
+        """Move ``topic/partition``'s clock to ``at``; the group's watermark after it.
+
+        The caller passes the partition's clock after each record (``None``: it has none yet,
+        as on a derived partition before its markers: docs/event-time.md, "Across chains").
+        """
         current = self.clocks.get((topic, partition))
-        if current is None or at > current:
+        if at is not None and (current is None or at > current):
             self.clocks[(topic, partition)] = at
         return self.mark(partition)
 

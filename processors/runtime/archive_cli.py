@@ -45,6 +45,7 @@ from refold.contracts.registry import default_registry, import_reference
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import dead_letter_topic
+from refold.contracts.watermarks import is_marker
 from refold.processors.fold.archive import (
     ArchiveProcessor,
     ArchiveTable,
@@ -154,7 +155,7 @@ def _read_dates(
             bar.update(len(chunk))
         for message in chunk:
             record = SourceRecord.of_message(message)
-            if not _wanted_type(codec, record.value, types):
+            if is_marker(record.headers) or not _wanted_type(codec, record.value, types):
                 continue
             try:
                 event = codec.decode(record.value)

@@ -50,6 +50,7 @@ from refold.contracts.layout import BATCH_ID_FIELD, position_field
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.store.stats import count_outcome
+from refold.contracts.watermarks import is_marker
 from refold.processors.errors import (
     ProcessorConfigError,
     SinkConflictError,
@@ -295,7 +296,12 @@ def _decode_into(
     groups: dict[tuple[str, str], _Group],
     dead: list[tuple[SourceRecord, DeserializationError]],
 ) -> bool:
-    """Decode one record into its group; a dead letter (False) when it does not decode."""
+    """Decode one record into its group; a dead letter (False) when it does not decode.
+
+    A watermark marker of an output stream is no event: not archived, not a dead letter.
+    """
+    if is_marker(record.headers):
+        return False
     try:
         event = writer.plan.codec.decode(record.value)
     except DeserializationError as exc:

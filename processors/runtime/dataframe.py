@@ -51,6 +51,7 @@ from refold.contracts.layout import BATCH_ID_FIELD
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.stats import count_outcome
+from refold.contracts.watermarks import is_marker
 from refold.processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
@@ -183,8 +184,8 @@ def _decode_task(
     rows: list[dict[str, Any]] = []
     for part in parts:
         for record in part:
-            if not _wanted(plan, record.value):
-                continue
+            if is_marker(record.headers) or not _wanted(plan, record.value):
+                continue  # a watermark marker (output streams) is no event
             try:
                 event = plan.codec.decode(record.value)
             except DeserializationError as exc:

@@ -67,7 +67,12 @@ from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.intake import Intake
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 from refold.processors.runtime.kinds import BatchKind, kind_of
-from refold.processors.runtime.lateness import ForeignTime, judge_lateness, write_clocks
+from refold.processors.runtime.lateness import (
+    ForeignTime,
+    StreamMark,
+    judge_lateness,
+    write_clocks,
+)
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]  # the first two re-exported
@@ -346,11 +351,12 @@ class FoldWriter:
         new_pos: dict[str, int] = {}
         links: list[tuple[str, str, Link]] = []
         foreign: list[ForeignTime] = []  # re-keyed: the other slots' records, for the clocks
+        markers: list[StreamMark] = []  # watermark markers of derived topics, for the clocks
         if self.slot is None:
-            self._intake.take(records, applied_pos, pending, dead, new_pos, outcome)
+            self._intake.take(records, applied_pos, pending, dead, new_pos, outcome, markers)
         else:
             self._intake.route(
-                pipe, records, applied_pos, pending, dead, new_pos, links, outcome, foreign
+                pipe, records, applied_pos, pending, dead, new_pos, links, outcome, foreign, markers
             )
         for field_name, (_start, end) in covered.items():
             reached = max(new_pos.get(field_name, 0), applied_pos.get(field_name, 0))
@@ -362,16 +368,9 @@ class FoldWriter:
         clocks: dict[str, int] = {}
         late_out: list[DeadLetter] = []
         watermarks: list[int | None] = []
-        if self.target.event_time is not None and (pending or foreign):
+        if self.target.event_time is not None and (pending or foreign or markers):
             judged, refused, late_out, late = judge_lateness(
-                pipe,
-                keys,
-                self.target.event_time,
-                self.target.topics,
-                self.slot,
-                pending,
-                foreign,
-                self._timers,
+                pipe, self.target, self.slot, pending, foreign, markers, self._timers
             )
             pending, clocks, watermarks = judged.kept, judged.clocks, judged.marks
             dead += refused
@@ -531,7 +530,8 @@ class FoldWriter:
             tp = output.source
             reached = new_pos.get(position_field(*tp), 0)
             ends[tp] = max(ends.get(tp, 0), reached, output.offset + 1)
-        self.outputs.send(outbox, ends)
+        markers = outbox.markers(self.outputs.partitions, self.target.streams)
+        self.outputs.send(outbox, ends, markers)
 
     def _send_dead_letters(
         self,

@@ -72,6 +72,14 @@ class FoldTarget:
             starts new streams and markers.
         dedupe: De-duplication by event id (entity folds): each entity skips an event whose
             id is among those of its latest ``horizon`` applied events.
+        marked: The output streams this processor writes watermark markers to:
+            ``(topic, event-time field)`` of each effect topic whose spec has an event-time
+            field (:mod:`refold.contracts.watermarks`).
+        streams: How many streams it has (its topics' partitions, times its writer slots
+            when re-keyed): a marker's ``of``.
+        stream_topics: Its topics that carry markers (another processor's output streams):
+            lateness there is judged per upstream stream
+            (:class:`~refold.processors.fold.stream_clocks.StreamClocks`).
     """
 
     processor: str
@@ -91,6 +99,9 @@ class FoldTarget:
     code_fingerprint: str = ""
     dedupe: EventId | None = None
     created_at: str = ""
+    marked: tuple[tuple[str, str], ...] = ()
+    streams: int = 0
+    stream_topics: tuple[str, ...] = ()
 
     @property
     def late_topic(self) -> str:

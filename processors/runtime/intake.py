@@ -7,6 +7,11 @@ type) and keyed by the fold's ``key()``, which must be the record's Kafka key. R
 than its topics' partition keys; every slot reads every record, learns the links that lead
 from a record to its entity (:mod:`refold.processors.fold.rekey`) and keeps its own. Records
 that cannot be taken become dead letters with the reason.
+
+On a topic that carries watermark markers (``FoldTarget.stream_topics``), a marker is passed
+by, never decoded nor dead-lettered: to the lateness judge when the processor has an event
+time (:class:`~refold.processors.runtime.lateness.StreamMark`); a record with the marker
+header that is not a marker is dead-lettered ``bad-marker``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from refold.contracts.catalog import SchemaVersion
 from refold.contracts.codec import DecodedEvent, EventCodec, fingerprint_of
 from refold.contracts.errors import DeserializationError
 from refold.contracts.layout import position_field
+from refold.contracts.watermarks import is_marker, read_marker
 from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.projection import EventRejectedError, Projection
 from refold.processors.fold.records import SourceRecord
@@ -28,7 +34,7 @@ from refold.processors.fold.rekey import KeyResolver, Link, decode_link, slot_of
 from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
-from refold.processors.runtime.lateness import ForeignTime
+from refold.processors.runtime.lateness import ForeignTime, StreamMark
 
 __all__ = ["Intake"]
 
@@ -61,6 +67,7 @@ class Intake:
         self._resolver = KeyResolver(target.key_field, target.key_links)
         self._scanned: set[str] = set()
         self._partition_keys = dict(target.partition_keys)
+        self._derived = frozenset(target.stream_topics)  # topics with watermark markers
         self._carries: dict[bytes, bool] = {}
         self._counts: dict[bytes, bool] = {}
         # Per topic, the links usable on it: those through its partition key (log order).
@@ -86,8 +93,13 @@ class Intake:
         dead: list[DeadLetter],
         new_pos: dict[str, int],
         outcome: BatchOutcome,
+        markers: list[StreamMark] | None = None,
     ) -> None:
-        """Entities owned by partitions: decode every record above its partition's position."""
+        """Entities owned by partitions: decode every record above its partition's position.
+
+        The watermark markers of topics that carry them go to ``markers`` (see the module).
+        """
+        derived = self._derived
         # Hot loop: per-partition lookups are cached by (topic, partition) tuple.
         names: dict[tuple[str, int], str] = {}
         floor: dict[str, int] = {}
@@ -102,6 +114,9 @@ class Intake:
                 continue
             if record.offset >= new_pos.get(field_name, 0):
                 new_pos[field_name] = record.offset + 1
+            if derived and record.topic in derived and is_marker(record.headers):
+                self._pass_marker(record, markers, dead, outcome, owned=True)
+                continue
             if not self._counted(record):
                 outcome.passed += 1  # a type the processor does not fold: not even decoded
                 continue
@@ -120,6 +135,7 @@ class Intake:
         links: list[tuple[str, str, Link]],
         outcome: BatchOutcome,
         foreign: list[ForeignTime] | None = None,
+        markers: list[StreamMark] | None = None,
     ) -> None:
         """Re-keyed: find each record's entity and keep those of this writer's slot.
 
@@ -137,6 +153,7 @@ class Intake:
         re-keyed event-time processor), but only when their type is folded.
         """
         slot, slots = cast("int", self.slot), self.target.slots
+        derived = self._derived
         self._learn_before(pipe, records)
         stored = self._stored_links(pipe, records)
         own = 0
@@ -145,6 +162,12 @@ class Intake:
             done = record.offset < applied_pos.get(field_name, 0)
             if not done and record.offset >= new_pos.get(field_name, 0):
                 new_pos[field_name] = record.offset + 1
+            if derived and record.topic in derived and is_marker(record.headers):
+                if not done:  # every slot's clocks see it; one slot owns a bad one
+                    owned = zlib.crc32(record.key or b"") % slots == slot
+                    own += owned
+                    self._pass_marker(record, markers, dead, outcome, owned=owned)
+                continue
             # Who owns the record when its event cannot say (a dead letter): the slot of the
             # link of its Kafka key (a partition key) when it has one here, else its key's
             # CRC. Every slot computes the same, from the same log prefix.
@@ -191,6 +214,27 @@ class Intake:
                 data = {**data, self.target.key_field: entity}
             pending.append((record, event.event_type, data, cast("str", entity)))
         outcome.records = own
+
+    def _pass_marker(
+        self,
+        record: SourceRecord,
+        markers: list[StreamMark] | None,
+        dead: list[DeadLetter],
+        outcome: BatchOutcome,
+        *,
+        owned: bool,
+    ) -> None:
+        """A watermark marker: to ``markers`` (event time), a dead letter when it is bad."""
+        try:
+            marker = read_marker(record.headers)
+        except ValueError as exc:
+            if owned:
+                dead.append(DeadLetter(record, "bad-marker", str(exc)))
+            return
+        if owned:
+            outcome.passed += 1
+        if marker is not None and markers is not None and self.target.event_time is not None:
+            markers.append(StreamMark(record, marker))
 
     def _clock_only(self, record: SourceRecord, foreign: list[ForeignTime]) -> None:
         """Another slot's linked record: its event time, if that slot folds it."""

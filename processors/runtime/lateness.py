@@ -22,6 +22,14 @@ batch sizes and progress. The generation's own field ``<topic>/<partition>`` is 
 over the slots' copies (the clock at the generation's position, the slots' minimum), written
 atomically in each slot's transaction as the positions are: the watermark, window closing and
 every reader read a re-keyed generation as any other.
+
+**Derived topics.** On a topic that carries watermark markers (another processor's output
+stream, ``FoldTarget.stream_topics``), lateness is judged per upstream stream
+(:class:`~refold.processors.fold.stream_clocks.StreamClocks`, chosen per topic by
+:class:`~refold.processors.fold.stream_clocks.TopicClocks`): markers (:class:`StreamMark`, from
+the intake, never decoded) move the streams' clocks in log order between the records. The
+hash is read whole then: a partition's stream fields (``<topic>/<p>|<stream>``, re-keyed
+``s<slot>|<topic>/<p>|<stream>``) are not known in advance.
 """
 
 from __future__ import annotations
@@ -37,14 +45,23 @@ from redis.typing import EncodableT, FieldT
 from refold.contracts.layout import GenerationKeys, position_field
 from refold.contracts.processors import EventTime
 from refold.contracts.store.connect import pipelined_eval
-from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
+from refold.contracts.watermarks import WATERMARK, Marker
+from refold.processors.fold.eventtime import Verdict, event_time_ms, is_folded
 from refold.processors.fold.projection import EventRejectedError
 from refold.processors.fold.records import SourceRecord
+from refold.processors.fold.stream_clocks import TopicClocks, stream_of
 from refold.processors.fold.timers import GroupClocks
 from refold.processors.runtime.dead_letters import DeadLetter
-from refold.processors.runtime.fold_target import PendingRecord
+from refold.processors.runtime.fold_target import FoldTarget, PendingRecord
 
-__all__ = ["ForeignTime", "Judged", "judge_lateness", "slot_clock_field", "write_clocks"]
+__all__ = [
+    "ForeignTime",
+    "Judged",
+    "StreamMark",
+    "judge_lateness",
+    "slot_clock_field",
+    "write_clocks",
+]
 
 # KEYS[1]: the clocks hash; ARGV[1]: the number of slots, ARGV[2..]: partition fields. Each
 # field becomes the minimum of the slots' copies ``s<i>|<field>``; left alone while a slot has
@@ -83,6 +100,19 @@ class ForeignTime:
     at: int
 
 
+@dataclass(frozen=True, slots=True)
+class StreamMark:
+    """A watermark marker on a derived topic, as the intake passes it by (never decoded).
+
+    Attributes:
+        record: The marker's record (its place in the log).
+        marker: What it says.
+    """
+
+    record: SourceRecord
+    marker: Marker
+
+
 @dataclass(slots=True)
 class Judged:
     """What :func:`judge_lateness` kept: records to fold, moved clocks, per-record marks."""
@@ -94,12 +124,11 @@ class Judged:
 
 def judge_lateness(
     pipe: Pipeline,
-    keys: GenerationKeys,
-    event_time: EventTime,
-    topics: Sequence[str],
+    target: FoldTarget,
     slot: int | None,
     pending: Sequence[PendingRecord],
     foreign: Sequence[ForeignTime],
+    markers: Sequence[StreamMark],
     timers: bool,
 ) -> tuple[Judged, list[DeadLetter], list[DeadLetter], int]:
     """Keep the on-time records (and the late ones under ``accept``); advance the clocks.
@@ -109,34 +138,28 @@ def judge_lateness(
 
     Args:
         pipe: The WATCHed pipeline (immediate mode).
-        keys: The generation's keys.
-        event_time: The processor's event time.
-        topics: Its topics (timers: a partition group's watermark is over all of them).
+        target: The generation (its keys, event time, topics and topics with markers).
         slot: The writer slot (None: co-partitioned).
         pending: This writer's records, in log order per partition.
         foreign: Re-keyed: the other slots' records of the chunk, observed only.
+        markers: The chunk's watermark markers (derived topics), observed only.
         timers: The fold has timers (per record, its partition group's watermark).
 
     Returns:
         What to fold, the dead letters, the late side output, and how many were late.
     """
-    fields = {position_field(p[0].topic, p[0].partition) for p in pending}
-    fields |= {position_field(f.record.topic, f.record.partition) for f in foreign}
-    if timers:  # the group's other topics: their clocks hold its watermark back
-        pids = {p[0].partition for p in pending}
-        fields |= {position_field(t, pid) for t in topics for pid in pids}
-    names = sorted(fields)
-    stored_names = [slot_clock_field(slot, f) for f in names]
-    raw = cast("list[bytes | None]", pipe.hmget(keys.clocks, stored_names))
-    stored = {f: int(v) for f, v in zip(names, raw, strict=True) if v is not None}
-    clocks = PartitionClocks(event_time, stored)
-    groups = GroupClocks(topics, event_time.lateness_ms, stored)
+    event_time = cast("EventTime", target.event_time)
+    stored = _stored_clocks(pipe, target, slot, pending, foreign, timers)
+    clocks = TopicClocks(event_time, stored, frozenset(target.stream_topics))
+    groups = GroupClocks(target.topics, event_time.lateness_ms, stored)
     judged = Judged([], {}, [])
     dead: list[DeadLetter] = []
     late_out: list[DeadLetter] = []
     late = 0
-    others: dict[str, deque[ForeignTime]] = {}
-    for other in foreign:  # per partition, in log order: only that order matters to a clock
+    others: dict[str, deque[ForeignTime | StreamMark]] = {}
+    # Per partition, in log order: only that order matters to a clock.
+    observed: list[ForeignTime | StreamMark] = [*foreign, *markers]
+    for other in sorted(observed, key=lambda o: o.record[:3]):
         name = position_field(other.record.topic, other.record.partition)
         others.setdefault(name, deque()).append(other)
     for item in pending:
@@ -144,14 +167,16 @@ def judge_lateness(
         field = position_field(record.topic, record.partition)
         before = others.get(field)
         while before and before[0].record.offset < record.offset:
-            clocks.observe(field, before.popleft().at)
+            _observe(clocks, groups, before.popleft(), judged if timers else None)
         try:
             at = event_time_ms(data, event_time.field_of(event_type))
         except EventRejectedError as exc:
             dead.append(DeadLetter(record, "no-event-time", str(exc)))
             continue
-        verdict = clocks.observe(field, at)
-        mark = groups.advance(record.topic, record.partition, at)
+        verdict = clocks.observe(record.topic, record.partition, stream_of(record.origin), at)
+        mark = groups.advance(
+            record.topic, record.partition, clocks.clock(record.topic, record.partition)
+        )
         if verdict is not Verdict.ON_TIME:
             late += 1
         if is_folded(verdict, event_time):
@@ -159,11 +184,73 @@ def judge_lateness(
             judged.marks.append(mark)
             continue
         _refuse(record, at, event_time, dead, late_out)
-    for field, rest in others.items():
+    for rest in others.values():
         for other in rest:
-            clocks.observe(field, other.at)
+            _observe(clocks, groups, other, judged if timers else None)
     judged.clocks = clocks.changed
     return judged, dead, late_out, late
+
+
+def _observe(
+    clocks: TopicClocks,
+    groups: GroupClocks,
+    other: ForeignTime | StreamMark,
+    ticks: Judged | None,
+) -> None:
+    """Another slot's record or a marker: it moves the clocks, and is not judged.
+
+    With timers (``ticks``), a marker is kept as a *tick* (event type ``WATERMARK``, no
+    entity): the fold fires the timers due at its watermark there, as at a record, so a
+    derived partition whose last records came before their markers still fires them (the
+    outputs' origin ids name the marker's offset: the same in every run).
+    """
+    record = other.record
+    if isinstance(other, StreamMark):
+        clocks.mark(record.topic, record.partition, other.marker)
+    else:
+        clocks.observe(record.topic, record.partition, stream_of(record.origin), other.at)
+    mark = groups.advance(
+        record.topic, record.partition, clocks.clock(record.topic, record.partition)
+    )
+    if ticks is not None and isinstance(other, StreamMark):
+        ticks.kept.append((record, WATERMARK, {}, ""))
+        ticks.marks.append(mark)
+
+
+def _stored_clocks(
+    pipe: Pipeline,
+    target: FoldTarget,
+    slot: int | None,
+    pending: Sequence[PendingRecord],
+    foreign: Sequence[ForeignTime],
+    timers: bool,
+) -> dict[str, int]:
+    """The stored clocks the chunk's partitions need, as this writer (slot) keeps them.
+
+    With topics that carry markers, the whole hash (a partition's streams are not known in
+    advance), this slot's copies only; otherwise the partitions' fields.
+    """
+    keys = target.keys
+    if target.stream_topics:
+        raw = cast("dict[bytes, bytes]", pipe.hgetall(keys.clocks))
+        prefix = "" if slot is None else f"s{slot}|"
+        stored = {}
+        for name, value in raw.items():
+            text = name.decode()
+            if slot is None and text[:1] == "s" and text.partition("|")[0][1:].isdigit():
+                continue  # a slot's copy (not a topic: topic names have no "|")
+            if text.startswith(prefix):
+                stored[text[len(prefix) :]] = int(value)
+        return stored
+    fields = {position_field(p[0].topic, p[0].partition) for p in pending}
+    fields |= {position_field(f.record.topic, f.record.partition) for f in foreign}
+    if timers:  # the group's other topics: their clocks hold its watermark back
+        pids = {p[0].partition for p in pending}
+        fields |= {position_field(t, pid) for t in target.topics for pid in pids}
+    names = sorted(fields)
+    stored_names = [slot_clock_field(slot, f) for f in names]
+    got = cast("list[bytes | None]", pipe.hmget(keys.clocks, stored_names))
+    return {f: int(v) for f, v in zip(names, got, strict=True) if v is not None}
 
 
 def _refuse(
@@ -195,5 +282,6 @@ def write_clocks(
         return
     mapping: dict[FieldT, EncodableT] = {slot_clock_field(slot, f): t for f, t in clocks.items()}
     pipe.hset(keys.clocks, mapping=mapping)
-    if slot is not None:
-        pipelined_eval(pipe, _MIN_CLOCKS, 1, keys.clocks, slots, *sorted(clocks))
+    partitions = sorted(f for f in clocks if "|" not in f)  # not the streams' clocks
+    if slot is not None and partitions:
+        pipelined_eval(pipe, _MIN_CLOCKS, 1, keys.clocks, slots, *partitions)

@@ -17,6 +17,12 @@ Two commits, each atomic, in that order; what a crash between them leaves is rep
   markers are read at every batch that has outputs (a few ms), because any worker may have
   committed some since.
 
+After a transaction's outputs come its **watermark markers** (:mod:`refold.contracts.watermarks`):
+for each output stream with an event-time field that the outputs went to, one record with no
+key and no value on *every* partition of that topic, saying how far in event time each source
+stream of the transaction has come. In the same transaction, so a ``read_committed`` consumer
+sees a marker exactly when it sees what it speaks for (docs/event-time.md, "Across chains").
+
 One ``transactional.id`` per writer (a Python worker's, for one generation): Spark runs a
 partition's batches in whichever worker is free, so an id per partition would have the workers
 fence each other at every other batch. What fencing would add, a zombie writer's outputs,
@@ -36,7 +42,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -46,6 +52,7 @@ from refold.contracts.kafka.consumers import passive_consumer_config
 from refold.contracts.kafka.logs import routed
 from refold.contracts.kafka.outputs import DeadLetterError, output_producer
 from refold.contracts.origin import Headers
+from refold.contracts.watermarks import Marker, marker_headers
 
 __all__ = ["Outbox", "OutputTransactions", "marker_group"]
 
@@ -92,13 +99,41 @@ class _Output:
     value: bytes | None
     key: bytes | None
     headers: Headers
+    partition: int | None = None  # None: the producer's partitioner (by key)
 
 
 @dataclass(slots=True)
 class Outbox:
-    """The outputs of one batch, in the order they are produced, with their source record."""
+    """The outputs of one batch, in the order they are produced, with their source record.
+
+    ``times``: per output stream topic with markers, per source stream, the largest event time
+    among its outputs (:meth:`mark`).
+    """
 
     outputs: list[_Output] = field(default_factory=list)
+    times: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def mark(self, topic: str, stream: str, at: int) -> None:
+        """An output of ``stream`` on ``topic`` has event time ``at`` (for the markers)."""
+        streams = self.times.setdefault(topic, {})
+        if at > streams.get(stream, at - 1):
+            streams[stream] = at
+
+    def markers(self, partitions: Callable[[str], int], streams: int) -> list[_Output]:
+        """The watermark markers: to every partition of each topic in :attr:`times`.
+
+        Args:
+            partitions: The partition count of a topic (as it is on the broker).
+            streams: How many streams the producer has in all (the markers' ``of``).
+        """
+        out: list[_Output] = []
+        for topic, times in sorted(self.times.items()):
+            headers = cast("Headers", marker_headers(Marker(times, max(streams, len(times)))))
+            out.extend(
+                _Output(("", -1), -1, topic, None, None, headers, p)
+                for p in range(partitions(topic))
+            )
+        return out
 
     def add(
         self,
@@ -178,7 +213,16 @@ def _produce(producer: Producer, output: _Output) -> None:
     """
     while True:
         try:
-            producer.produce(output.topic, output.value, output.key, headers=output.headers)
+            if output.partition is None:
+                producer.produce(output.topic, output.value, output.key, headers=output.headers)
+            else:
+                producer.produce(
+                    output.topic,
+                    output.value,
+                    output.key,
+                    partition=output.partition,
+                    headers=output.headers,
+                )
         except BufferError:  # the local queue is full: let it drain
             producer.poll(0.1)
             continue
@@ -199,6 +243,7 @@ class OutputTransactions:
         self.transactional_id = f"{group}.{uuid.uuid4().hex[:12]}"
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
+        self._partitions: dict[str, int] = {}
 
     def _transactional(self) -> Producer:
         if self._producer is None:
@@ -206,6 +251,25 @@ class OutputTransactions:
             _waiting(f"starting {self.transactional_id}", producer.init_transactions)
             self._producer = producer
         return self._producer
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has on the broker (asked once per writer and topic).
+
+        Raises:
+            DeadLetterError: The broker did not say (the batch is folded again).
+        """
+        count = self._partitions.get(topic)
+        if count is None:
+            try:
+                found = self._transactional().list_topics(topic, timeout=_STEP_S).topics[topic]
+            except (KafkaException, KeyError) as exc:
+                msg = f"the partitions of {topic} are unknown: {exc}"
+                raise DeadLetterError(msg) from exc
+            if found.error is not None or not found.partitions:
+                msg = f"the partitions of {topic} are unknown: {found.error}"
+                raise DeadLetterError(msg)
+            count = self._partitions[topic] = len(found.partitions)
+        return count
 
     def marks(self, tps: list[SourceTP]) -> dict[SourceTP, int]:
         """How far each source partition's outputs are committed (0: none yet).
@@ -235,12 +299,16 @@ class OutputTransactions:
                 continue
             return {(tp.topic, tp.partition): max(0, tp.offset) for tp in found}
 
-    def send(self, outbox: Outbox, ends: Mapping[SourceTP, int]) -> int:
+    def send(
+        self, outbox: Outbox, ends: Mapping[SourceTP, int], markers: Sequence[_Output] = ()
+    ) -> int:
         """Commit the outbox's outputs not committed yet, with ``ends`` as the new markers.
 
         Args:
             outbox: The batch's outputs.
             ends: Per source partition with outputs, the batch's new position (exclusive).
+            markers: Watermark markers (:meth:`Outbox.markers`), sent after the outputs when
+                any of them is sent.
 
         Returns:
             How many outputs were dropped because an earlier run committed them.
@@ -266,7 +334,7 @@ class OutputTransactions:
             if not outputs:
                 return dropped
             try:
-                self._commit(outputs, ends)
+                self._commit([*outputs, *markers], ends)
             except _StuckError as exc:
                 # The stuck producer is left as it is: the next one, with the same
                 # transactional.id, fences it and aborts its open transaction (or completes
@@ -285,7 +353,7 @@ class OutputTransactions:
             return dropped
 
     def _commit(self, outputs: list[_Output], ends: Mapping[SourceTP, int]) -> None:
-        sources = sorted({o.source for o in outputs})
+        sources = sorted({o.source for o in outputs if o.partition is None})
         what = f"{len(outputs)} outputs of {self.transactional_id}"
         try:
             producer = self._transactional()

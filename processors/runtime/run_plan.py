@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -26,6 +26,7 @@ from refold.contracts.processors import (
     ProcessorSpec,
     SourceFormat,
 )
+from refold.contracts.registry import default_registry, with_fallback
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
@@ -195,7 +196,35 @@ def resolve_run(
         topics=tuple(t.name for t in topics),
         **_keying_fields(registry, generation, keying),
     )
+    target = dataclasses.replace(target, **stream_fields(projection, topics, target.slots))
     return ProcessorRun(generation, checkpoint, starting, target)
+
+
+def stream_fields(
+    projection: Projection,
+    topics: list[TopicSpec],
+    slots: int,
+    known: dict[str, TopicSpec] | None = None,
+) -> dict[str, Any]:
+    """The target's watermark-marker fields (docs/event-time.md, "Across chains").
+
+    ``marked``: the effect topics whose spec declares an event-time field (this processor
+    writes markers there); ``streams``: its topics' partitions times its writer slots;
+    ``stream_topics``: its own topics that carry markers. ``known``: the topic specs by name
+    (default: the installed contract sets').
+    """
+    empty: Mapping[str, TopicSpec] = {}
+    specs = known if known is not None else with_fallback(lambda: default_registry().topics, empty)
+    marked = []
+    for name in getattr(projection, "effect_topics", ()) or ():
+        spec = specs.get(name)
+        if spec is not None and spec.event_time_field:
+            marked.append((name, spec.event_time_field))
+    return {
+        "marked": tuple(marked),
+        "streams": sum(t.partitions for t in topics) * max(1, slots),
+        "stream_topics": tuple(t.name for t in topics if t.event_time_field),
+    }
 
 
 def _keying_fields(

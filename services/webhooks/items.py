@@ -30,6 +30,7 @@ from refold.contracts.origin import (
     ORIGIN_TOPIC,
     failure_headers,
 )
+from refold.contracts.watermarks import is_marker
 from refold.services.webhooks.delivery import AttemptResult, payload_json
 
 __all__ = [
@@ -225,7 +226,8 @@ def item_from_message(message: Message, codec: EventCodec, state: RetryCallState
     """The delivery of one consumed record: an insight, or a dead letter being redriven.
 
     A record that does not decode is settled at once (``final == "failed"``, the decoder's
-    reason): it goes to the dead-letter topic without an attempt.
+    reason): it goes to the dead-letter topic without an attempt. A watermark marker
+    (:mod:`refold.contracts.watermarks`) is no event: settled at once as ``skipped``.
     """
     read_topic, read_partition, read_offset = (
         str(message.topic()),
@@ -267,6 +269,9 @@ def item_from_message(message: Message, codec: EventCodec, state: RetryCallState
         state,
         redrives=redrives,
     )
+    if is_marker(raw):  # a watermark marker of an output stream: no event, nothing to deliver
+        item.final = "skipped"
+        return item
     try:
         decoded = codec.decode(item.value)
     except DeserializationError as exc:

@@ -22,7 +22,9 @@ from redis.client import Pipeline
 from refold.contracts.layout import position_field
 from refold.contracts.origin import ORIGIN_ID, origin_headers, origin_id
 from refold.contracts.store.connect import pipelined_mget, pipelined_mset
+from refold.contracts.watermarks import WATERMARK
 from refold.processors.fold.dedupe import SeenIds
+from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.projection import (
     EventRejectedError,
     FoldError,
@@ -179,7 +181,8 @@ class EntityKind:
         keys = self.context.target.keys
         table = self.projection.table
         queue = self._load_timers(pipe, pending, watermarks) if self.timers else None
-        entities = sorted({p[3] for p in pending} | (queue.entities() if queue else set()))
+        folds = {p[3] for p in pending if p[1] != WATERMARK}  # not the ticks of markers
+        entities = sorted(folds | (queue.entities() if queue else set()))
         table_keys = [keys.table(table, e) for e in entities]
         loaded = cast("list[bytes | None]", pipelined_mget(pipe, table_keys)) if table_keys else []
         before: dict[str, State | None] = {
@@ -191,6 +194,8 @@ class EntityKind:
         for index, (record, event_type, data, entity) in enumerate(pending):
             if queue is not None:
                 self._fire_timers(queue, record, watermarks[index], folded, dead)
+            if event_type == WATERMARK:  # a marker's tick: timers only (lateness.py)
+                continue
             if seen is not None and seen.is_duplicate(entity, data):
                 outcome.duplicates += 1
                 continue
@@ -373,6 +378,7 @@ class EntityKind:
         partition's whole span after another's.
         """
         target = self.context.target
+        timed_topics = dict(target.marked)
         streams: dict[tuple[str, int], list[tuple[int, SourceRecord, SideEffect, str]]] = {}
         for record, effect in sorted(effects, key=lambda e: e[0][:3]):  # stable
             stream = streams.setdefault((record.topic, record.partition), [])
@@ -382,6 +388,8 @@ class EntityKind:
         for _index, record, effect, oid in heapq.merge(
             *streams.values(), key=lambda e: e[1].timestamp
         ):
+            if effect.topic in timed_topics:  # for the watermark markers
+                _mark(outbox, effect, timed_topics[effect.topic], oid)
             outbox.add(
                 record[:3],
                 effect.topic,
@@ -392,3 +400,12 @@ class EntityKind:
                     (ORIGIN_ID, oid.encode()),
                 ],
             )
+
+
+def _mark(outbox: Outbox, effect: SideEffect, field: str, oid: str) -> None:
+    """An output on a stream with markers: its event time, for its stream (the origin id's)."""
+    try:
+        at = event_time_ms(effect.value, field)
+    except EventRejectedError:
+        return  # the consumer dead-letters it ("no-event-time"): no part of a clock
+    outbox.mark(effect.topic, oid.rpartition("@")[0], at)

@@ -26,6 +26,9 @@ def test_position_fields_round_trip_topics_with_dots_and_slashes():
     for topic in ("commerce.orders", "a/b", "t-1"):
         assert parse_position_field(position_field(topic, 7)) == (topic, 7)
     assert parse_position_field("batch_id") is None
+    # Clocks-hash fields with "|" are no partitions: a stream's clock, a slot's copy.
+    assert parse_position_field("order_state.changes/3|order_state|commerce.orders/5") is None
+    assert parse_position_field("s0|commerce.orders/3") is None
 
 
 def test_window_keys_parse_back_whatever_the_group_holds():

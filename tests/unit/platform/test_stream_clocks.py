@@ -8,7 +8,16 @@ from hypothesis import given, settings, strategies as st
 from refold.contracts.processors import EventTime
 from refold.contracts.watermarks import WATERMARK, Marker, is_marker, marker_headers, read_marker
 from refold.processors.fold.eventtime import PartitionClocks, Verdict
-from refold.processors.fold.stream_clocks import StreamClocks, stream_clock_field
+from refold.processors.fold.records import SourceRecord
+from refold.processors.fold.stream_clocks import (
+    StreamClocks,
+    TopicClocks,
+    stream_clock_field,
+    stream_of,
+)
+from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
+from refold.processors.runtime.intake import Intake
+from refold.processors.runtime.output_transactions import Outbox
 
 PROPERTY = settings(max_examples=200, derandomize=True, database=None, deadline=None)
 P = "order_state.changes/3"
@@ -208,3 +217,76 @@ def test_a_bad_marker_is_refused(value):
         read_marker([(WATERMARK, value)])
     with pytest.raises(ValueError, match=WATERMARK):
         marker_headers(Marker({}, 1))
+
+
+def test_topic_clocks_judge_derived_topics_per_stream_and_the_others_per_partition():
+    event_time = EventTime(field="changed_at", lateness_ms=0)
+    stored = {
+        "src/0": 100,
+        P: 50,
+        stream_clock_field(P, A): 50,
+        "s1|src/0": 7,  # a writer slot's copy: not this writer's
+    }
+    clocks = TopicClocks(event_time, stored, frozenset({"order_state.changes"}))
+    assert clocks.clock("src", 0) == 100
+    assert clocks.observe("src", 0, "", 99) is Verdict.LATE  # one clock per raw partition
+    # On the derived topic, a record is judged against its own stream's clock and the
+    # partition's: a new stream's first record below another's clock is on time above the
+    # partition's watermark.
+    assert clocks.observe("order_state.changes", 3, B, 60) is Verdict.ON_TIME
+    clocks.mark("order_state.changes", 3, Marker({A: 80, B: 70}, 2))
+    assert clocks.clock("order_state.changes", 3) == 70  # the slowest of the two streams
+    assert clocks.observe("order_state.changes", 3, A, 65) is Verdict.LATE
+    assert clocks.changed[P] == 70
+    assert clocks.clocks == {"src/0": 100, P: 70}
+
+
+def test_a_record_s_stream_is_its_origin_id_s():
+    assert stream_of(f"{A}@12.0") == A
+    assert stream_of("order_state#2|commerce.orders/1@3.1") == "order_state#2|commerce.orders/1"
+    assert stream_of(None) == ""
+    assert stream_of("window:x") == ""
+
+
+def test_the_outbox_marks_every_partition_with_each_stream_s_newest_time():
+    outbox = Outbox()
+    for stream, at in ((A, 5), (A, 9), (A, 7), (B, 3)):
+        outbox.mark("changes", stream, at)
+    markers = outbox.markers({"changes": 3}.__getitem__, streams=8)
+    assert [m.partition for m in markers] == [0, 1, 2]
+    assert all(m.topic == "changes" and m.key is None and m.value is None for m in markers)
+    assert [read_marker(m.headers) for m in markers] == [Marker({A: 9, B: 3}, 8)] * 3
+    assert Outbox().markers({"changes": 3}.__getitem__, streams=8) == []
+
+
+def test_the_intake_passes_markers_by_and_dead_letters_a_bad_one():
+    target = FoldTarget(
+        "customer_orders",
+        1,
+        "redis://unused",
+        "p",
+        (),
+        "dlq",
+        event_time=EventTime(field="changed_at"),
+        topics=("order_state.changes",),
+        stream_topics=("order_state.changes",),
+    )
+
+    class _Fold:
+        name = "customer_orders"
+        event_types = ("OrderStatusChanged",)
+
+    intake = Intake(target, _Fold(), codec=None, slot=None, keyed=True)  # type: ignore[arg-type]
+    good = marker_headers(Marker({A: 5}, 8))
+    records = [
+        SourceRecord("order_state.changes", 3, 10, None, None, headers=tuple(good)),
+        SourceRecord("order_state.changes", 3, 11, None, None, headers=((WATERMARK, b"{}"),)),
+    ]
+    pending, dead, markers, new_pos = [], [], [], {}
+    outcome = BatchOutcome()
+    intake.take(records, {}, pending, dead, new_pos, outcome, markers)
+    assert pending == []
+    assert [(m.record.offset, m.marker) for m in markers] == [(10, Marker({A: 5}, 8))]
+    assert [(d.record.offset, d.reason) for d in dead] == [(11, "bad-marker")]
+    assert new_pos == {P: 12}
+    assert outcome.passed == 1
