@@ -5,8 +5,8 @@ Every answer carries its freshness (processor, generation, applied positions) an
 ingest), ``min_positions`` and ``wait_ms`` make a read wait until the live generation has
 applied the given positions (see :mod:`refold.services.query.reads`).
 
-The routes are ``async`` and call Redis synchronously: a read is one or two loopback round
-trips (~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield.
+The routes are ``async`` and call Redis synchronously: a read is one loopback round trip (two on
+a cluster; ~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def _windows(
     """
 
     def run() -> StateView:
-        alias = StateReader(context.redis, spec.name, context.key_prefix)
+        alias = context.reader(spec.name)
         generation = alias.live_generation()
         meta = alias.registry.meta(generation)
         windows, distinct = windows_from_meta(meta)
@@ -219,7 +219,7 @@ def query_router() -> APIRouter:
         """One entity's state (404 with the freshness when it does not exist)."""
         spec = processor(name)
         _table(spec, table)
-        reader = StateReader(context.redis, name, context.key_prefix)
+        reader = context.reader(name)
         view = await read_consistent(
             context.redis, spec, context.key_prefix, wanted, lambda: reader.get(table, key)
         )
@@ -246,7 +246,7 @@ def query_router() -> APIRouter:
         if len(body.keys) > limit:
             msg = f"{len(body.keys)} keys in one batch get; at most {limit}"
             raise ApiError(413, "TOO_MANY_KEYS", msg)
-        reader = StateReader(context.redis, name, context.key_prefix)
+        reader = context.reader(name)
         view = await read_consistent(
             context.redis,
             spec,
@@ -275,7 +275,7 @@ def query_router() -> APIRouter:
         size = min(limit or serve.page_size, serve.max_page_size)
         layout = StateLayout(name, context.key_prefix)
         if cursor is None:
-            reader = StateReader(context.redis, name, context.key_prefix)
+            reader = context.reader(name)
             start = await read_consistent(
                 context.redis,
                 spec,
@@ -287,7 +287,7 @@ def query_router() -> APIRouter:
         else:
             at = ScanCursor.decode(cursor, name, table)
         page = scan_page(context.redis, layout, table, at, size)
-        reader = StateReader(context.redis, name, context.key_prefix)
+        reader = context.reader(name)
         view = StateView(page.generation, None, reader.freshness(page.generation))
         body = {
             "items": [{"key": k, "value": v} for k, v in page.items],
@@ -309,7 +309,7 @@ def query_router() -> APIRouter:
         """An aggregate's counters (counters at zero are left out)."""
         spec = processor(name)
         _aggregate(spec, aggregate)
-        reader = StateReader(context.redis, name, context.key_prefix)
+        reader = context.reader(name)
         view = await read_consistent(
             context.redis, spec, context.key_prefix, wanted, lambda: reader.aggregate(aggregate)
         )

@@ -188,6 +188,20 @@ def test_reader_follows_the_alias_flip(target, redis_url):
     view = reader.get("orders", "ord-0000001")
     assert (view.generation, view.value) == (second, None)
     assert {g.generation: g.status for g in registry.list()} == {first: "retired", second: "live"}
+    # The reader remembers the live generation, and sees each flip at its next read, whatever
+    # the read: each checks the alias in the same command as the state it reads.
+    oracle = fold_all(P, events)
+    assert reader.aggregate("order_totals").generation == second
+    registry.flip(first, record_replaced=False)
+    many = reader.get_many("orders", ["ord-0000001", "nope"])
+    assert many.generation == first
+    assert many.value == {"ord-0000001": oracle.states["ord-0000001"], "nope": None}
+    assert many.positions == registry.positions(first)[0] != {}
+    registry.flip(second, record_replaced=False)
+    assert reader.get_many("orders", ["ord-0000001"]).value == {"ord-0000001": None}
+    registry.flip(first, record_replaced=False)
+    totals = reader.aggregate("order_totals")
+    assert (totals.generation, totals.value) == (first, dict(oracle.aggregate))
 
 
 class _PaymentsOnly(OrderStateProjection):
