@@ -6,7 +6,8 @@ ingest), ``min_positions`` and ``wait_ms`` make a read wait until the live gener
 applied the given positions (see :mod:`refold.services.query.reads`).
 
 The routes are ``async`` and call Redis synchronously: a read is one loopback round trip (two on
-a cluster; ~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield.
+a cluster; ~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield. The
+entity route's plain reads skip FastAPI's dependency solving (:mod:`refold.services.query.hot`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from refold.contracts.windows import scales_from_meta, windows_from_meta
 from refold.services.api.context import ServiceContext, get_context
 from refold.services.api.errors import ApiError
 from refold.services.auth import require
+from refold.services.query.hot import NAME_PATTERN, HotEntityRoute
 from refold.services.query.pagination import ScanCursor, scan_page
 from refold.services.query.reads import (
     Consistency,
@@ -39,7 +41,6 @@ from refold.services.reader.window_reader import WindowReader
 
 __all__ = ["query_router"]
 
-_NAME = r"^[A-Za-z0-9_.:-]+$"
 _MAX_MS = 2**53  # event times are epoch ms; bounds keep range arithmetic small
 
 
@@ -197,17 +198,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 Context = Annotated[ServiceContext, Depends(get_context)]
 Wanted = Annotated[Consistency, Depends(_consistency)]
 IfNoneMatch = Annotated[str | None, Header()]
-Processor = Annotated[str, Path(pattern=_NAME)]
+Processor = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 
 def query_router() -> APIRouter:
     """The query routes."""
     router = APIRouter(tags=["query"], dependencies=[Depends(require("query"))])
 
-    @router.get(
-        "/v1/processors/{name}/tables/{table}/entities/{key:path}",
-        responses={200: {"model": EntityAnswer}, **_ERRORS},
-    )
     async def get_entity(
         name: Processor,
         table: str,
@@ -227,6 +224,14 @@ def query_router() -> APIRouter:
             msg = f"{name} has no {table} entity {key!r} in generation {view.generation}"
             raise ApiError(404, "ENTITY_NOT_FOUND", msg, **freshness(spec, view))
         return _answer(spec, view, {"key": key, "value": view.value}, if_none_match)
+
+    router.add_api_route(
+        "/v1/processors/{name}/tables/{table}/entities/{key:path}",
+        get_entity,
+        methods=["GET"],
+        responses={200: {"model": EntityAnswer}, **_ERRORS},
+        route_class_override=HotEntityRoute,  # a plain read skips dependency solving
+    )
 
     @router.post(
         "/v1/processors/{name}/tables/{table}/entities:batch-get",
