@@ -97,6 +97,8 @@ class StateReader:
         self._script = None if is_cluster(client) else client.register_script(_READ_LIVE)
         # The generation the alias named at the last read: a guess each read checks.
         self._live: int | None = None
+        # The last positions hash read, and its parse.
+        self._last_positions: tuple[dict[bytes, bytes], Positions] | None = None
 
     @classmethod
     def from_url(
@@ -187,7 +189,11 @@ class StateReader:
         return StateView(gen, counters, self._positions(raw_positions))
 
     def _positions(self, raw: dict[bytes, bytes]) -> Positions:
-        return self.registry.parse_positions(raw)[0]
+        """A positions hash parsed; the last one is kept, since most reads find it unchanged."""
+        last = self._last_positions
+        if last is None or last[0] != raw:
+            last = self._last_positions = (raw, self.registry.parse_positions(raw)[0])
+        return dict(last[1])
 
     def freshness(self, generation: int | None = None) -> Positions:
         """Applied positions of the (live) generation."""
