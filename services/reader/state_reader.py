@@ -136,22 +136,26 @@ class StateReader:
         transaction would, in one command); if it names another, the reads run again on that
         one. So an answer is always of one generation, the one live when it was read.
         """
-        if generation is None and self._script is not None and self._live is not None:
-            while True:
-                gen = self._live
-                commands = plan(self.registry.keys(gen))
-                keys = [self.registry.layout.alias, *(k for _, names in commands for k in names)]
-                args = [gen, *(a for name, names in commands for a in (name, len(names)))]
+        while generation is None and self._script is not None and self._live is not None:
+            gen = self._live
+            commands = plan(self.registry.keys(gen))
+            keys = [self.registry.layout.alias, *(k for _, names in commands for k in names)]
+            args = [gen, *(a for name, names in commands for a in (name, len(names)))]
+            try:
                 raw_live, *replies = self._script(keys=keys, args=args)
-                if raw_live is None:
-                    raise self._no_live()
-                live = int(raw_live)
-                if live == gen:
-                    return gen, [
-                        _as_hash(reply) if name == "HGETALL" else reply
-                        for (name, _), reply in zip(commands, replies, strict=True)
-                    ]
-                self._live = live  # flipped since the last read: read that one
+            except redis.exceptions.NoPermissionError:
+                # A Redis user that may read but not run scripts: two round trips, below.
+                self._script = None
+                break
+            if raw_live is None:
+                raise self._no_live()
+            live = int(raw_live)
+            if live == gen:
+                return gen, [
+                    _as_hash(reply) if name == "HGETALL" else reply
+                    for (name, _), reply in zip(commands, replies, strict=True)
+                ]
+            self._live = live  # flipped since the last read: read that one
         gen = self.live_generation() if generation is None else generation
         with self.client.pipeline(transaction=True) as pipe:
             for name, names in plan(self.registry.keys(gen)):
