@@ -58,7 +58,10 @@ from refold.deploy.local_stack import LocalStack, free_port
 from refold.deploy.simulators.orders import OrderSimulator, SimulatedEvent
 from refold.processors.fold.oracle import fold_all
 from refold.processors.fold.records import SourceRecord
-from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.order_state.projection import (
+    DEFAULT_NOTIFICATIONS_TOPIC,
+    OrderStateProjection,
+)
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.kafka_ranges import read_log
 from refold.services.auth import ApiKeyStore
@@ -71,6 +74,8 @@ RESULTS = Path(__file__).parent / "results" / "serving.json"
 PREFIX = "bench-serving"
 PROCESSOR, TABLE = "order_state", "orders"
 DLQ = TopicSpec(f"{ORDERS.name}.dlq", 1, "(key)", ("(any)",))
+# Where the fold's shipping notices go (its side effects): the broker creates no topic.
+NOTICES = TopicSpec(DEFAULT_NOTIFICATIONS_TOPIC, 1, "order_id", ("(json)",))
 # Warm-up before each measurement: both workers' lazy clients (Redis pool, Kafka producer,
 # the key's first lookup), CPython's caches.
 _WARM_UP_S = 1.5
@@ -461,7 +466,7 @@ class _Setup:
 
 def _setup(stack: LocalStack, state: Path, args: argparse.Namespace) -> _Setup:
     """State to read, an API key, and every request pre-encoded."""
-    ensure_topics({"bootstrap.servers": stack.bootstrap_servers}, [ORDERS, DLQ])
+    ensure_topics({"bootstrap.servers": stack.bootstrap_servers}, [ORDERS, DLQ, NOTICES])
     keys, states = _prepare_state(stack, args.orders)
     print(f"{len(keys):,} orders folded into {PROCESSOR} (live generation)", flush=True)
     client = redis_client(stack.redis_url)

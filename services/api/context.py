@@ -23,6 +23,7 @@ from refold.services.api.config import ServeSettings
 from refold.services.api.rate_limits import RateLimits
 from refold.services.ingest.idempotency import IdempotencyStore
 from refold.services.producer.publisher import EventPublisher
+from refold.services.reader.state_reader import StateReader
 
 __all__ = ["ServiceContext", "get_context"]
 
@@ -55,6 +56,7 @@ class ServiceContext:
     _closed: bool = field(default=False, init=False)
     _rate_limits: RateLimits | None = field(default=None, init=False)
     _idempotency: IdempotencyStore | None = field(default=None, init=False)
+    _readers: dict[str, StateReader] = field(default_factory=dict, init=False)
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> ServiceContext:
@@ -96,6 +98,18 @@ class ServiceContext:
                 self.redis, self.key_prefix, serve.idempotency_horizon_s, pending_s
             )
         return self._idempotency
+
+    def reader(self, processor: str) -> StateReader:
+        """The process's reader of a registered ``processor``'s state.
+
+        One per processor: it remembers the live generation between reads (:class:`StateReader`).
+        """
+        found = self._readers.get(processor)
+        if found is None:
+            found = self._readers.setdefault(
+                processor, StateReader(self.redis, processor, self.key_prefix)
+            )
+        return found
 
     def rate_limits(self) -> RateLimits:
         """The per-key request limits (counted in Redis)."""

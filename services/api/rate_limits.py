@@ -5,12 +5,21 @@ The counts are fixed windows of the ``limits`` library, kept in Redis under
 and scope. Limits apply to the ``ingest`` and ``query`` scopes of authenticated keys (with
 ``auth=off`` there is no key to count by). An unreachable Redis lets requests through: the
 limiter must not turn a store outage into an ingest outage.
+
+A large limit is not counted one request at a time: a process takes a share of it
+(:data:`SHARE_DIVISOR`: 1% of the limit, e.g. 100 requests of ``10000/second``) from the shared
+count in one hit and admits that many requests of the key from memory, for at most one window.
+That is one Redis round trip per hundred requests instead of one each; the price is that a key
+may pass its limit by up to a share per process (shares taken at the end of one window and
+spent in the next), or be refused up to a share early (what other processes took and have not
+spent). A limit under ``2 * SHARE_DIVISOR`` per window is counted exactly, a request at a time.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping
 
@@ -22,9 +31,14 @@ from limits.strategies import FixedWindowRateLimiter
 from refold.contracts.store.connect import is_cluster
 from refold.services.api.errors import ApiError
 
-__all__ = ["RateLimits", "parse_rate"]
+__all__ = ["SHARE_DIVISOR", "RateLimits", "parse_rate"]
 
 logger = logging.getLogger(__name__)
+
+# A process takes 1/SHARE_DIVISOR of a limit at a time (see the module docstring).
+SHARE_DIVISOR = 100
+# Keys with a share in memory at most (a stream of distinct keys refills it).
+_SHARES_ENTRIES = 10_000
 
 
 def parse_rate(text: str) -> RateLimitItem | None:
@@ -60,17 +74,40 @@ class RateLimits:
             )
         self._limiter = FixedWindowRateLimiter(storage)
         self._items = {scope: item for scope, r in rates.items() if (item := parse_rate(r))}
+        # (scope, key id) -> [requests left of this process's share, monotonic end of use]
+        self._shares: dict[tuple[str, str], list[float]] = {}
+        self._lock = threading.Lock()
+
+    def admit_from_share(self, scope: str, key_id: str) -> bool:
+        """Count one request from this process's share of the key's limit, without Redis.
+
+        Returns:
+            True when it was counted (or the scope has no limit); False when :meth:`check` must
+            count it.
+        """
+        if scope not in self._items:
+            return True
+        with self._lock:
+            share = self._shares.get((scope, key_id))
+            if share is None or share[0] < 1 or time.monotonic() >= share[1]:
+                return False
+            share[0] -= 1
+            return True
 
     def check(self, scope: str, key_id: str) -> None:
-        """Count one request of ``key_id`` in ``scope``.
+        """Count one request of ``key_id`` in ``scope`` (in Redis, unless a share admits it).
 
         Raises:
             ApiError: 429 when the key is over the scope's limit.
         """
         item = self._items.get(scope)
-        if item is None:
+        if item is None or self.admit_from_share(scope, key_id):
             return
+        share = item.amount // SHARE_DIVISOR
         try:
+            if share > 1 and self._limiter.hit(item, scope, key_id, cost=share):
+                self._keep_share(scope, key_id, share - 1, item.get_expiry())
+                return
             if self._limiter.hit(item, scope, key_id):
                 return
             reset = self._limiter.get_window_stats(item, scope, key_id).reset_time
@@ -85,3 +122,9 @@ class RateLimits:
         raise ApiError(
             429, "RATE_LIMITED", msg, headers={"Retry-After": str(retry)}, limit=str(item)
         )
+
+    def _keep_share(self, scope: str, key_id: str, left: int, window_s: float) -> None:
+        with self._lock:
+            if len(self._shares) >= _SHARES_ENTRIES:
+                self._shares.clear()
+            self._shares[(scope, key_id)] = [float(left), time.monotonic() + window_s]

@@ -11,7 +11,12 @@ The key comes in ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``. Answer
 
 Keys are checked against Redis, with a cache of :data:`VERIFY_CACHE_S` per app: a key revoked
 with ``refold keys revoke`` is refused by every replica within that time, without a restart.
-A cached key is answered on the event loop; only a miss goes to Redis, on a worker thread.
+A cached key is answered on the event loop; only a miss goes to Redis, on a worker thread. So
+is a request its key's share of the rate limit admits (``refold.services.api.rate_limits``).
+
+:func:`admitted_from_memory` is the same check for a hand-dispatched route (the hot entity
+read, ``refold.services.query.hot``): it answers only what memory can, and leaves everything else
+(a key not cached, every refusal) to :func:`require`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from starlette.concurrency import run_in_threadpool
 
 from refold.services.api.context import ServiceContext, get_context
@@ -33,7 +39,7 @@ from refold.services.auth.errors import ApiKeySpecError, ApiKeyStoreError
 from refold.services.auth.journal import ApiKeyJournal, journal_topic
 from refold.services.auth.keys import SCOPES, ApiKey, ApiKeyStore, Scope, parse_key
 
-__all__ = ["VERIFY_CACHE_S", "api_key_store", "require"]
+__all__ = ["VERIFY_CACHE_S", "admitted_from_memory", "api_key_store", "require"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +153,41 @@ def _rejected(key: ApiKey | None, now_ms: int, store_empty: bool = False) -> Api
     return None
 
 
+async def _count(context: ServiceContext, scope: Scope, key: ApiKey) -> None:
+    """Count the request against its key's rate limit (429 over it); Redis only on a thread."""
+    if scope == "admin":
+        return
+    limits = context.rate_limits()
+    if not limits.admit_from_share(scope, key.id):
+        await run_in_threadpool(limits.check, scope, key.id)
+
+
+async def admitted_from_memory(request: Request, context: ServiceContext, scope: Scope) -> bool:
+    """Whether ``request`` passes :func:`require` (``scope``) on what this process has in memory.
+
+    True: authentication is off, or the request's key is in the verification cache, active and
+    with the scope; the request is then counted against its rate limit (which may answer 429).
+    False: nothing was counted, and the caller must run :func:`require`'s dependency, which
+    answers every other case (a key to look up in Redis, 401, 403).
+    """
+    if context.settings.serve.auth == "off":
+        return True
+    headers = request.headers
+    authorization = headers.get("Authorization")
+    if authorization:
+        scheme, presented = get_authorization_scheme_param(authorization)
+        if scheme.lower() != "bearer" or not presented:
+            return False
+    else:
+        presented = headers.get("X-API-Key") or ""
+    store = api_key_store(request.app, context)
+    key = store.cached(presented) if presented else None
+    if key is None or key.status(store.now_ms()) != "active" or not key.allows(scope):
+        return False
+    await _count(context, scope, key)
+    return True
+
+
 def require(scope: Scope) -> Callable[..., Awaitable[ApiKey | None]]:
     """FastAPI dependency: the request carries a valid API key with ``scope`` (or ``admin``).
 
@@ -213,8 +254,7 @@ def require(scope: Scope) -> Callable[..., Awaitable[ApiKey | None]]:
                 required_scope=scope,
                 scopes=list(key.scopes),
             )
-        if scope != "admin":
-            await run_in_threadpool(context.rate_limits().check, scope, key.id)
+        await _count(context, scope, key)
         return key
 
     return _require

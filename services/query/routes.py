@@ -5,8 +5,9 @@ Every answer carries its freshness (processor, generation, applied positions) an
 ingest), ``min_positions`` and ``wait_ms`` make a read wait until the live generation has
 applied the given positions (see :mod:`refold.services.query.reads`).
 
-The routes are ``async`` and call Redis synchronously: a read is one or two loopback round
-trips (~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield.
+The routes are ``async`` and call Redis synchronously: a read is one loopback round trip (two on
+a cluster; ~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield. The
+entity route's plain reads skip FastAPI's dependency solving (:mod:`refold.services.query.hot`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from refold.contracts.windows import scales_from_meta, windows_from_meta
 from refold.services.api.context import ServiceContext, get_context
 from refold.services.api.errors import ApiError
 from refold.services.auth import require
+from refold.services.query.hot import NAME_PATTERN, HotEntityRoute
 from refold.services.query.pagination import ScanCursor, scan_page
 from refold.services.query.reads import (
     Consistency,
@@ -39,7 +41,6 @@ from refold.services.reader.window_reader import WindowReader
 
 __all__ = ["query_router"]
 
-_NAME = r"^[A-Za-z0-9_.:-]+$"
 _MAX_MS = 2**53  # event times are epoch ms; bounds keep range arithmetic small
 
 
@@ -161,7 +162,7 @@ def _windows(
     """
 
     def run() -> StateView:
-        alias = StateReader(context.redis, spec.name, context.key_prefix)
+        alias = context.reader(spec.name)
         generation = alias.live_generation()
         meta = alias.registry.meta(generation)
         windows, distinct = windows_from_meta(meta)
@@ -197,17 +198,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 Context = Annotated[ServiceContext, Depends(get_context)]
 Wanted = Annotated[Consistency, Depends(_consistency)]
 IfNoneMatch = Annotated[str | None, Header()]
-Processor = Annotated[str, Path(pattern=_NAME)]
+Processor = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 
 def query_router() -> APIRouter:
     """The query routes."""
     router = APIRouter(tags=["query"], dependencies=[Depends(require("query"))])
 
-    @router.get(
-        "/v1/processors/{name}/tables/{table}/entities/{key:path}",
-        responses={200: {"model": EntityAnswer}, **_ERRORS},
-    )
     async def get_entity(
         name: Processor,
         table: str,
@@ -219,7 +216,7 @@ def query_router() -> APIRouter:
         """One entity's state (404 with the freshness when it does not exist)."""
         spec = processor(name)
         _table(spec, table)
-        reader = StateReader(context.redis, name, context.key_prefix)
+        reader = context.reader(name)
         view = await read_consistent(
             context.redis, spec, context.key_prefix, wanted, lambda: reader.get(table, key)
         )
@@ -227,6 +224,14 @@ def query_router() -> APIRouter:
             msg = f"{name} has no {table} entity {key!r} in generation {view.generation}"
             raise ApiError(404, "ENTITY_NOT_FOUND", msg, **freshness(spec, view))
         return _answer(spec, view, {"key": key, "value": view.value}, if_none_match)
+
+    router.add_api_route(
+        "/v1/processors/{name}/tables/{table}/entities/{key:path}",
+        get_entity,
+        methods=["GET"],
+        responses={200: {"model": EntityAnswer}, **_ERRORS},
+        route_class_override=HotEntityRoute,  # a plain read skips dependency solving
+    )
 
     @router.post(
         "/v1/processors/{name}/tables/{table}/entities:batch-get",
@@ -246,7 +251,7 @@ def query_router() -> APIRouter:
         if len(body.keys) > limit:
             msg = f"{len(body.keys)} keys in one batch get; at most {limit}"
             raise ApiError(413, "TOO_MANY_KEYS", msg)
-        reader = StateReader(context.redis, name, context.key_prefix)
+        reader = context.reader(name)
         view = await read_consistent(
             context.redis,
             spec,
@@ -275,7 +280,7 @@ def query_router() -> APIRouter:
         size = min(limit or serve.page_size, serve.max_page_size)
         layout = StateLayout(name, context.key_prefix)
         if cursor is None:
-            reader = StateReader(context.redis, name, context.key_prefix)
+            reader = context.reader(name)
             start = await read_consistent(
                 context.redis,
                 spec,
@@ -287,7 +292,7 @@ def query_router() -> APIRouter:
         else:
             at = ScanCursor.decode(cursor, name, table)
         page = scan_page(context.redis, layout, table, at, size)
-        reader = StateReader(context.redis, name, context.key_prefix)
+        reader = context.reader(name)
         view = StateView(page.generation, None, reader.freshness(page.generation))
         body = {
             "items": [{"key": k, "value": v} for k, v in page.items],
@@ -309,7 +314,7 @@ def query_router() -> APIRouter:
         """An aggregate's counters (counters at zero are left out)."""
         spec = processor(name)
         _aggregate(spec, aggregate)
-        reader = StateReader(context.redis, name, context.key_prefix)
+        reader = context.reader(name)
         view = await read_consistent(
             context.redis, spec, context.key_prefix, wanted, lambda: reader.aggregate(aggregate)
         )

@@ -102,6 +102,21 @@ def test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_other_keys_go_o
     )
 
 
+def test_a_large_limit_is_taken_in_shares_and_holds_across_processes(store, redis_url, prefix):
+    # Two apps stand for two worker processes sharing one count. 200/minute: shares of 2.
+    apps = [_app(redis_url, prefix, query_rate_limit="200/minute") for _ in range(2)]
+    busy = store.add("busy", ["query"])
+    assert apps[0].get("/query", headers=_bearer(busy)).status_code == 200
+    (count_key,) = redis_client(redis_url).scan_iter(match=f"{prefix}:ratelimit*")
+    assert int(redis_client(redis_url).get(count_key)) == 2  # a share: one round trip for two
+    answers = [apps[i % 2].get("/query", headers=_bearer(busy)).status_code for i in range(250)]
+    admitted = 1 + answers.count(200)
+    # At most the limit; at least the limit less a share per process (taken, not spent). One
+    # process may still spend its share after the other was refused.
+    assert 200 - 2 * 2 <= admitted <= 200
+    assert answers[-40:] == [429] * 40
+
+
 def test_store_round_trip(store, client, prefix):
     key = store.add("checkout", ["query", "ingest"], expires_in_s=3600)
     assert key.startswith("rfk_")

@@ -3,6 +3,8 @@
 import threading
 import zlib
 
+import pytest
+import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
@@ -188,6 +190,55 @@ def test_reader_follows_the_alias_flip(target, redis_url):
     view = reader.get("orders", "ord-0000001")
     assert (view.generation, view.value) == (second, None)
     assert {g.generation: g.status for g in registry.list()} == {first: "retired", second: "live"}
+    # The reader remembers the live generation, and sees each flip at its next read, whatever
+    # the read: each checks the alias in the same command as the state it reads.
+    oracle = fold_all(P, events)
+    assert reader.aggregate("order_totals").generation == second
+    registry.flip(first, record_replaced=False)
+    many = reader.get_many("orders", ["ord-0000001", "nope"])
+    assert many.generation == first
+    assert many.value == {"ord-0000001": oracle.states["ord-0000001"], "nope": None}
+    assert many.positions == registry.positions(first)[0] != {}
+    registry.flip(second, record_replaced=False)
+    assert reader.get_many("orders", ["ord-0000001"]).value == {"ord-0000001": None}
+    registry.flip(first, record_replaced=False)
+    totals = reader.aggregate("order_totals")
+    assert (totals.generation, totals.value) == (first, dict(oracle.aggregate))
+
+
+def test_a_reader_whose_redis_user_may_not_run_scripts_reads_the_same(target, redis_url, unique):
+    client = redis_client(redis_url)
+    registry = GenerationRegistry.of(client, "order_state", target.key_prefix)
+    first = registry.create({}, live=True)
+    events = list(OrderSimulator(10, seed=3, anomaly_rate=0))
+    FoldWriter(target, P).apply(records_for(events))
+    user, password = f"reader-{unique}", f"pw-{unique}"
+    client.acl_setuser(
+        user,
+        reset=True,
+        enabled=True,
+        passwords=[f"+{password}"],
+        keys=["~*"],
+        commands=["+@read", "+@connection", "+@transaction", "-@scripting"],
+    )
+    try:
+        host_port = redis_url.split("://", 1)[1]
+        reader = StateReader.from_url(
+            f"redis://{user}:{password}@{host_port}", "order_state", target.key_prefix
+        )
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            reader.client.eval("return 1", 0)  # the premise: this user runs no script
+        oracle = fold_all(P, events)
+        key = sorted(oracle.states)[0]
+        for _ in range(2):  # the first read resolves the alias; the next would use the script
+            view = reader.get("orders", key)
+            assert (view.generation, view.value) == (first, oracle.states[key])
+            assert view.positions == registry.positions(first)[0] != {}
+        second = registry.create({})
+        registry.flip(second)
+        assert reader.get("orders", key).generation == second
+    finally:
+        client.acl_deluser(user)
 
 
 class _PaymentsOnly(OrderStateProjection):

@@ -206,6 +206,44 @@ def test_pagination_is_complete_without_duplicates_while_a_flip_happens(stack: S
     assert stack.client.get(url).json()["generation"] == new
 
 
+def test_a_plain_read_answers_as_the_declared_route_and_follows_a_flip_at_once(
+    stack: Stack,
+) -> None:
+    events = list(OrderSimulator(20, seed=14))
+    assert stack.client.post("/v1/events", json=_batch(events)).status_code == 200
+    stack.fold(1)
+    wanted = fold_all(OrderStateProjection(), events).states
+    key = sorted(wanted)[0]
+    url = f"/v1/processors/order_state/tables/orders/entities/{key}"
+    # No query parameter: the hot path (services/query/hot.py). wait_ms: the declared route.
+    plain, declared = stack.client.get(url), stack.client.get(url, params={"wait_ms": 0})
+    assert plain.status_code == declared.status_code == 200
+    assert plain.json() == declared.json()
+    assert plain.json()["value"] == wanted[key]
+    assert plain.headers["ETag"] == declared.headers["ETag"]
+    again = stack.client.get(url, headers={"If-None-Match": plain.headers["ETag"]})
+    assert (again.status_code, again.content) == (304, b"")
+    missing = stack.client.get(f"{url}-nope")
+    assert missing.status_code == 404
+    assert missing.json() == stack.client.get(f"{url}-nope", params={"wait_ms": 0}).json()
+    assert missing.json()["error"]["generation"] == 1
+    assert (
+        stack.client.get("/v1/processors/order%20state/tables/orders/entities/x").status_code == 422
+    )
+    # A replay's generation 2, flipped to before it is folded: the next read sees it.
+    registry = GenerationRegistry.of(stack.redis, "order_state", stack.target.key_prefix)
+    new = registry.create({"topics": f'["{stack.topic}"]'})
+    registry.flip(new)
+    flipped = stack.client.get(url)
+    assert flipped.status_code == 404
+    assert flipped.json()["error"]["generation"] == new
+    stack.fold(new)
+    after = stack.client.get(url)
+    assert (after.status_code, after.json()["generation"]) == (200, new)
+    assert after.json()["value"] == wanted[key]
+    assert after.headers["ETag"] != plain.headers["ETag"]  # it names the generation
+
+
 def test_a_broker_that_does_not_answer_gets_a_503_and_nothing_acknowledged_is_lost(
     private_stack: LocalStack, unique: str
 ) -> None:
