@@ -61,8 +61,11 @@ setup: $(DEPS) $(PEERS_STAMP) ## create .venv (and .venv-peers), install refold 
 run: $(DEPS) ## the demo: local stack, thirteen processors in one Spark app, ~130k events, summary, replay + cutover, insights to a webhook, the archive read by DuckDB, refold serve with its dashboard
 	$(BIN)/refold demo
 
-test: $(DEPS) ## unit + integration + spark tests (what CI runs)
-	$(PYTEST) tests/unit tests/integration tests/spark
+# Test files run in parallel workers (pytest-xdist, a file per worker at a time) that share the
+# run's one broker and Redis: the suite mostly waits on processes and servers, not the 2 cores.
+TEST_WORKERS ?= 2
+test: $(DEPS) ## unit + integration + spark tests (what CI runs; TEST_WORKERS=2 files at a time)
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile tests/unit tests/integration tests/spark
 
 test-unit: $(DEPS) ## fast loop: pure logic only (and the pinned jars make setup fetched)
 	$(PYTEST) tests/unit
