@@ -34,7 +34,7 @@ from refold.processors.order_state.projection import OrderStateProjection
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.kafka_ranges import read_log
 from refold.services.reader.state_reader import StateReader
-from tests.support.topics import read_to_end
+from tests.support.topics import interleaved, read_to_end
 
 CODEC = EventCodec()
 SOURCES = 4  # order partitions: order_state's streams
@@ -126,27 +126,13 @@ def _oracle_input(log: list[SourceRecord]) -> Iterator[tuple[str, int, int, str,
         yield record.topic, record.partition, record.offset, decoded.event_type, decoded.data
 
 
-def _interleaved(log: list[SourceRecord], rng: random.Random) -> list[SourceRecord]:
-    queues: dict[int, list[SourceRecord]] = {}
-    for record in log:
-        queues.setdefault(record.partition, []).append(record)
-    lists = list(queues.values())
-    out = []
-    while lists:
-        queue = rng.choice(lists)
-        out.append(queue.pop(0))
-        if not queue:
-            lists.remove(queue)
-    return out
-
-
 def _downstream(target: FoldTarget, projection, log: list[SourceRecord], seed: int | None):
     writer = FoldWriter(target, projection)
     if seed is None:
         writer.apply(log, batch_id=0)
         return
     rng = random.Random(seed)
-    records = _interleaved(log, rng)
+    records = interleaved(log, rng)
     i = batch = 0
     while i < len(records):
         size = rng.randint(1, 300)

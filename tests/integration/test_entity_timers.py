@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import zlib
+from itertools import chain
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.store.connect import redis_client
@@ -22,6 +23,7 @@ from refold.processors.search_ctr.projection import SearchCtrProjection, ctr
 from refold.processors.web_sessions.config import WEB_SESSIONS
 from refold.processors.web_sessions.projection import WebSessionsProjection
 from refold.services.reader.state_reader import StateReader
+from tests.support.topics import interleaved
 
 CODEC = EventCodec()
 TOPICS = {"PageViewed": "pv", "SearchPerformed": "se", "SearchResultClicked": "se"}
@@ -51,18 +53,6 @@ def _log(events):
         published.append(record)
         decoded[(topic, partition, record.offset)] = (event_type, CODEC.decode(record.value).data)
     return logs, decoded, published
-
-
-def _interleaved(logs, rng):
-    """Every record once, each topic partition's in log order, the logs interleaved at random."""
-    queues = [list(records) for records in logs.values()]
-    out = []
-    while queues:
-        queue = rng.choice(queues)
-        out.append(queue.pop(0))
-        if not queue:
-            queues.remove(queue)
-    return out
 
 
 def _oracle_input(records, decoded):
@@ -113,7 +103,9 @@ def test_session_windows_equal_the_oracle_whatever_the_chunks(target, redis_url,
     for generation, seed in ((1, None), (2, 5), (3, 6), (4, None)):
         rng = None if seed is None else random.Random(seed)
         records = (
-            topic_by_topic if generation == 4 else _interleaved(logs, random.Random(seed or 0))
+            topic_by_topic
+            if generation == 4
+            else interleaved(chain.from_iterable(logs.values()), random.Random(seed or 0))
         )
         chosen = _target(target, "web_sessions", WEB_SESSIONS, ("pv", "se"), generation)
         _run(chosen, projection, records, rng)
@@ -139,7 +131,7 @@ def test_search_click_join_equals_the_oracle_with_out_of_order_sides(target, red
     results = []
     for generation, seed in ((1, None), (2, 11)):
         rng = None if seed is None else random.Random(seed)
-        records = _interleaved(logs, random.Random(seed or 0))
+        records = interleaved(chain.from_iterable(logs.values()), random.Random(seed or 0))
         chosen = _target(target, "search_ctr", SEARCH_CTR, ("se",), generation)
         _run(chosen, projection, records, rng)
         totals = reader.aggregate("ctr", generation).value

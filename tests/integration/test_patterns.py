@@ -29,7 +29,7 @@ from refold.processors.order_alerts.config import ORDER_ALERTS
 from refold.processors.order_alerts.projection import build as build_order_alerts
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.services.reader.state_reader import StateReader
-from tests.support.topics import read_to_end
+from tests.support.topics import interleaved, read_to_end
 
 CODEC = EventCodec()
 PARTITIONS = 8
@@ -59,21 +59,6 @@ def _oracle_input(records):
     for r in records:
         decoded = CODEC.decode(r.value)
         yield r.topic, r.partition, r.offset, decoded.event_type, decoded.data
-
-
-def _interleaved(records, rng):
-    """Every record once, each partition's in log order, the partitions interleaved at random."""
-    queues: dict[int, list[SourceRecord]] = {}
-    for r in records:
-        queues.setdefault(r.partition, []).append(r)
-    lists = list(queues.values())
-    out = []
-    while lists:
-        queue = rng.choice(lists)
-        out.append(queue.pop(0))
-        if not queue:
-            lists.remove(queue)
-    return out
 
 
 def _run(target, projection, records, rng=None):
@@ -135,7 +120,7 @@ def test_order_alerts_equal_the_oracle_whatever_the_chunks(
     for generation, seed in ((1, None), (2, 5), (3, 6)):
         topic = make_topic(partitions=4, prefix="insights")
         projection = build_order_alerts(PatternOptions(insights_topic=topic))
-        log = records if seed is None else _interleaved(records, random.Random(seed))
+        log = records if seed is None else interleaved(records, random.Random(seed))
         rng = None if seed is None else random.Random(seed)
         _run(_target(target, ORDER_ALERTS, orders, generation), projection, log, rng)
         assert dict(reader.scan("patterns", generation)) == oracle.states, generation
@@ -252,7 +237,7 @@ def test_customer_alerts_over_an_upstream_s_out_of_order_output_equal_the_oracle
     for generation, seed in ((1, None), (2, 3)):
         insights = make_topic(partitions=4, prefix="insights")
         projection = build_customer_alerts(PatternOptions(insights_topic=insights))
-        log = records if seed is None else _interleaved(records, random.Random(seed))
+        log = records if seed is None else interleaved(records, random.Random(seed))
         rng = None if seed is None else random.Random(seed)
         _run(_target(target, RAW_ALERTS, topic, generation), projection, log, rng)
         assert dict(reader.scan("patterns", generation)) == oracle.states, generation

@@ -13,6 +13,7 @@ waiting for seconds of silence, so a probe polled by ``assert_eventually`` costs
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -96,3 +97,19 @@ def read_to_end(
         return sorted(found, key=lambda m: (m.partition(), m.offset()))
     finally:
         consumer.close()
+
+
+def interleaved(records: Iterable[SourceRecord], rng: random.Random) -> list[SourceRecord]:
+    """Every record once, each topic partition's in log order, the partitions interleaved at
+    random: an order in which parallel writers may fold them."""
+    queues: dict[tuple[str, int], list[SourceRecord]] = {}
+    for record in records:
+        queues.setdefault((record.topic, record.partition), []).append(record)
+    lists = list(queues.values())
+    out = []
+    while lists:
+        queue = rng.choice(lists)
+        out.append(queue.pop(0))
+        if not queue:
+            lists.remove(queue)
+    return out
