@@ -73,8 +73,22 @@ def _samples(text: str) -> dict[str, dict[tuple, float]]:
     return found
 
 
+def _lag(api, world) -> dict:
+    """The lag answer. A first probe of a loaded broker may miss the route's 2 s budget: that
+    503 is the route's to give (tested below, with the broker frozen), so it is asked again."""
+
+    def answered() -> dict | None:
+        response = api.get(f"/v1/processors/{world.name}/lag")
+        if response.status_code == 503:
+            return None
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    return assert_eventually(answered, timeout=20, interval=0.5, message="lag kept answering 503")
+
+
 def test_lag_in_records_and_seconds_is_what_waits_in_the_log(world, api):
-    body = api.get(f"/v1/processors/{world.name}/lag").json()
+    body = _lag(api, world)
     assert (body["processor"], body["generation"]) == (world.name, world.live)
     parts = {p["partition"]: p for p in body["partitions"]}
     for partition, count in _COUNTS.items():
@@ -84,7 +98,7 @@ def test_lag_in_records_and_seconds_is_what_waits_in_the_log(world, api):
         assert _AGE_S <= parts[partition]["lag_seconds"] < _AGE_S + 30
     assert body["lag_records"] == sum(_COUNTS.values())
     world.move({1: _COUNTS[1]})
-    body = api.get(f"/v1/processors/{world.name}/lag").json()
+    body = _lag(api, world)
     parts = {p["partition"]: p for p in body["partitions"]}
     assert (parts[1]["lag_records"], parts[1]["lag_seconds"]) == (0, 0)
     assert body["lag_records"] == _COUNTS[0]
