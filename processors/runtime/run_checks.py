@@ -121,3 +121,26 @@ def check_event_time(
                 "partition key as its key, or fold without them."
             )
             raise ProcessorConfigError(msg)
+
+
+def check_marker_source(
+    projection: Projection, topics: list[TopicSpec], options: RunOptions
+) -> None:
+    """A fold over an output stream with watermark markers needs a source that reads headers.
+
+    Markers are told apart by their header (docs/event-time.md, "Across chains"); Spark's
+    ``kafka`` and refold's ``refold_kafka`` row sources carry none, so each marker would go to
+    the dead-letter topic as an undecodable record. Refused at start, naming the fix.
+    """
+    if is_dataframe_processor(projection) or is_archive_processor(projection):
+        return  # they skip markers themselves
+    if options.source_format.startswith("refold_kafka_ranges"):
+        return
+    marked = [t.name for t in topics if t.event_time_field]
+    if marked:
+        msg = (
+            f"{projection.name} reads {', '.join(marked)}, which carry watermark markers in "
+            f"record headers, and source_format {options.source_format!r} reads no headers: "
+            "use source_format 'refold_kafka_ranges' (the default)"
+        )
+        raise ProcessorConfigError(msg)

@@ -44,6 +44,7 @@ from refold.processors.runtime.query_loop import (
 from refold.processors.runtime.run_checks import (
     check_dedupe,
     check_event_time,
+    check_marker_source,
     plan_keying_of,
 )
 from refold.processors.runtime.run_plan import (
@@ -123,6 +124,7 @@ def run_processor(
     check_event_time(projection, event_time, keying)
     dedupe = None if spec is None else spec.dedupe
     check_dedupe(projection, dedupe)
+    check_marker_source(projection, topics, options)
     client = redis_client(redis_settings.client_url())
     who = f"the processor {projection.name}"
     registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
