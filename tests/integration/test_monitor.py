@@ -62,7 +62,23 @@ def world(kafka_bootstrap, redis_url, make_topic, unique):
 @pytest.fixture
 def api(world):
     with TestClient(create_app(world.settings)) as client:
+        _warm_up(client, world)
         yield client
+
+
+def _warm_up(api, world) -> None:
+    """Wait until the app's broker probe answers within its 2 s budget.
+
+    A first probe of a loaded broker (a new client's metadata, a topic just made) can miss it,
+    and the routes then rightly leave lag out (tested below with a broker that never answers).
+    The processors' list asks without sampling stalls, so the health test's clock is untouched.
+    """
+
+    def known() -> bool:
+        listed = {p["name"]: p for p in api.get("/v1/processors").json()["processors"]}
+        return listed[world.name]["generations"][0]["lag_records"] is not None
+
+    assert_eventually(known, timeout=30, interval=0.5, message="the broker probe never answered")
 
 
 def _samples(text: str) -> dict[str, dict[tuple, float]]:
@@ -95,7 +111,7 @@ def test_lag_in_records_and_seconds_is_what_waits_in_the_log(world, api):
         assert parts[partition]["topic"] == world.topic
         assert (parts[partition]["position"], parts[partition]["end"]) == (0, count)
         assert parts[partition]["lag_records"] == count
-        assert _AGE_S <= parts[partition]["lag_seconds"] < _AGE_S + 30
+        assert _AGE_S <= parts[partition]["lag_seconds"] <= time.time() - world.produced_at + 1
     assert body["lag_records"] == sum(_COUNTS.values())
     world.move({1: _COUNTS[1]})
     body = _lag(api, world)
