@@ -61,15 +61,25 @@ class ClusterNode:
 def free_port_run(count: int = 6) -> int:
     """The first of ``count`` consecutive free loopback ports whose bus ports (+10000) are free.
 
-    For throwaway clusters (tests, benchmarks): free now, as :func:`free_port` is. The runs
-    are tried in a random order, so two processes that look at once (test workers) rarely
-    pick the same one.
+    For throwaway clusters (tests, benchmarks): free now, as :func:`free_port` is. The ports
+    and their bus ports stay below Linux's ephemeral range (32768 up), where any outgoing
+    connection may take a port between this check and the node's start. The runs are tried in
+    a random order, so two processes that look at once (test workers) rarely pick the same one.
     """
-    for first in random.sample(range(21000, 29000, 97), k=len(range(21000, 29000, 97))):
-        if all(_free(port) and _free(port + 10000) for port in range(first, first + count)):
+    starts = range(_RUNS_FROM, _EPHEMERAL_FROM - _BUS_OFFSET - count, 97)
+    for first in random.sample(starts, k=len(starts)):
+        if all(_free(port) and _free(port + _BUS_OFFSET) for port in range(first, first + count)):
             return first
-    msg = f"no {count} consecutive free ports between 21000 and 29000 (and their bus ports)"
+    msg = (
+        f"no {count} consecutive free ports from {_RUNS_FROM} whose bus ports (+{_BUS_OFFSET}) "
+        f"are free below {_EPHEMERAL_FROM}"
+    )
     raise RedisClusterError(msg)
+
+
+_RUNS_FROM = 21000
+_BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000
+_EPHEMERAL_FROM = 32768  # Linux's default ip_local_port_range starts here
 
 
 def _free(port: int) -> bool:
