@@ -34,7 +34,7 @@ from refold.processors.order_state.projection import OrderStateProjection
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.kafka_ranges import read_log
 from refold.services.reader.state_reader import StateReader
-from tests.support.topics import interleaved, read_to_end
+from tests.support.topics import interleaved, random_chunks, read_to_end
 
 CODEC = EventCodec()
 SOURCES = 4  # order partitions: order_state's streams
@@ -133,12 +133,10 @@ def _downstream(target: FoldTarget, projection, log: list[SourceRecord], seed: i
         return
     rng = random.Random(seed)
     records = interleaved(log, rng)
-    i = batch = 0
-    while i < len(records):
-        size = rng.randint(1, 300)
-        writer.apply(records[i : i + size], batch_id=batch)
-        i, batch = i + size, batch + 1
-    outcome = writer.apply(records, batch_id=batch)  # a replayed batch changes nothing
+    chunks = random_chunks(records, rng, 300)
+    for batch, chunk in enumerate(chunks):
+        writer.apply(chunk, batch_id=batch)
+    outcome = writer.apply(records, batch_id=len(chunks))  # a replayed batch changes nothing
     assert (outcome.applied, outcome.effects) == (0, 0)
 
 

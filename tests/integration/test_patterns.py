@@ -29,7 +29,7 @@ from refold.processors.order_alerts.config import ORDER_ALERTS
 from refold.processors.order_alerts.projection import build as build_order_alerts
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.services.reader.state_reader import StateReader
-from tests.support.topics import interleaved, read_to_end
+from tests.support.topics import interleaved, random_chunks, read_to_end
 
 CODEC = EventCodec()
 PARTITIONS = 8
@@ -66,12 +66,10 @@ def _run(target, projection, records, rng=None):
     if rng is None:
         writer.apply(records, batch_id=0)
         return
-    i = batch = 0
-    while i < len(records):
-        size = rng.randint(1, 400)
-        writer.apply(records[i : i + size], batch_id=batch)
-        i, batch = i + size, batch + 1
-    outcome = writer.apply(records, batch_id=batch)  # a replayed batch changes nothing
+    chunks = random_chunks(records, rng, 400)
+    for batch, chunk in enumerate(chunks):
+        writer.apply(chunk, batch_id=batch)
+    outcome = writer.apply(records, batch_id=len(chunks))  # a replayed batch changes nothing
     assert (outcome.applied, outcome.effects) == (0, 0)
 
 

@@ -30,6 +30,7 @@ from refold.processors.runtime.window_store import WindowCloser
 from refold.processors.sales_windows.config import SALES_WINDOWS
 from refold.processors.sales_windows.projection import SalesWindows
 from refold.services.reader.window_reader import WindowReader
+from tests.support.topics import interleaved, random_chunks
 from tests.support.windows import bucket_dump
 
 FOLD = SalesWindows()
@@ -79,22 +80,7 @@ def _buckets(client: redis.Redis, target: FoldTarget) -> dict:
 
 def _chunked(records, rng):
     """The records in random chunks, each partition's in log order, partitions interleaved."""
-    by_partition = {}
-    for record in records:
-        by_partition.setdefault(record.partition, []).append(record)
-    queues = list(by_partition.values())
-    merged = []
-    while queues:
-        queue = rng.choice(queues)
-        merged.append(queue.pop(0))
-        if not queue:
-            queues.remove(queue)
-    chunks, i = [], 0
-    while i < len(merged):
-        size = rng.randint(1, 400)
-        chunks.append(merged[i : i + size])
-        i += size
-    return chunks
+    return random_chunks(interleaved(records, rng), rng, 400)
 
 
 def _paid(order_id: str, at_ms: int, amount: int = 1000, currency: str = "EUR"):

@@ -113,3 +113,15 @@ def interleaved(records: Iterable[SourceRecord], rng: random.Random) -> list[Sou
         if not queue:
             lists.remove(queue)
     return out
+
+
+def random_chunks(
+    records: list[SourceRecord], rng: random.Random, max_size: int
+) -> list[list[SourceRecord]]:
+    """``records`` in order, cut into chunks of 1 to ``max_size``: batches of any size."""
+    chunks, i = [], 0
+    while i < len(records):
+        size = rng.randint(1, max_size)
+        chunks.append(records[i : i + size])
+        i += size
+    return chunks
