@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from refold.contracts.errors import ContractError
+from refold.contracts.layout import DEFAULT_KEY_PREFIX
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 
 # How a processor reads Kafka: refold's Python source planning offset ranges (each task reads
@@ -54,9 +55,18 @@ STOP_WITH_PARENT_ENV = "REFOLD_STOP_WITH_PARENT"
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def consumer_group(processor: str, generation: int) -> str:
-    """The Kafka consumer group that mirrors a generation's progress (for lag tooling)."""
-    return f"refold.{processor}.g{generation}"
+def consumer_group(processor: str, generation: int, key_prefix: str) -> str:
+    """The Kafka consumer group that mirrors a generation's progress (for lag tooling).
+
+    ``refold.<processor>.g<N>`` under the default key prefix and
+    ``refold.<key prefix>.<processor>.g<N>`` under any other: two deployments that share a
+    Kafka cluster (staging and production, or two test sessions) keep their own groups, so
+    neither one's commits show up as the other's lag, and an in-place reset of one is never
+    refused for the other's members.
+    """
+    if key_prefix == DEFAULT_KEY_PREFIX:
+        return f"refold.{processor}.g{generation}"
+    return f"refold.{key_prefix}.{processor}.g{generation}"
 
 
 def options_env_prefix(processor: str) -> str:

@@ -131,7 +131,7 @@ def reset_in_place(
             if plan.seed is not None
             else None
         )
-        group = consumer_group(plan.processor, generation)
+        group = consumer_group(plan.processor, generation, key_prefix)
         _move_group(kafka, group, plan)
         # From here the generation is half reset until the marker goes: a processor that
         # starts after a crash of this reset (its lease expired) refuses it, and the new

@@ -54,6 +54,18 @@ _GROUP: Final = "refold-offset-probe"
 _TIMEOUT_S: Final = 30.0
 _CLIENT: Final = "the offsets client (log ends, partitions)"
 # Local librdkafka events that it retries by itself; the call's deadline covers them.
+# Partition errors in a ListOffsets answer that pass once leadership settles (a new topic, a
+# broker back from a pause). A partition's error comes without librdkafka's retriable flag, so
+# the codes are named here.
+_LEADERSHIP: Final = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    }
+)
 _TRANSIENT: Final = frozenset(
     {
         KafkaError._TRANSPORT,  # noqa: SLF001 - librdkafka's public error names start with _
@@ -217,7 +229,9 @@ class LogOffsets:
                     self._admin.poll(0)  # serves the error callbacks (a refused login)
                 self._admin = None
                 error = exc.args[0] if exc.args else None
-                retriable = isinstance(error, KafkaError) and error.retriable()
+                retriable = isinstance(error, KafkaError) and (
+                    error.retriable() or error.code() in _LEADERSHIP
+                )
                 if not retriable or time.monotonic() > deadline:
                     if self._auth.failure is not None:
                         raise refused(_CLIENT, self._config, self._auth.failure) from exc

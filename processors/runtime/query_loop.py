@@ -264,7 +264,8 @@ def run_generation(
         extra={"processor": projection.name, "generation": run.generation},
     )
     mirror = ConsumerGroupMirror(
-        kafka.as_librdkafka(), consumer_group(projection.name, run.generation)
+        kafka.as_librdkafka(),
+        consumer_group(projection.name, run.generation, run.target.layout.prefix),
     )
     # After a crash between the Redis commit and the group commit, the re-run batch skips
     # every record and commits nothing: mirror what Redis holds now, so lag tools agree.

@@ -294,7 +294,7 @@ def test_in_place_reset_is_refused_while_a_processor_holds_the_generation(world,
 def test_in_place_reset_is_refused_while_the_consumer_group_has_live_members(world):
     world.writer(world.live).apply(world.records)
     before = world.state(world.live)
-    group = consumer_group("order_state", world.live)
+    group = consumer_group("order_state", world.live, world.prefix)
     member = Consumer(
         {
             "bootstrap.servers": world.kafka.bootstrap_servers,

@@ -38,7 +38,9 @@ def test_fifty_thousand_events_fold_to_the_oracle_state(spark, world):
     assert positions == ends
     assert len(positions) == world.topic.partitions
     # Progress is mirrored to a consumer group for standard lag tools (assign + commit).
-    committed = committed_offsets(world.kafka, consumer_group("order_state", generation))
+    committed = committed_offsets(
+        world.kafka, consumer_group("order_state", generation, world.redis.key_prefix)
+    )
     assert committed == ends
 
 

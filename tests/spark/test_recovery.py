@@ -21,7 +21,9 @@ from .conftest import oracle
 
 
 def _group(world, generation):
-    return committed_offsets(world.kafka, consumer_group("order_state", generation))
+    return committed_offsets(
+        world.kafka, consumer_group("order_state", generation, world.redis.key_prefix)
+    )
 
 
 def test_after_a_restart_the_consumer_group_equals_the_applied_positions(spark, world):
@@ -31,7 +33,8 @@ def test_after_a_restart_the_consumer_group_equals_the_applied_positions(spark, 
     positions = world.reader().freshness(generation)
     # The crash between the Redis commit and the group commit: the group stays behind.
     mirror = ConsumerGroupMirror(
-        world.kafka.as_librdkafka(), consumer_group("order_state", generation)
+        world.kafka.as_librdkafka(),
+        consumer_group("order_state", generation, world.redis.key_prefix),
     )
     mirror.commit({position_field(t, p): max(0, o - 7) for (t, p), o in positions.items()})
     mirror.close()

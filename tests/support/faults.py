@@ -192,7 +192,9 @@ class FaultWorld:
 
     def group_offsets(self) -> dict[tuple[str, int], int]:
         live = StateReader(self.client, "order_state", self.redis.key_prefix).registry.live()
-        return committed_offsets(self.kafka, consumer_group("order_state", live or 0))
+        return committed_offsets(
+            self.kafka, consumer_group("order_state", live or 0, self.redis.key_prefix)
+        )
 
 
 @contextmanager
