@@ -14,11 +14,14 @@ import functools
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+
+import redis
 
 from refold.contracts.errors import RefoldError
-from refold.contracts.processors import ProcessorSpec, consumer_group
+from refold.contracts.processors import EventId, EventTime, ProcessorSpec, consumer_group
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
@@ -28,6 +31,7 @@ from refold.processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError, Pr
 from refold.processors.fold.archive import is_archive_processor
 from refold.processors.fold.dataframe import is_dataframe_processor
 from refold.processors.fold.projection import Projection
+from refold.processors.fold.rekey import Keying
 from refold.processors.runtime.checkpoints import (
     has_batches,
     remove_stale_checkpoint,
@@ -71,6 +75,68 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Processor:
+    """What every start of one processor uses: checked once, before the first generation."""
+
+    projection: Projection
+    topics: list[TopicSpec]
+    kafka: KafkaSettings
+    redis_settings: RedisSettings
+    client: redis.Redis
+    registry: GenerationRegistry
+    keying: Keying | None
+    event_time: EventTime | None
+    dedupe: EventId | None
+
+    @property
+    def who(self) -> str:
+        return f"the processor {self.projection.name}"
+
+    def resolve(self, options: RunOptions) -> ProcessorRun:
+        """The generation, checkpoint and starting offsets ``options`` call for."""
+        return resolve_run(
+            self.projection,
+            self.topics,
+            self.kafka,
+            self.redis_settings,
+            options,
+            self.client,
+            self.keying,
+            self.event_time,
+            dedupe=self.dedupe,
+        )
+
+    def until_redis_answers(self, call: Callable[[], _T]) -> _T:
+        return until_redis_answers(call, self.redis_settings, self.client, self.who)
+
+
+def _checked(
+    projection: Projection,
+    topics: list[TopicSpec],
+    kafka: KafkaSettings,
+    redis_settings: RedisSettings,
+    options: RunOptions,
+    spec: ProcessorSpec | None,
+) -> _Processor:
+    """The spec checked against the fold and the broker (keying, event time, dedupe, markers)."""
+    # A DataFrame processor's rows are written by the driver, one transaction per batch: its
+    # entities need no owner task, and an archive has no entities: neither is ever re-keyed.
+    keyless = is_dataframe_processor(projection) or is_archive_processor(projection)
+    keying = None if spec is None or keyless else plan_keying_of(spec, topics, kafka, options)
+    event_time = None if spec is None else spec.event_time
+    check_event_time(projection, event_time, keying)
+    dedupe = None if spec is None else spec.dedupe
+    check_dedupe(projection, dedupe)
+    check_marker_source(projection, topics, options)
+    client = redis_client(redis_settings.client_url())
+    registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
+    return _Processor(
+        projection, topics, kafka, redis_settings, client, registry, keying, event_time, dedupe
+    )
 
 
 def run_processor(
@@ -106,96 +172,33 @@ def run_processor(
     Returns:
         The generation that ran last.
     """
-    # A DataFrame processor's rows are written by the driver, one transaction per batch: its
-    # entities need no owner task, so it is never re-keyed.
-    dataframe = is_dataframe_processor(projection)
-    # An archive has no entities (each task archives its own partitions) and is one lineage of
-    # files: code and schema changes never call for a rebuild (new files get the new columns;
-    # `refold archive backfill` rewrites old dates).
-    archive = is_archive_processor(projection)
-    if archive:
+    if is_archive_processor(projection):
+        # An archive is one lineage of files: code and schema changes never call for a
+        # rebuild (new files get the new columns; `refold archive backfill` rewrites old dates).
         options = dataclasses.replace(options, accept_code_change=True)
-    keying = (
-        None
-        if spec is None or dataframe or archive
-        else plan_keying_of(spec, topics, kafka, options)
-    )
-    event_time = None if spec is None else spec.event_time
-    check_event_time(projection, event_time, keying)
-    dedupe = None if spec is None else spec.dedupe
-    check_dedupe(projection, dedupe)
-    check_marker_source(projection, topics, options)
-    client = redis_client(redis_settings.client_url())
-    who = f"the processor {projection.name}"
-    registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
+    processor = _checked(projection, topics, kafka, redis_settings, options, spec)
     following = options.generation == "live" and not options.available_now
-    wait_s = options.lease_wait_s
-    restarts = 0
+    loop = _Loop(options, options.lease_wait_s)
     while True:
-        picked = until_redis_answers(
-            functools.partial(
-                resolve_run,
-                projection,
-                topics,
-                kafka,
-                redis_settings,
-                options,
-                client,
-                keying,
-                event_time,
-                dedupe=dedupe,
-            ),
-            redis_settings,
-            client,
-            who,
-        )
-        lease = GenerationLease(registry, picked.generation)
-        lease.acquire(wait_s)
+        picked = processor.until_redis_answers(functools.partial(processor.resolve, loop.options))
+        lease = GenerationLease(processor.registry, picked.generation)
+        lease.acquire(loop.wait_s)
         try:
             # Resolved again under the lease: while it waited, the previous holder went on
             # committing, and an in-place reset may have moved the checkpoint epoch.
-            exact = dataclasses.replace(options, generation=picked.generation)
-            run = resolve_run(
-                projection,
-                topics,
-                kafka,
-                redis_settings,
-                exact,
-                client,
-                keying,
-                event_time,
-                dedupe=dedupe,
-            )
-            if options.generation == "live" and registry.live() != run.generation:
+            run = processor.resolve(dataclasses.replace(loop.options, generation=picked.generation))
+            if loop.options.generation == "live" and processor.registry.live() != run.generation:
                 logger.info("g%d is no longer live; picking again", run.generation)
                 continue
-            if dataframe:
-                refuse_lost_checkpoint(
-                    projection.name,
-                    run.generation,
-                    has_batches(run.checkpoint),
-                    registry.positions(run.generation)[1],
-                )
-            run = record_starting_positions(run, registry, kafka, topics)
-            if spark is None:
-                from refold.processors.runtime.spark import (
-                    build_spark_session,
-                    check_kafka_connector,
-                )
-
-                if options.source_format == "kafka":
-                    check_kafka_connector(SparkSettings())
-                spark = build_spark_session(
-                    f"refold-{projection.name}-g{run.generation}", SparkSettings()
-                )
+            run, spark = _prepared(processor, run, loop.options, spark)
             outcome = run_generation(
                 projection,
                 topics,
                 kafka,
-                options,
+                loop.options,
                 spark,
                 run,
-                registry,
+                processor.registry,
                 lease,
                 following,
                 stop,
@@ -206,46 +209,85 @@ def run_processor(
                 lease.release()
         if outcome in ("stopped", "caught_up"):
             return run.generation
+        loop.after(processor, run, outcome, following)
+
+
+def _prepared(
+    processor: _Processor, run: ProcessorRun, options: RunOptions, spark: SparkSession | None
+) -> tuple[ProcessorRun, SparkSession]:
+    """The run with its starting positions recorded, and the session (built on first use)."""
+    projection, registry = processor.projection, processor.registry
+    if is_dataframe_processor(projection):
+        refuse_lost_checkpoint(
+            projection.name,
+            run.generation,
+            has_batches(run.checkpoint),
+            registry.positions(run.generation)[1],
+        )
+    run = record_starting_positions(run, registry, processor.kafka, processor.topics)
+    if spark is None:
+        from refold.processors.runtime.spark import build_spark_session, check_kafka_connector
+
+        if options.source_format == "kafka":
+            check_kafka_connector(SparkSettings())
+        spark = build_spark_session(f"refold-{projection.name}-g{run.generation}", SparkSettings())
+    return run, spark
+
+
+@dataclasses.dataclass(slots=True)
+class _Loop:
+    """What the processor's restart loop carries from one generation's run to the next."""
+
+    options: RunOptions
+    wait_s: float  # how long the next start waits for the generation's lease
+    restarts: int = 0  # restarts after SPARK-55271
+
+    def after(
+        self, processor: _Processor, run: ProcessorRun, outcome: str, following: bool
+    ) -> None:
+        """Prepare the next start after a run that ended with ``outcome`` (or raise)."""
+        name = processor.projection.name
+        self.wait_s = self.options.lease_wait_s
         if outcome == "retired":
-            live = until_redis_answers(registry.live, redis_settings, client, who)
-            if live is not None and not archive:
-                # Raises when the new live generation was built by other code: this process
-                # stops rather than fold it with its old code (an accepted change at start
-                # was for the generation it started on, not for a later rebuild's).
-                until_redis_answers(
-                    functools.partial(check_follow, registry, projection, run.generation, live),
-                    redis_settings,
-                    client,
-                    who,
-                )
-                options = dataclasses.replace(options, accept_code_change=False)
-            # The rebuild's processor still holds the new generation until it has stopped.
-            wait_s = 300.0
+            self._follow(processor, run)
         elif outcome == "behind":
-            if dataframe:  # its state is in Spark's checkpoint, past what Redis lost
-                raise ProcessorConfigError(redis_behind_message(projection.name, run.generation))
+            if is_dataframe_processor(processor.projection):
+                # Its state is in Spark's checkpoint, past what Redis lost.
+                raise ProcessorConfigError(redis_behind_message(name, run.generation))
             # Redis lost writes Spark's checkpoint has passed: plan from Redis' positions.
             remove_stale_checkpoint(run.checkpoint)
-            wait_s = options.lease_wait_s
         elif outcome == "restart":
-            restarts += 1
-            if restarts > SPARK_55271_RESTARTS:
-                msg = (
-                    f"{projection.name}: Spark's Kafka source failed {restarts} times (SPARK-55271)"
-                )
+            self.restarts += 1
+            if self.restarts > SPARK_55271_RESTARTS:
+                msg = f"{name}: Spark's Kafka source failed {self.restarts} times (SPARK-55271)"
                 raise ProcessorError(msg)
-            wait_s = options.lease_wait_s
         elif outcome == "vanished":
             if not following:
                 msg = (
-                    f"{projection.name} g{run.generation} vanished from Redis (restarted "
-                    "empty?). Operator action: rebuild it with `replay --processor "
-                    f"{projection.name} --to-earliest --execute`, or run the processor with "
-                    "--generation live to start over from the log."
+                    f"{name} g{run.generation} vanished from Redis (restarted empty?). Operator "
+                    f"action: rebuild it with `replay --processor {name} --to-earliest "
+                    "--execute`, or run the processor with --generation live to start over "
+                    "from the log."
                 )
                 raise ProcessorConfigError(msg)
             remove_stale_checkpoint(run.checkpoint)
-            wait_s = options.lease_wait_s
+
+    def _follow(self, processor: _Processor, run: ProcessorRun) -> None:
+        """After a cutover: check the new live generation's code, then wait for its lease."""
+        registry = processor.registry
+        live = processor.until_redis_answers(registry.live)
+        if live is not None and not is_archive_processor(processor.projection):
+            # Raises when the new live generation was built by other code: this process
+            # stops rather than fold it with its old code (an accepted change at start
+            # was for the generation it started on, not for a later rebuild's).
+            processor.until_redis_answers(
+                functools.partial(
+                    check_follow, registry, processor.projection, run.generation, live
+                )
+            )
+            self.options = dataclasses.replace(self.options, accept_code_change=False)
+        # The rebuild's processor still holds the new generation until it has stopped.
+        self.wait_s = 300.0
 
 
 # How long an application waits for one query's first micro-batch before starting the next.
