@@ -11,6 +11,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,11 @@ from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSetting
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import dead_letter_spec, effects_spec
-from refold.deploy.demo_serving import DemoService, read_your_write, start_service
+from refold.deploy.demo_serving import read_your_write, start_service
 from refold.deploy.demo_summary import clock, money, platform_summary, windows_summary
 from refold.deploy.local_stack import LocalStack, free_port
 from refold.deploy.simulators.clickstream import ClickstreamSimulator
-from refold.deploy.simulators.orders import OrderSimulator, first_orders
+from refold.deploy.simulators.orders import OrderSimulator, SimulatedEvent, first_orders
 from refold.deploy.simulators.webhook_receiver import WebhookReceiver
 from refold.processors.fold.lookups import PENDING_TIMERS
 from refold.processors.fold.patterns import default_insights_topic
@@ -41,7 +42,7 @@ from refold.replay.rebuild import RebuildProgress, plan_replay, run_rebuild
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
 from refold.services.webhooks.config import WebhookSettings
-from refold.services.webhooks.dispatcher import DispatcherThread, WebhookDispatcher
+from refold.services.webhooks.dispatcher import WebhookDispatcher
 from refold.services.webhooks.store import WebhookStore
 
 __all__ = ["run_demo", "wait_until_caught_up"]
@@ -275,32 +276,159 @@ def _tables(reader: StateReader, generation: int) -> tuple[dict[str, Any], dict[
     )
 
 
+def _produce(
+    kafka: KafkaSettings, orders: int
+) -> tuple[list[SimulatedEvent], list[SimulatedEvent]]:
+    """Produce the orders and a clickstream of the same customers: (order events, all)."""
+    simulator = OrderSimulator(orders, seed=2026)
+    order_events = list(simulator)
+    web = list(
+        ClickstreamSimulator(
+            max(1, orders // 3),
+            seed=2026,
+            customer_ids=simulator.customer_ids,
+            registered_by=first_orders(order_events),  # every ordering customer has a profile
+        )
+    )
+    events = order_events + web
+    _say(
+        f"producing {len(order_events):,} order events for {orders:,} orders and "
+        f"{len(web):,} clickstream and customer events"
+    )
+    publisher = EventPublisher(kafka)
+    started = time.monotonic()
+    with progress_bar(total=len(events), unit="ev", desc="producing") as bar:
+        tokens = publisher.emit_many(events, on_progress=bar.update)
+    publisher.close()
+    produced_s = time.monotonic() - started
+    print(
+        f"{len(tokens):,} events acknowledged (acks=all) in {produced_s:.1f}s; last: {tokens[-1]}"
+    )
+    return order_events, events
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """The demo's stack and its live processor, as the replay phase uses them."""
+
+    kafka: KafkaSettings
+    redis_settings: RedisSettings
+    client: redis.Redis
+    launcher: ProcessLauncher
+    demo_dir: Path
+    processor: GroupProcess
+
+
+def _replay(running: _Running, live: int) -> bool:
+    """Rebuild order_state online, flip readers, and compare; True when identical."""
+    client, prefix = running.client, running.redis_settings.key_prefix
+    reader = StateReader(client, PROCESSOR, prefix)
+    _say("replay: rebuild order_state from the earliest offset into a new generation")
+    spec = processor_spec(PROCESSOR)
+    plan = plan_replay(spec, ToEarliest(), running.kafka, client, prefix)
+    print(plan.render())
+    print(f"readers keep seeing generation {reader.live_generation()} meanwhile")
+    with progress_bar(total=plan.total_events, unit="ev", desc="rebuilding") as bar:
+
+        def _progress(progress: RebuildProgress) -> None:
+            bar.total = progress.total
+            move_to(bar, progress.done, f"lag {sum(progress.lag.values())}")
+
+        result = run_rebuild(
+            plan,
+            spec,
+            running.kafka,
+            running.redis_settings,
+            state_dir=running.demo_dir,
+            on_progress=_progress,
+            launcher=running.launcher,
+        )
+    print(
+        f"generation {result.generation} built from {result.events:,} events in "
+        f"{result.seconds:.1f}s; alias flipped from {result.previous} to {result.generation}"
+    )
+    before = _tables(reader, live)
+    after = _tables(reader, result.generation)
+    same = before == after
+    print(
+        f"rebuilt state identical to generation {live}: "
+        f"{'yes' if same else 'NO'} ({len(after[0]):,} orders, "
+        f"{len(after[1])} counters compared key by key)"
+    )
+    print(f"readers now see generation {reader.live_generation()}")
+    registry = GenerationRegistry.of(client, PROCESSOR, prefix)
+    processor = running.processor
+    taken_over = _wait_for_takeover(registry, result.generation, processor)
+    print(
+        f"the live processor (pid {processor.pid}) "
+        + (
+            f"followed the alias and now folds generation {result.generation}"
+            if taken_over
+            else f"has not taken generation {result.generation} over yet"
+        )
+    )
+    for info in registry.list():
+        print(f"  generation {info.generation}: {info.status}")
+    return same
+
+
+def _create_topics(kafka: KafkaSettings) -> list[str]:
+    """Create the processors' topics, dead-letter topics and insight topics; the insight ones."""
+    registry = default_registry()
+    topics = [registry.topic(t) for n in PROCESSORS for t in processor_spec(n).topics]
+    topics = list({t.name: t for t in topics}.values())
+    ensure_topics(kafka.as_librdkafka(), [*topics, *(dead_letter_spec(n) for n in PROCESSORS)])
+    insight_topics = [default_insights_topic(n) for n in ALERTS]
+    ensure_topics(kafka.as_librdkafka(), [effects_spec(t) for t in insight_topics])
+    for topic in topics:
+        print(f"topic {topic.name}: {topic.partitions} partitions, key {topic.key_field}")
+    return insight_topics
+
+
+def _catch_up(running: _Running, offsets: LogOffsets, order_events: list[SimulatedEvent]) -> int:
+    """Wait for every processor, then print what they hold; the live order_state generation."""
+    client = running.client
+    _say("waiting for the processors to catch up")
+    waited = 0.0
+    for name in PROCESSORS:
+        waited += wait_until_caught_up(
+            StateReader(client, name),
+            offsets,
+            list(processor_spec(name).topics),
+            alive=running.processor.alive,
+            desc=name,
+        )
+    print(f"caught up {waited:.1f}s after the last event was acknowledged")
+    _wait_for_lookups(client)
+    reader = StateReader(client, PROCESSOR)
+    dlq = dead_letter_spec(PROCESSOR).name
+    dead = sum(offsets.end_offsets([(dlq, 0)]).values())
+    live = reader.live_generation()
+    _summary(reader, live, dead)
+    platform_summary(client, order_events)
+    windows_summary(client)
+    return live
+
+
 def run_demo(orders: int, state_dir: Path) -> int:
     """Run the whole demo; returns the exit code."""
     demo_dir = state_dir / "demo"
     shutil.rmtree(demo_dir, ignore_errors=True)
-    stack = LocalStack(demo_dir / "stack", free_port(), free_port())
-    _say(f"starting the local stack (Apache Kafka + redis-server) in {demo_dir}")
-    stack.start()
-    processor: GroupProcess | None = None
-    receiver: WebhookReceiver | None = None
-    dispatch: DispatcherThread | None = None
-    service: DemoService | None = None
-    try:
+    # Each stop runs whatever the one before it raised (the dispatcher re-raises its own
+    # error when stopped): the stack's broker and Redis must never be left behind.
+    with contextlib.ExitStack() as stops:
+        stack = LocalStack(demo_dir / "stack", free_port(), free_port())
+        _say(f"starting the local stack (Apache Kafka + redis-server) in {demo_dir}")
+        stops.callback(stack.stop)
+        stack.start()
         kafka = KafkaSettings(bootstrap_servers=stack.bootstrap_servers)
         redis_settings = RedisSettings(url=stack.redis_url)
         print(f"Kafka {stack.bootstrap_servers}, Redis {stack.redis_url}")
-        registry_ = default_registry()
-        topics = [registry_.topic(t) for n in PROCESSORS for t in processor_spec(n).topics]
-        topics = list({t.name: t for t in topics}.values())
-        ensure_topics(kafka.as_librdkafka(), [*topics, *(dead_letter_spec(n) for n in PROCESSORS)])
-        insight_topics = [default_insights_topic(n) for n in ALERTS]
-        ensure_topics(kafka.as_librdkafka(), [effects_spec(t) for t in insight_topics])
-        for topic in topics:
-            print(f"topic {topic.name}: {topic.partitions} partitions, key {topic.key_field}")
+        insight_topics = _create_topics(kafka)
         # A local webhook receiver that answers 503 to every 7th request (the dispatcher
         # retries it), and the dispatcher pushing the alert processors' insights to it.
         receiver = WebhookReceiver(fail_every=7).start()
+        stops.callback(receiver.stop)
         client = redis_client(stack.redis_url)
         webhook = WebhookSettings(
             name="demo", url=receiver.url, topics=tuple(insight_topics), backoff_max_s=2.0
@@ -308,7 +436,7 @@ def run_demo(orders: int, state_dir: Path) -> int:
         dispatcher = WebhookDispatcher(
             webhook, kafka.as_librdkafka(), client, redis_settings.key_prefix
         )
-        dispatch = dispatcher.start()
+        stops.callback(dispatcher.start().stop)
         print(f"webhook receiver {receiver.url}; dispatcher of {', '.join(insight_topics)}")
         launcher = ProcessLauncher(kafka, redis_settings, SparkSettings(), demo_dir)
         _say(
@@ -321,149 +449,45 @@ def run_demo(orders: int, state_dir: Path) -> int:
             launcher.env(),
             demo_dir / "logs" / "processors-live.log",
         ).start()
+        stops.callback(processor.stop)
         print(f"pid {processor.pid}, log {processor.log_path}")
         service = start_service(
             client, redis_settings.key_prefix, launcher.env(), demo_dir / "logs" / "serve.log"
         )
+        stops.callback(service.stop)
         print(f"refold serve: {service.url}/docs (API), {service.url}/metrics")
         print(f"dashboard (live while the demo runs): {service.dashboard}")
 
-        simulator = OrderSimulator(orders, seed=2026)
-        order_events = list(simulator)
-        web = list(
-            ClickstreamSimulator(
-                max(1, orders // 3),
-                seed=2026,
-                customer_ids=simulator.customer_ids,
-                registered_by=first_orders(order_events),  # every ordering customer has a profile
-            )
-        )
-        events = order_events + web
-        _say(
-            f"producing {len(order_events):,} order events for {orders:,} orders and "
-            f"{len(web):,} clickstream and customer events"
-        )
-        publisher = EventPublisher(kafka)
-        started = time.monotonic()
-        with progress_bar(total=len(events), unit="ev", desc="producing") as bar:
-            tokens = publisher.emit_many(events, on_progress=bar.update)
-        publisher.close()
-        produced_s = time.monotonic() - started
-        print(
-            f"{len(tokens):,} events acknowledged (acks=all) in {produced_s:.1f}s; "
-            f"last: {tokens[-1]}"
-        )
-
-        reader = StateReader(client, PROCESSOR)
+        order_events, events = _produce(kafka, orders)
+        running = _Running(kafka, redis_settings, client, launcher, demo_dir, processor)
         offsets = LogOffsets(kafka.as_librdkafka())
-        try:
-            _say("waiting for the processors to catch up")
-            waited = 0.0
-            for name in PROCESSORS:
-                waited += wait_until_caught_up(
-                    StateReader(client, name),
-                    offsets,
-                    list(processor_spec(name).topics),
-                    alive=processor.alive,
-                    desc=name,
-                )
-            print(f"caught up {waited:.1f}s after the last event was acknowledged")
-            _wait_for_lookups(client)
-            _wait_for_deliveries(dispatcher.store, offsets, insight_topics)
-            dlq = dead_letter_spec(PROCESSOR).name
-            dead = sum(offsets.end_offsets([(dlq, 0)]).values())
-            live = reader.live_generation()
-            _summary(reader, live, dead)
-            platform_summary(client, order_events)
-            windows_summary(client)
+        stops.callback(offsets.close)
+        live = _catch_up(running, offsets, order_events)
+        _wait_for_deliveries(dispatcher.store, offsets, insight_topics)
 
-            before_replay = receiver.snapshot()["requests"]
-            _say("replay: rebuild order_state from the earliest offset into a new generation")
-            spec = processor_spec(PROCESSOR)
-            plan = plan_replay(spec, ToEarliest(), kafka, client, redis_settings.key_prefix)
-            print(plan.render())
-            print(f"readers keep seeing generation {reader.live_generation()} meanwhile")
-            with progress_bar(total=plan.total_events, unit="ev", desc="rebuilding") as bar:
+        before_replay = receiver.snapshot()["requests"]
+        same = _replay(running, live)
+        _wait_for_deliveries(dispatcher.store, offsets, insight_topics)
+        during = receiver.snapshot()["requests"] - before_replay
+        print(
+            f"webhook requests while replay built and flipped: {during} (a generation being "
+            "built does not send what the live one sent)"
+        )
 
-                def _progress(progress: RebuildProgress) -> None:
-                    bar.total = progress.total
-                    move_to(bar, progress.done, f"lag {sum(progress.lag.values())}")
-
-                result = run_rebuild(
-                    plan,
-                    spec,
-                    kafka,
-                    redis_settings,
-                    state_dir=demo_dir,
-                    on_progress=_progress,
-                    launcher=launcher,
-                )
-            print(
-                f"generation {result.generation} built from {result.events:,} events in "
-                f"{result.seconds:.1f}s; alias flipped from {result.previous} to "
-                f"{result.generation}"
-            )
-            before = _tables(reader, live)
-            after = _tables(reader, result.generation)
-            same = before == after
-            print(
-                f"rebuilt state identical to generation {live}: "
-                f"{'yes' if same else 'NO'} ({len(after[0]):,} orders, "
-                f"{len(after[1])} counters compared key by key)"
-            )
-            print(f"readers now see generation {reader.live_generation()}")
-            registry = GenerationRegistry.of(client, PROCESSOR, redis_settings.key_prefix)
-            taken_over = _wait_for_takeover(registry, result.generation, processor)
-            print(
-                f"the live processor (pid {processor.pid}) "
-                + (
-                    f"followed the alias and now folds generation {result.generation}"
-                    if taken_over
-                    else f"has not taken generation {result.generation} over yet"
-                )
-            )
-            for info in registry.list():
-                print(f"  generation {info.generation}: {info.status}")
-            _wait_for_deliveries(dispatcher.store, offsets, insight_topics)
-            during = receiver.snapshot()["requests"] - before_replay
-            print(
-                f"webhook requests while replay built and flipped: {during} (a generation being "
-                "built does not send what the live one sent)"
-            )
-
-            _say("results out: insights pushed to the webhook, the archive read back")
-            archived = _results_out(
-                client,
-                receiver,
-                dispatcher.store,
-                demo_dir / "archive",
-                Counter(event_type for event_type, _event in events),
-            )
-            _say("serving: write over HTTP, read your own write with its consistency token")
-            fresh = next(iter(OrderSimulator(1, seed=99)))
-            read_your_write(service, fresh[0], {**fresh[1], "order_id": "o-demo-http"})
-        finally:
-            offsets.close()
+        _say("results out: insights pushed to the webhook, the archive read back")
+        archived = _results_out(
+            client,
+            receiver,
+            dispatcher.store,
+            demo_dir / "archive",
+            Counter(event_type for event_type, _event in events),
+        )
+        _say("serving: write over HTTP, read your own write with its consistency token")
+        fresh = next(iter(OrderSimulator(1, seed=99)))
+        read_your_write(service, fresh[0], {**fresh[1], "order_id": "o-demo-http"})
         _say(
-            "stopping the live processor, the service, the webhook dispatcher and receiver, "
+            "stopping the service, the live processor, the webhook dispatcher and receiver, "
             "and the stack"
         )
-        service.stop()
-        service = None
-        processor.stop()
-        processor = None
-        print("done: every process the demo started has stopped.")
-        return 0 if same and archived else 1
-    finally:
-        # Each stop runs whatever the one before it raised (the dispatcher re-raises its own
-        # error when stopped): the stack's broker and Redis must never be left behind.
-        with contextlib.ExitStack() as stops:
-            stops.callback(stack.stop)
-            if receiver is not None:
-                stops.callback(receiver.stop)
-            if dispatch is not None:
-                stops.callback(dispatch.stop)
-            if service is not None:
-                stops.callback(service.stop)
-            if processor is not None:
-                stops.callback(processor.stop)
+    print("done: every process the demo started has stopped.")
+    return 0 if same and archived else 1

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -291,18 +292,7 @@ def run_rebuild(
             left ``building``, its lease released (or held by a pid that is gone, which the
             next claimant takes over).
     """
-    failed = [c for c in plan.checks if not c.ok]
-    if failed:
-        msg = "the plan failed its checks, nothing was changed: " + "; ".join(
-            f"{c.name}: {c.detail}. What to do: {c.action}" for c in failed
-        )
-        raise PlanError(msg)
-    if plan.needs_state and plan.seed is None:
-        msg = (
-            "the plan starts past the log start but has no snapshot to start from; nothing "
-            "was changed. Plan it with plan_replay(), or use --to-earliest."
-        )
-        raise PlanError(msg)
+    _refuse_unready(plan)
     client = redis_client(redis_settings.client_url())
     registry = GenerationRegistry.of(client, spec.name, redis_settings.key_prefix)
     store = SnapshotStore(registry)
@@ -311,7 +301,7 @@ def run_rebuild(
     starts = {(r.topic, r.partition): r.begin for r in plan.partitions}
     tps = list(starts)
     process: GroupProcess | None = None
-    cut_over = False
+    rebuilding: _Rebuilding | None = None
     # SIGTERM and SIGINT raise from here on, so that the processor is stopped (below) before
     # replay exits; the alias is only ever changed by the flip, so readers stay where they were.
     with InterruptGuard() as guard:
@@ -363,48 +353,10 @@ def run_rebuild(
                 process.pid,
                 extra={"generation": generation},
             )
-            ends, ends_at = dict(target), time.monotonic()
-            while True:
-                if not process.alive():
-                    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-                    msg = (
-                        f"the processor building g{generation} exited with "
-                        f"{process.returncode}; readers stay on g{plan.live_generation}. "
-                        f"Log {log_path} ends with:\n{tail}"
-                    )
-                    raise RebuildError(msg)
-                if time.monotonic() - started > timeout_s:
-                    msg = (
-                        f"g{generation} did not catch up within {timeout_s:.0f}s; readers stay "
-                        f"on g{plan.live_generation}. Operator action: raise "
-                        "REFOLD_REPLAY_TIMEOUT_S or REFOLD_LAG_THRESHOLD, or rerun when traffic "
-                        "is lower."
-                    )
-                    raise RebuildError(msg)
-                positions = {
-                    tp: o for tp, o in registry.positions(generation)[0].items() if tp in starts
-                }
-                if time.monotonic() - ends_at > 2.0:
-                    ends, ends_at = offsets.end_offsets(tps), time.monotonic()
-                reached = all(
-                    positions.get(tp, starts[tp]) + lag_threshold >= e for tp, e in target.items()
-                )
-                lag = {tp: max(0, ends[tp] - positions.get(tp, starts[tp])) for tp in tps}
-                if on_progress is not None:
-                    on_progress(
-                        RebuildProgress(_done(positions, starts, target), total, lag, reached)
-                    )
-                if reached:
-                    flip_started = time.perf_counter()
-                    with guard.held():  # a signal now waits for the transaction's answer
-                        cut_over, previous, _behind = registry.flip_if_caught_up(
-                            generation, target, lag_threshold, starts=starts
-                        )
-                    if cut_over:
-                        flip_ms = (time.perf_counter() - flip_started) * 1000
-                        break
-                    guard.check()
-                time.sleep(_POLL_S)
+            rebuilding = _Rebuilding(
+                registry, generation, plan, process, log_path, offsets, starts, target, total
+            )
+            rebuilding.until_flipped(guard, started, timeout_s, lag_threshold, on_progress)
             cutover_at = time.monotonic()
         except InterruptedBySignalError:
             pass  # reported below, once the processor has stopped
@@ -417,12 +369,26 @@ def run_rebuild(
                 builder.release()
     if guard.signal_number is not None:
         msg = _interrupted_message(
-            guard.signal_number, generation, process, plan.live_generation, cut_over=cut_over
+            guard.signal_number,
+            generation,
+            process,
+            plan.live_generation,
+            cut_over=rebuilding is not None and rebuilding.cut_over,
         )
         raise ReplayInterruptedError(msg, guard.signal_number)
+    seconds = cutover_at - started
+    applied = _record_rate(registry, generation, starts, seconds)
+    # It flipped: nothing else leaves the block above without raising.
+    flipped = cast("_Rebuilding", rebuilding)
+    return RebuildResult(generation, flipped.previous, applied, seconds, flipped.flip_ms)
+
+
+def _record_rate(
+    registry: GenerationRegistry, generation: int, starts: Positions, seconds: float
+) -> int:
+    """Record what the rebuild applied and how fast (the next plan's estimate); return it."""
     positions = registry.positions(generation)[0]
     applied = sum(max(0, positions.get(tp, s) - s) for tp, s in starts.items())
-    seconds = cutover_at - started
     registry.update_meta(
         generation,
         {
@@ -432,7 +398,105 @@ def run_rebuild(
             "rebuild_rate": f"{applied / max(seconds - REBUILD_STARTUP_S, 1.0):.0f}",
         },
     )
-    return RebuildResult(generation, previous, applied, seconds, flip_ms)
+    return applied
+
+
+def _refuse_unready(plan: ReplayPlan) -> None:
+    """Raise PlanError when the plan failed a check or would start past the log without state."""
+    failed = [c for c in plan.checks if not c.ok]
+    if failed:
+        msg = "the plan failed its checks, nothing was changed: " + "; ".join(
+            f"{c.name}: {c.detail}. What to do: {c.action}" for c in failed
+        )
+        raise PlanError(msg)
+    if plan.needs_state and plan.seed is None:
+        msg = (
+            "the plan starts past the log start but has no snapshot to start from; nothing "
+            "was changed. Plan it with plan_replay(), or use --to-earliest."
+        )
+        raise PlanError(msg)
+
+
+@dataclass(slots=True)
+class _Rebuilding:
+    """The shadow generation while its processor catches up, up to the flip.
+
+    ``cut_over``, ``previous`` and ``flip_ms`` are set by the flip; the caller reads
+    ``cut_over`` even when a signal interrupted it, to say whether readers moved.
+    """
+
+    registry: GenerationRegistry
+    generation: int
+    plan: ReplayPlan
+    process: GroupProcess
+    log_path: Path
+    offsets: LogOffsets
+    starts: Positions
+    target: Positions  # the log end when the rebuild began
+    total: int
+    cut_over: bool = False
+    previous: int | None = None
+    flip_ms: float = 0.0
+
+    def until_flipped(
+        self,
+        guard: InterruptGuard,
+        started: float,
+        timeout_s: float,
+        lag_threshold: int,
+        on_progress: Callable[[RebuildProgress], None] | None,
+    ) -> None:
+        """Report progress until the generation is caught up, then flip readers to it.
+
+        Raises:
+            RebuildError: The processor exited, or did not catch up within ``timeout_s``.
+        """
+        tps = list(self.starts)
+        ends, ends_at = dict(self.target), time.monotonic()
+        while True:
+            self._check_running(started, timeout_s)
+            positions = {
+                tp: o
+                for tp, o in self.registry.positions(self.generation)[0].items()
+                if tp in self.starts
+            }
+            if time.monotonic() - ends_at > 2.0:
+                ends, ends_at = self.offsets.end_offsets(tps), time.monotonic()
+            at = {tp: positions.get(tp, self.starts[tp]) for tp in tps}
+            reached = all(at[tp] + lag_threshold >= e for tp, e in self.target.items())
+            if on_progress is not None:
+                lag = {tp: max(0, ends[tp] - at[tp]) for tp in tps}
+                done = _done(positions, self.starts, self.target)
+                on_progress(RebuildProgress(done, self.total, lag, reached))
+            if reached:
+                flip_started = time.perf_counter()
+                with guard.held():  # a signal now waits for the transaction's answer
+                    self.cut_over, self.previous, _behind = self.registry.flip_if_caught_up(
+                        self.generation, self.target, lag_threshold, starts=self.starts
+                    )
+                if self.cut_over:
+                    self.flip_ms = (time.perf_counter() - flip_started) * 1000
+                    return
+                guard.check()
+            time.sleep(_POLL_S)
+
+    def _check_running(self, started: float, timeout_s: float) -> None:
+        live = self.plan.live_generation
+        if not self.process.alive():
+            lines = self.log_path.read_text(errors="replace").splitlines()[-20:]
+            msg = (
+                f"the processor building g{self.generation} exited with "
+                f"{self.process.returncode}; readers stay on g{live}. "
+                f"Log {self.log_path} ends with:\n" + "\n".join(lines)
+            )
+            raise RebuildError(msg)
+        if time.monotonic() - started > timeout_s:
+            msg = (
+                f"g{self.generation} did not catch up within {timeout_s:.0f}s; readers stay "
+                f"on g{live}. Operator action: raise REFOLD_REPLAY_TIMEOUT_S or "
+                "REFOLD_LAG_THRESHOLD, or rerun when traffic is lower."
+            )
+            raise RebuildError(msg)
 
 
 def _log_path(state_dir: Path, processor: str, generation: int) -> Path:

@@ -7,53 +7,43 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal
 
-from refold.contracts.codec import EventCodec
-from refold.contracts.errors import RefoldError
-from refold.contracts.kafka.admin import ensure_topics
-from refold.contracts.kafka.java_client import JavaClientConfigError
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.kafka.offsets_json import parse_offsets_json, to_offsets_json
+from refold.contracts.kafka.offsets_json import parse_offsets_json
 from refold.contracts.layout import position_field
 from refold.contracts.processors import (
-    EventTime,
     consumer_group,
 )
-from refold.contracts.registry import default_registry, processor_spec
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.store.generations import (
     GenerationRegistry,
     Positions,
 )
 from refold.contracts.store.lease import GenerationLease
-from refold.contracts.topics import TopicSpec, dead_letter_spec, effects_spec
+from refold.contracts.topics import TopicSpec
 from refold.processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
-from refold.processors.fold.archive import ArchiveProcessor, is_archive_processor
-from refold.processors.fold.dataframe import DataFrameProcessor, is_dataframe_processor
-from refold.processors.fold.lookups import LookupFold
 from refold.processors.fold.projection import Projection
-from refold.processors.fold.windows import WindowFold, windows_topic
-from refold.processors.runtime.archive_sink import ArchiveSink, prepare_archive, start_archive_query
+from refold.processors.runtime.archive_sink import ArchiveSink
 from refold.processors.runtime.background import DriverTask
-from refold.processors.runtime.checkpoints import (
-    has_batches,
-)
 from refold.processors.runtime.dataframe import (
     DataFrameSink,
-    build_dataframe_query,
 )
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
-from refold.processors.runtime.lookup_store import LookupJoiner
+from refold.processors.runtime.query_start import (
+    Sink,
+    driver_task,
+    ensure_generation_topics,
+    log_start,
+    start_query,
+)
 from refold.processors.runtime.run_plan import (
     ProcessorRun,
     RunOptions,
 )
-from refold.processors.runtime.sink import RedisFoldSink
-from refold.processors.runtime.window_store import WindowCloser
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 logger = logging.getLogger(__name__)
@@ -74,61 +64,6 @@ SPARK_55271_RESTARTS = 3
 # The tasks commit to Redis (what the catch-up check sees) before the driver has collected
 # their outcomes; a batch's tail after that is short (collect, group commit, Spark's commit log).
 _FINISH_BATCH_S = 30.0
-
-
-def _source(
-    spark: SparkSession,
-    topics: list[TopicSpec],
-    kafka: KafkaSettings,
-    run: ProcessorRun,
-    options: RunOptions,
-) -> DataFrame:
-    """The processor's source stream, from its run's starting offsets."""
-    reader = (
-        spark.readStream.format(options.source_format)
-        .option("subscribe", ",".join(t.name for t in topics))
-        .option("startingOffsets", run.starting_offsets)
-        .option("failOnDataLoss", "true")
-    )
-    if options.source_format == "kafka":
-        # Spark's source reads read_uncommitted by default: a processor's outputs are written
-        # in transactions, and the records of an aborted one must not be folded.
-        reader = reader.option("kafka.isolation.level", "read_committed")
-    # Spark's JVM source takes Java client properties; refold's sources, librdkafka's.
-    try:
-        client = (
-            kafka.as_java_client() if options.source_format == "kafka" else kafka.as_librdkafka()
-        )
-    except JavaClientConfigError as exc:
-        raise ProcessorConfigError(str(exc)) from exc
-    for key, value in client.items():
-        reader = reader.option(f"kafka.{key}", value)
-    if options.source_format.startswith("refold_kafka") and options.max_tasks:
-        reader = reader.option("maxTasks", str(options.max_tasks))
-    if options.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
-    return reader.load()
-
-
-def build_query(
-    spark: SparkSession,
-    topics: list[TopicSpec],
-    kafka: KafkaSettings,
-    run: ProcessorRun,
-    sink: RedisFoldSink,
-    options: RunOptions,
-) -> StreamingQuery:
-    """Wire source -> foreachBatch sink (no logic here)."""
-    writer = (
-        _source(spark, topics, kafka, run, options)
-        .writeStream.foreachBatch(sink)
-        .queryName(f"{sink.target.processor}_g{run.generation}")
-        .option("checkpointLocation", str(run.checkpoint))
-    )
-    # Always a processing-time trigger: under trigger(availableNow=True) PySpark 4.1 asks a Python
-    # source for its latest offset only once, so with maxOffsetsPerTrigger the run would end after
-    # the first capped batch. `available_now` is implemented by run_processor with a _CatchUp.
-    return writer.trigger(processingTime=options.trigger_interval).start()
 
 
 def _planned_ends(query: StreamingQuery) -> Positions | None:
@@ -224,45 +159,10 @@ def run_generation(
     query from Redis' positions; a DataFrame processor stops), ``vanished`` when the
     generation is gone from Redis.
     """
-    dead_letters = dead_letter_spec(projection.name, run.target.dlq_topic)
-    outputs = list(getattr(projection, "effect_topics", ()))
-    closer: DriverTask | None = None
-    if getattr(projection, "lookup", None):
-        closer = _lookup_joiner(cast("LookupFold", projection), run, kafka)
-    if getattr(projection, "windows", None):
-        results_topic = options.windows_topic or windows_topic(projection.name)
-        outputs.append(results_topic)
-        event_time = cast("EventTime", run.target.event_time)
-        closer = WindowCloser(
-            run.target.layout,
-            run.generation,
-            cast("WindowFold", projection),
-            event_time.lateness_ms,
-            run.target.redis_url,
-            kafka.as_librdkafka(),
-            results_topic,
-        )
-    if run.target.event_time is not None and run.target.event_time.late == "side-output":
-        outputs.append(run.target.late_topic)
-    # An output stream with a contract is declared by a contract set (its partitions and key);
-    # any other output topic gets the side-effect defaults.
-    declared = default_registry().topics
-    effect_topics = [declared.get(t) or effects_spec(t) for t in outputs]
-    ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters])
-    ensure_topics(kafka.as_librdkafka(), effect_topics, check_partitions=False)
+    closer, outputs = driver_task(projection, run, kafka, options)
+    ensure_generation_topics(kafka, projection, topics, run, outputs)
     applied, _batch = registry.positions(run.generation)
-    if has_batches(run.checkpoint):  # Spark resumes from it; the starting offsets are unused
-        where = f"resuming from checkpoint {run.checkpoint}; applied in Redis: "
-        where += to_offsets_json(applied) if applied else "nothing yet"
-    else:
-        where = f"checkpoint {run.checkpoint} (new), starting offsets {run.starting_offsets}"
-    logger.info(
-        "starting %s generation %d: %s",
-        projection.name,
-        run.generation,
-        where,
-        extra={"processor": projection.name, "generation": run.generation},
-    )
+    log_start(projection, run, applied)
     mirror = ConsumerGroupMirror(
         kafka.as_librdkafka(),
         consumer_group(projection.name, run.generation, run.target.layout.prefix),
@@ -271,38 +171,7 @@ def run_generation(
     # every record and commits nothing: mirror what Redis holds now, so lag tools agree.
     mirror.commit({position_field(t, p): o for (t, p), o in applied.items()})
     catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
-    sink: RedisFoldSink | DataFrameSink | ArchiveSink
-    if is_archive_processor(projection):
-        archive = cast("ArchiveProcessor", projection)
-        plan = prepare_archive(run.target, archive, EventCodec(), options.source_format)
-        sink = ArchiveSink(plan, mirror, run.checkpoint)
-        query = start_archive_query(
-            _source(spark, topics, kafka, run, options),
-            sink,
-            f"{projection.name}_g{run.generation}",
-            run.checkpoint,
-            options.trigger_interval,
-        )
-    elif is_dataframe_processor(projection):
-        frames = cast("DataFrameProcessor", projection)
-        sink = DataFrameSink(run.target, frames.table, run.checkpoint, mirror)
-        query = build_dataframe_query(
-            _source(spark, topics, kafka, run, options),
-            frames,
-            sink,
-            f"{projection.name}_g{run.generation}",
-            options.trigger_interval,
-        )
-    else:
-        sink = RedisFoldSink(
-            run.target,
-            projection,
-            mirror,
-            closer=closer,
-            checkpoint=run.checkpoint,
-            closes_ranges=options.source_format == "kafka",
-        )
-        query = build_query(spark, topics, kafka, run, sink, options)
+    sink, query = start_query(projection, topics, kafka, options, spark, run, mirror, closer)
     # The ranges source and Spark's kafka source (ranges from the offsets log) move a fold's
     # positions to each planned range's end; refold's record source leaves them at the last
     # record, below the end after a transaction marker. A DataFrame processor records the
@@ -310,7 +179,6 @@ def run_generation(
     exact_ends = isinstance(sink, DataFrameSink) or options.source_format != "refold_kafka"
     watch = _RedisWatch(registry, run.generation, exact_ends)
     stop = external_stop or threading.Event()
-    outcome: Outcome = "stopped"
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         logger.info("signal %d: stopping the query after the current batch", signum)
@@ -320,39 +188,17 @@ def run_generation(
     if external_stop is None and threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous_handlers[signum] = signal.signal(signum, _on_signal)
-    from pyspark.errors import StreamingQueryException
-
-    logged_batch = -1
     try:
-        while query.isActive and not stop.is_set():
-            try:
-                query.awaitTermination(1)
-            except StreamingQueryException:
-                break  # query.exception() below: raised, or a known Spark failure
-            logged_batch = _log_progress(query, logged_batch)
-            if closer is not None and closer.idle_rounds:
-                closer.nudge()  # a lookup's table moves on its own; rounds coalesce
-            if started is not None and query.lastProgress is not None:
-                started.set()
-            if lease.lost.is_set():
-                msg = (
-                    f"lost the lease of g{run.generation} (another processor took it over "
-                    "after this one stalled); stopping"
-                )
-                raise ProcessorConfigError(msg)
-            try:
-                if catch_up is not None and catch_up.done(query):
-                    logger.info("caught up with the log end taken at start; stopping")
-                    outcome = "caught_up"
-                    _finish_batch_in_flight(query)
-                    break
-                changed = watch.check(query, following)
-            except REDIS_UNAVAILABLE as exc:
-                watch.unreachable(exc)
-                continue
-            if changed is not None:
-                outcome = changed
-                break
+        outcome = _watch_query(
+            query,
+            stop,
+            closer=closer,
+            started=started,
+            lease=lease,
+            catch_up=catch_up,
+            watch=watch,
+            following=following,
+        )
     finally:
         if started is not None:
             started.set()
@@ -377,28 +223,71 @@ def run_generation(
             )
             return "restart"
         raise failure
-    if isinstance(sink, ArchiveSink):
-        logger.info(
-            "%s generation %d stopped: %s", projection.name, run.generation, sink.total.describe()
-        )
-        return outcome
-    if isinstance(sink, DataFrameSink):
-        logger.info(
-            "%s generation %d stopped: %s", projection.name, run.generation, sink.total.describe()
-        )
-        return outcome
-    logger.info(
-        "%s generation %d stopped: %d records, %d applied, %d passed by (types it does not "
-        "fold), %d rejected, %d undecodable",
-        projection.name,
-        run.generation,
-        sink.total.records,
-        sink.total.applied,
-        sink.total.passed,
-        sink.total.rejected,
-        sink.total.undecodable,
-    )
+    _log_stopped(projection, run, sink)
     return outcome
+
+
+def _watch_query(
+    query: StreamingQuery,
+    stop: threading.Event,
+    *,
+    closer: DriverTask | None,
+    started: threading.Event | None,
+    lease: GenerationLease,
+    catch_up: _CatchUp | None,
+    watch: _RedisWatch,
+    following: bool,
+) -> Outcome:
+    """Watch the running query once a second until it ends, is stopped, or Redis says why to.
+
+    Raises:
+        ProcessorConfigError: The generation's lease was lost (another processor took over).
+    """
+    from pyspark.errors import StreamingQueryException
+
+    logged_batch = -1
+    while query.isActive and not stop.is_set():
+        try:
+            query.awaitTermination(1)
+        except StreamingQueryException:
+            break  # query.exception(), after: raised, or a known Spark failure
+        logged_batch = _log_progress(query, logged_batch)
+        if closer is not None and closer.idle_rounds:
+            closer.nudge()  # a lookup's table moves on its own; rounds coalesce
+        if started is not None and query.lastProgress is not None:
+            started.set()
+        if lease.lost.is_set():
+            msg = (
+                f"lost the lease of g{watch.generation} (another processor took it over "
+                "after this one stalled); stopping"
+            )
+            raise ProcessorConfigError(msg)
+        try:
+            if catch_up is not None and catch_up.done(query):
+                logger.info("caught up with the log end taken at start; stopping")
+                _finish_batch_in_flight(query)
+                return "caught_up"
+            changed = watch.check(query, following)
+        except REDIS_UNAVAILABLE as exc:
+            watch.unreachable(exc)
+            continue
+        if changed is not None:
+            return changed
+    return "stopped"
+
+
+def _log_stopped(projection: Projection, run: ProcessorRun, sink: Sink) -> None:
+    """What the generation's run folded, once its query has stopped."""
+    if isinstance(sink, ArchiveSink | DataFrameSink):
+        what = sink.total.describe()
+    else:
+        total = sink.total
+        what = (
+            f"{total.records} records, {total.applied} applied, {total.passed} passed by "
+            f"(types it does not fold), {total.rejected} rejected, "
+            f"{total.undecodable} undecodable"
+        )
+    logger.info("%s generation %d stopped: %s", projection.name, run.generation, what)
 
 
 def _finish_batch_in_flight(query: StreamingQuery) -> None:
@@ -476,29 +365,3 @@ class _RedisWatch:
             ", ".join(f"{t}/{p}: {a} < {e}" for (t, p), (a, e) in sorted(behind.items())[:5]),
         )
         return "behind"
-
-
-def _lookup_joiner(fold: LookupFold, run: ProcessorRun, kafka: KafkaSettings) -> LookupJoiner:
-    """The driver task of a lookup processor; its table's processor must have an event time."""
-    try:
-        table_time = processor_spec(fold.lookup.processor).event_time
-    except RefoldError as exc:
-        msg = f"{fold.name} reads a table of {fold.lookup.processor}: {exc}"
-        raise ProcessorConfigError(msg) from exc
-    if table_time is None:
-        msg = (
-            f"{fold.name} reads {fold.lookup.processor}'s table as of each event's time, so "
-            f"{fold.lookup.processor} needs an event time (its watermark says when every "
-            "version valid at a time is in). Operator action: give its spec an event_time."
-        )
-        raise ProcessorConfigError(msg)
-    return LookupJoiner(
-        run.target.layout,
-        run.generation,
-        fold,
-        cast("EventTime", run.target.event_time),
-        table_time.lateness_ms,
-        run.target.redis_url,
-        kafka.as_librdkafka(),
-        run.target.dlq_topic,
-    )
