@@ -15,9 +15,17 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from refold.contracts.layout import DEFAULT_KEY_PREFIX
 from refold.contracts.settings import StackSettings
 
-__all__ = ["DEFAULT_NAME", "StartAt", "WebhookServiceSettings", "WebhookSettings", "dlq_topic"]
+__all__ = [
+    "DEFAULT_NAME",
+    "StartAt",
+    "WebhookServiceSettings",
+    "WebhookSettings",
+    "dlq_topic",
+    "mirror_group",
+]
 
 DEFAULT_NAME = "webhooks"
 StartAt = Literal["earliest", "end"]
@@ -39,6 +47,19 @@ _RESERVED = frozenset(
 def dlq_topic(name: str) -> str:
     """The dead-letter topic of the dispatcher ``name``: ``<name>.webhook-dlq``."""
     return f"{name}.webhook-dlq"
+
+
+def mirror_group(name: str, role: str, key_prefix: str) -> str:
+    """The consumer group holding the copy of a dispatcher's positions (never joined).
+
+    ``refold-webhooks.<name>.<role>`` under the default key prefix and
+    ``refold-webhooks.<key prefix>.<name>.<role>`` under any other: two deployments that share
+    a Kafka cluster keep their own copies, so a dispatcher whose Redis holds no positions yet
+    never resumes from the other deployment's (skipping what only the other delivered).
+    """
+    if key_prefix == DEFAULT_KEY_PREFIX:
+        return f"refold-webhooks.{name}.{role}"
+    return f"refold-webhooks.{key_prefix}.{name}.{role}"
 
 
 class WebhookSettings(BaseModel):

@@ -52,7 +52,7 @@ from refold.contracts.kafka.outputs import DeadLetterError, Deliveries, output_p
 from refold.contracts.layout import WebhookKeys
 from refold.contracts.store.credentials import raise_if_refused
 from refold.contracts.topics import dead_letter_spec
-from refold.services.webhooks.config import WebhookSettings
+from refold.services.webhooks.config import WebhookSettings, mirror_group
 from refold.services.webhooks.delivery import AttemptResult, RetryPolicy, WebhookSender
 from refold.services.webhooks.errors import (
     WebhookConfigError,
@@ -133,6 +133,7 @@ class WebhookDispatcher:
         self.role: Role = role
         self.until_end = until_end or role == "redrive"
         self.keys = WebhookKeys(settings.name, key_prefix)
+        self.group = mirror_group(settings.name, role, key_prefix)
         self.store = WebhookStore(redis_client, self.keys, settings.log_max_entries)
         self.policy = RetryPolicy(
             settings.max_attempts, settings.backoff_initial_s, settings.backoff_max_s
@@ -201,7 +202,7 @@ class WebhookDispatcher:
             # to this group explicitly, for standard lag tools.
             consumer = passive_consumer(
                 self.kafka,
-                f"refold-webhooks.{settings.name}.{self.role}",
+                self.group,
                 tuning=_CONSUMER_TUNING,
                 # Insights are a processor's outputs, written in Kafka transactions: the
                 # records of a batch that did not commit are never delivered.

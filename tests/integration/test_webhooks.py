@@ -565,3 +565,22 @@ def test_a_redis_that_lost_the_positions_delivers_nothing_twice(
     assert receiver.snapshot()["requests"] == 80
     assert set(receiver.accepted) == {r.origin_id for r in [*first, *later]}
     assert sum(_store(redis_client, name, prefix).positions().values()) == 80
+
+
+def test_a_dispatcher_of_the_same_name_in_another_deployment_keeps_its_own_copy(
+    kafka_bootstrap, make_topic, redis_client, receiver, name, prefix
+):
+    # Two deployments (key prefixes) on one Kafka cluster, each with a dispatcher of the same
+    # name on the same topic: the other's copy of its positions in Kafka is not this one's
+    # (resuming from it would skip every insight the other delivered and this one never did).
+    topic = make_topic(partitions=2, prefix="insights")
+    records = _produce(kafka_bootstrap, topic, 30, seed=41)
+    settings = _settings(name, receiver.url, topic)
+    _dispatcher(settings, kafka_bootstrap, redis_client, prefix, until_end=True).run()
+    assert receiver.snapshot()["requests"] == 30
+    staging = f"{prefix}-staging"
+    _dispatcher(settings, kafka_bootstrap, redis_client, staging, until_end=True).run()
+    assert receiver.snapshot()["requests"] == 60  # every insight again, for the other one
+    assert receiver.duplicates == 30
+    assert set(receiver.accepted) == {r.origin_id for r in records}
+    assert sum(_store(redis_client, name, staging).positions().values()) == 30

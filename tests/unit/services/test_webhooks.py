@@ -20,7 +20,7 @@ from refold.contracts.codec import EventCodec
 from refold.contracts.layout import WebhookKeys
 from refold.deploy.simulators.insights import insights
 from refold.deploy.webhooks_cli import build_parser, main as cli_main
-from refold.services.webhooks.config import WebhookSettings
+from refold.services.webhooks.config import WebhookSettings, mirror_group
 from refold.services.webhooks.delivery import (
     AttemptResult,
     RetryPolicy,
@@ -417,6 +417,17 @@ def test_webhook_keys_share_a_hash_tag_and_read_back():
     assert WebhookKeys.name_of(keys.counters, "p") == "pager"
     assert WebhookKeys.name_of(keys.log, "p") is None
     assert WebhookKeys.pattern("p") == "p:{webhooks.*}:counters"
+
+
+def test_the_copy_of_the_positions_is_one_group_per_deployment_name_and_role():
+    assert mirror_group("pager", "dispatch", "refold") == "refold-webhooks.pager.dispatch"
+    groups = {mirror_group("pager", r, p) for r in ("dispatch", "redrive") for p in ("refold", "s")}
+    assert groups == {
+        "refold-webhooks.pager.dispatch",
+        "refold-webhooks.pager.redrive",
+        "refold-webhooks.s.pager.dispatch",
+        "refold-webhooks.s.pager.redrive",
+    }
 
 
 def test_the_cli_explains_itself_and_refuses_bad_settings(capsys, monkeypatch):
