@@ -40,7 +40,7 @@ from refold.services.webhooks.store import LogEntry, WebhookStore, list_dispatch
 __all__ = ["build_parser", "main"]
 
 _EXAMPLES = """examples:
-  refold webhooks run --topic order_patterns.insights --url https://ops.example.com/hooks
+  refold webhooks run --topic order_alerts.insights --url https://ops.example.com/hooks
   refold webhooks run --name pager --topic a.insights --topic b.insights --url ... --once
   refold webhooks log --name pager -n 50 --status failed
   refold webhooks redrive --name pager --url https://ops.example.com/hooks

@@ -77,7 +77,7 @@ ARCHIVED_ORDERS = 12  # placed every 6 h from 2026-01-01: three days of orders a
 FOLD_EVERY_S = 0.2
 RETENTION_MS = 7 * 24 * HOUR  # the buckets outlive the test
 # The topics an example reads, created before it runs as the processor that writes them would.
-TOPICS = ("order_patterns.insights",)
+TOPICS = ("order_alerts.insights",)
 # What each processor an example reads holds before it runs: an aggregate, as its fold
 # would write it.
 AGGREGATES: Mapping[str, tuple[str, Mapping[str, int]]] = {
