@@ -448,7 +448,7 @@ def _cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Re
         processor_spec(args.processor),
         client,
         settings.redis.key_prefix,
-        checkpoint_root(settings.state_dir, settings.spark),
+        checkpoint_root(settings.state_dir, settings.spark, key_prefix=settings.redis.key_prefix),
         execute=args.execute,
         spark=settings.spark,
     )

@@ -231,7 +231,9 @@ def admin_router(settings: StackSettings) -> APIRouter:
             processor_spec(name),
             control.client,
             settings.redis.key_prefix,
-            checkpoint_root(settings.state_dir, settings.spark),
+            checkpoint_root(
+                settings.state_dir, settings.spark, key_prefix=settings.redis.key_prefix
+            ),
             execute=execute,
             spark=settings.spark,
         )

@@ -325,7 +325,9 @@ def run_rebuild(
             launcher = launcher or ProcessLauncher(
                 kafka, redis_settings, SparkSettings(), state_dir
             )
-            root = checkpoint_root(launcher.state_dir, launcher.spark)
+            root = checkpoint_root(
+                launcher.state_dir, launcher.spark, key_prefix=launcher.redis.key_prefix
+            )
             remove_stale_checkpoint(
                 checkpoint_location(root, spec.name, generation), launcher.spark
             )

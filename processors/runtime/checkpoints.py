@@ -22,13 +22,16 @@ HDFS client reads ``hdfs://`` without the native libhdfs (pyarrow), a second con
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from refold.contracts.layout import DEFAULT_KEY_PREFIX
 from refold.processors.errors import ProcessorConfigError
 
 if TYPE_CHECKING:
@@ -54,14 +57,26 @@ def is_local(location: str) -> bool:
     return not sep or scheme == "file"
 
 
-def checkpoint_root(state_dir: Path, spark: SparkSettings) -> str:
+def checkpoint_root(state_dir: Path, spark: SparkSettings, *, key_prefix: str) -> str:
     """Where processors keep checkpoints: ``spark.checkpoint_url``, or ``<state dir>/checkpoints``.
+
+    Under a key prefix other than the default, its own folder below that
+    (:func:`prefix_folder`): two deployments sharing a root (one checkpoint URL, or one state
+    directory) would otherwise share ``<root>/<processor>/g<N>``, and a new generation of one
+    would remove the other's live checkpoint as stale.
 
     ``file://`` URLs become paths; other URLs are kept as given (without a trailing ``/``).
 
     Raises:
         ProcessorConfigError: A URL without a path, or of a form Hadoop cannot name.
     """
+    base = _base_root(state_dir, spark)
+    if key_prefix == DEFAULT_KEY_PREFIX:
+        return base
+    return f"{base}/{prefix_folder(key_prefix)}"
+
+
+def _base_root(state_dir: Path, spark: SparkSettings) -> str:
     url = spark.checkpoint_url
     if not url:
         return str(state_dir / "checkpoints")
@@ -77,6 +92,18 @@ def checkpoint_root(state_dir: Path, spark: SparkSettings) -> str:
         )
         raise ProcessorConfigError(msg)
     return url.rstrip("/")
+
+
+def prefix_folder(key_prefix: str) -> str:
+    """A key prefix as one folder name that every file system takes (HDFS refuses ``:``).
+
+    Letters, digits, ``.``, ``_`` and ``-`` are kept; a prefix with anything else has it
+    replaced by ``_`` and gets a hash of the prefix appended, so two prefixes never share one.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", key_prefix)
+    if safe == key_prefix and safe not in (".", ".."):
+        return safe
+    return f"{safe}-{hashlib.sha256(key_prefix.encode()).hexdigest()[:8]}"
 
 
 def checkpoint_location(root: str, processor: str, generation: int, epoch: int = 0) -> str:

@@ -223,7 +223,7 @@ def _jobs(args: argparse.Namespace, settings: ProcessSettings) -> list[Processor
     if len(names) > 1 and isinstance(args.generation, int):
         msg = "--generation N names one generation of one processor; run it alone"
         raise ProcessorConfigError(msg)
-    root = checkpoint_root(settings.state_dir, settings.spark)
+    root = checkpoint_root(settings.state_dir, settings.spark, key_prefix=settings.redis.key_prefix)
     base = RunOptions(
         generation=args.generation,
         checkpoint_root=root,

@@ -1,16 +1,19 @@
 """replay status / diff / rollback / gc on generations written by the real fold writer."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from refold.contracts.codec import EventCodec
+from refold.contracts.settings import SparkSettings
 from refold.contracts.store.connect import is_cluster, redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.records import SourceRecord
 from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.checkpoints import checkpoint_location, checkpoint_root
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.replay.__main__ import main as replay
 from refold.services.reader.state_reader import StateReader
@@ -100,7 +103,9 @@ def test_rollback_flips_back_and_gc_removes_the_retired_generation(two_generatio
     assert registry.status(g2) == "retired"
     assert replay(["rollback", "--processor", "order_state"]) == 1  # g1 replaced nothing
     assert "nothing to roll back" in capsys.readouterr().err
-    (tmp / "checkpoints" / "order_state" / f"g{g2}").mkdir(parents=True)
+    root = checkpoint_root(tmp, SparkSettings(), key_prefix=prefix)
+    checkpoint = Path(checkpoint_location(root, "order_state", g2))
+    checkpoint.mkdir(parents=True)
     stats = ProcessorStats(client, registry.layout)
     stats.record_batch(g2, 0, 50, 0, 0, {}, 10.0, None, now_ms=1)
     assert client.exists(registry.keys(g2).stats)
@@ -110,7 +115,7 @@ def test_rollback_flips_back_and_gc_removes_the_retired_generation(two_generatio
     assert replay(["gc", "--processor", "order_state", "--execute"]) == 0
     assert registry.status(g2) is None
     assert not list(client.scan_iter(match=registry.keys(g2).pattern()))  # the stats too
-    assert not (tmp / "checkpoints" / "order_state" / f"g{g2}").exists()
+    assert not checkpoint.exists()
     assert reader.get("orders", "ord-0000001").value is not None
 
 

@@ -21,6 +21,7 @@ from refold.deploy.demo import wait_until_caught_up
 from refold.processors.fold.oracle import FoldResult, fold_all
 from refold.processors.order_state.config import OrderStateOptions
 from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.checkpoints import checkpoint_root
 from refold.processors.runtime.runner import RunOptions, run_processor
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
@@ -51,7 +52,10 @@ class OrdersWorld:
 
     def options(self, **changes) -> RunOptions:
         base = RunOptions(
-            checkpoint_root=self.state_dir / "checkpoints",
+            # Where `refold process` (the processes below) puts them: one folder of the root.
+            checkpoint_root=checkpoint_root(
+                self.state_dir, SparkSettings(), key_prefix=self.redis.key_prefix
+            ),
             dead_letter_topic=self.dlq,
             max_offsets_per_trigger=20_000,
         )

@@ -19,7 +19,11 @@ from refold.contracts.layout import StateLayout
 from refold.contracts.settings import SparkSettings
 from refold.contracts.store.stats import ProcessorStats
 from refold.deploy.simulators.orders import OrderSimulator
-from refold.processors.runtime.checkpoints import checkpoint_location, has_batches
+from refold.processors.runtime.checkpoints import (
+    checkpoint_location,
+    checkpoint_root,
+    has_batches,
+)
 from tests.support.mini_hdfs import mini_hdfs
 
 from .conftest import oracle
@@ -46,7 +50,12 @@ def test_a_processor_killed_on_hdfs_checkpoints_resumes_from_them_exactly(world,
     world.kill_after(world.processor(name="first").start(), half // 2)  # SIGKILL, mid-stream
     live = reader.registry.live()
     assert live is not None
-    checkpoint = checkpoint_location(root, "order_state", live)
+    # The deployment's own folder below the URL (its key prefix is not the default).
+    prefixed = checkpoint_root(
+        world.state_dir, SparkSettings(checkpoint_url=root), key_prefix=world.redis.key_prefix
+    )
+    assert prefixed.startswith(f"{root}/")
+    checkpoint = checkpoint_location(prefixed, "order_state", live)
     assert has_batches(checkpoint)  # read through Hadoop's client, in HDFS
     assert not (world.state_dir / "checkpoints").exists()
 

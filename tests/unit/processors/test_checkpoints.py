@@ -1,9 +1,11 @@
 """Checkpoint locations (paths and URLs) and the local file operations refold does on them."""
 
+import re
 from pathlib import Path
 
 import pytest
 
+from refold.contracts.layout import DEFAULT_KEY_PREFIX
 from refold.contracts.settings import SparkSettings
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.runtime.checkpoints import (
@@ -11,6 +13,7 @@ from refold.processors.runtime.checkpoints import (
     checkpoint_root,
     has_batches,
     is_local,
+    prefix_folder,
     remove_generation_checkpoints,
     remove_stale_checkpoint,
 )
@@ -27,13 +30,23 @@ from refold.processors.runtime.checkpoints import (
     ],
 )
 def test_the_root_is_the_setting_or_the_state_dir(url: str | None, root: str) -> None:
-    assert checkpoint_root(Path("state"), SparkSettings(checkpoint_url=url)) == root
+    settings = SparkSettings(checkpoint_url=url)
+    assert checkpoint_root(Path("state"), settings, key_prefix=DEFAULT_KEY_PREFIX) == root
+    # Another deployment (key prefix) has its own folder below it.
+    assert checkpoint_root(Path("state"), settings, key_prefix="staging") == f"{root}/staging"
 
 
 @pytest.mark.parametrize("url", ["hdfs://", "h dfs://x/y"])
 def test_a_url_hadoop_cannot_name_is_refused(url: str) -> None:
     with pytest.raises(ProcessorConfigError, match="CHECKPOINT_URL"):
-        checkpoint_root(Path("state"), SparkSettings(checkpoint_url=url))
+        checkpoint_root(Path("state"), SparkSettings(checkpoint_url=url), key_prefix="refold")
+
+
+def test_a_prefix_is_one_folder_name_that_never_collides() -> None:
+    assert prefix_folder("test-1a2b.c_d") == "test-1a2b.c_d"
+    odd = [prefix_folder(p) for p in ("a:b", "a/b", "a b", "..", "a_b")]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", f) and f not in (".", "..") for f in odd)
+    assert len(set(odd)) == len(odd)  # "a:b" and "a/b" do not both become "a_b"
 
 
 def test_locations_of_generations_and_their_resets() -> None:
