@@ -38,7 +38,7 @@ def test_hmget_replies_keep_only_the_fields_with_a_position():
     fields = ["t/0", "t/1", BATCH_ID_FIELD]
     assert parse_fields(fields, [b"10", None, b"3"]) == {"t/0": 10, BATCH_ID_FIELD: 3}
     assert parse_fields([], []) == {}
-    with pytest.raises(ValueError, match="shorter|longer"):
+    with pytest.raises(ValueError, match=r"shorter|longer"):
         parse_fields(fields, [b"1"])
 
 
