@@ -143,16 +143,8 @@ class _Progress:
         if self.slots is None:  # recorded at start, before the first batch
             recorded = registry.meta(self.generation).get("slots")
             self.slots = None if recorded is None else int(recorded)
-        keys = registry.keys(self.generation)
-        pipe = registry.client.pipeline(transaction=True)
-        pipe.hgetall(keys.positions)
-        for slot in range(self.slots or 0):
-            pipe.hgetall(keys.slot_positions(slot))
-        raws = cast("list[dict[bytes, bytes]]", pipe.execute())
-        positions, batch = registry.parse_positions(raws[0])
-        if self.slots:  # a re-keyed generation's batch id is kept per writer slot
-            batches = [registry.parse_positions(raw)[1] for raw in raws[1:]]
-            batch = None if None in batches else min(cast("list[int]", batches))
+        # A re-keyed generation's batch id is kept per writer slot: the slots' minimum.
+        positions, batch = registry.positions_of(self.generation, slots=self.slots or 0).read()
         return sum(positions.values()), batch
 
     def update(self, now: float) -> None:

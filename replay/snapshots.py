@@ -126,13 +126,13 @@ class SnapshotStore:
             msg = f"{self.registry.layout.processor} has no generation {generation}"
             raise SnapshotError(msg)
         keys = self.registry.keys(generation)
+        applied = self.registry.positions_of(generation)
         index = self._index(generation)
         for attempt in range(1, attempts + 1):
             with self.client.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(keys.positions)  # type: ignore[no-untyped-call]
-                    raw = cast("dict[bytes, bytes]", pipe.hgetall(keys.positions))
-                    positions, _batch = self.registry.parse_positions(raw)
+                    pipe.watch(*applied.watch_keys())  # type: ignore[no-untyped-call]
+                    positions = applied.read(via=pipe).positions
                     if not positions:
                         msg = (
                             f"g{generation} has applied nothing yet: there is no state to "

@@ -19,12 +19,10 @@ from redis.typing import EncodableT, FieldT
 from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.offsets_json import parse_offsets_json
 from refold.contracts.layout import (
-    BATCH_ID_FIELD,
     DEFAULT_KEY_PREFIX,
     GenerationKeys,
     GenerationStatus,
     StateLayout,
-    parse_position_field,
     processor_of_registry_key,
     registries_pattern,
 )
@@ -35,6 +33,7 @@ from refold.contracts.store.lease import (
     lease_holder_alive,
     release_lease,
 )
+from refold.contracts.store.positions import Applied, GenerationPositions, Positions
 from refold.contracts.store.scan import scan_names
 
 __all__ = [
@@ -56,8 +55,6 @@ logger = logging.getLogger(__name__)
 
 # What a flip records of the generation it makes live, in the registry's ``flips`` hash.
 _FLIP_FIELDS = ("live_since", "replaced")
-
-Positions = dict[tuple[str, int], int]
 
 # Meta field counting in-place resets of a generation. Each reset starts a new Spark checkpoint
 # directory, so no processor, wherever its state directory is, resumes from a stale checkpoint.
@@ -306,39 +303,21 @@ class GenerationRegistry:
         """The writer slots of a re-keyed generation (0: its entities are owned by partitions)."""
         return int(self.meta(generation).get(SLOTS_FIELD, "0"))
 
+    def positions_of(self, generation: int, *, slots: int = 0) -> GenerationPositions:
+        """The owner of ``generation``'s applied positions (``slots``: its writer slots)."""
+        return GenerationPositions(self.client, self.keys(generation), slots)
+
     def set_positions(self, generation: int, positions: Mapping[str, int]) -> None:
         """Set where folding resumes (``topic/partition`` -> offset), for every writer slot too.
 
         A re-keyed generation's ``positions`` are the minimum over its slots' positions, so a
-        reset moves the slots' positions with them.
+        reset moves the slots' positions with them (:meth:`GenerationPositions.set`).
         """
-        keys = self.keys(generation)
-        mapping: dict[FieldT, EncodableT] = {f: str(o) for f, o in positions.items()}
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.positions, mapping=mapping)
-            for slot in range(self.slots(generation)):
-                pipe.hset(keys.slot_positions(slot), mapping=mapping)
-            pipe.execute()
+        self.positions_of(generation, slots=self.slots(generation)).set(positions)
 
-    def positions(self, generation: int) -> tuple[Positions, int | None]:
+    def positions(self, generation: int) -> Applied:
         """Applied positions (next offset per topic partition) and the last batch id."""
-        raw = cast("dict[bytes, bytes]", self.client.hgetall(self.keys(generation).positions))
-        return self.parse_positions(raw)
-
-    @staticmethod
-    def parse_positions(raw: dict[bytes, bytes]) -> tuple[Positions, int | None]:
-        """Parse a positions hash as returned by HGETALL."""
-        positions: Positions = {}
-        batch_id = None
-        for field_raw, value in raw.items():
-            field = _decode(field_raw)
-            if field == BATCH_ID_FIELD:
-                batch_id = int(value)
-                continue
-            parsed = parse_position_field(field)
-            if parsed is not None:
-                positions[parsed] = int(value)
-        return positions, batch_id
+        return self.positions_of(generation).read()
 
     def flip(self, generation: int, *, record_replaced: bool = True) -> int | None:
         """Make ``generation`` live in one transaction; the previous live one is retired.
@@ -406,31 +385,28 @@ class GenerationRegistry:
         if self.status(generation) is None:
             msg = f"{self.layout.processor} has no generation {generation}"
             raise RefoldError(msg)
-        keys = self.keys(generation)
+        applied = self.positions_of(generation)
         # One slot per WATCH on a cluster: there the positions are read just before the flip,
         # not watched, so a batch the live generation commits in that instant leaves the new
         # one up to that batch behind (consistency tokens wait it out; no state is wrong).
         watch_positions = not is_cluster(self.client)
+        watched = [self.layout.alias, *(applied.watch_keys() if watch_positions else ())]
         reader: redis.Redis | redis.client.Pipeline = self.client
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
+                    pipe.watch(*watched)  # type: ignore[no-untyped-call]
                     if watch_positions:
                         reader = pipe
-                        pipe.watch(self.layout.alias, keys.positions)  # type: ignore[no-untyped-call]
-                    else:
-                        pipe.watch(self.layout.alias)  # type: ignore[no-untyped-call]
                     raw_live = pipe.get(self.layout.alias)
                     previous = None if raw_live is None else int(cast("bytes", raw_live))
                     live_positions: Positions = {}
                     if previous is not None and previous != generation:
-                        live_keys = self.keys(previous)
+                        live = self.positions_of(previous)
                         if watch_positions:
-                            pipe.watch(live_keys.positions)  # type: ignore[no-untyped-call]
-                        raw = cast("dict[bytes, bytes]", reader.hgetall(live_keys.positions))
-                        live_positions = self.parse_positions(raw)[0]
-                    raw = cast("dict[bytes, bytes]", reader.hgetall(keys.positions))
-                    mine = {**(starts or {}), **self.parse_positions(raw)[0]}
+                            pipe.watch(*live.watch_keys())  # type: ignore[no-untyped-call]
+                        live_positions = live.read(via=reader).positions
+                    mine = {**(starts or {}), **applied.read(via=reader).positions}
                     needed = dict(floor)
                     for tp, offset in live_positions.items():
                         needed[tp] = max(offset, needed.get(tp, 0))

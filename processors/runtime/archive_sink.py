@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import redis
@@ -177,13 +177,8 @@ class _Writer:
         return table
 
     def applied(self, fields: list[str]) -> dict[str, int]:
-        keys = self.plan.target.keys
-        raw = _redis_call(
-            self.plan.target,
-            self.redis,
-            lambda: cast("list[bytes | None]", self.redis.hmget(keys.positions, fields)),
-        )
-        return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+        applied = self.plan.target.positions(self.redis)
+        return _redis_call(self.plan.target, self.redis, lambda: applied.read_fields(fields))
 
     def commit(
         self,
@@ -202,15 +197,14 @@ class _Writer:
                 (another writer archives the same generation), or kept changing.
         """
         keys = self.plan.target.keys
+        applied = self.plan.target.positions(self.redis)
         fields = sorted(moves)
         for _attempt in range(_MAX_ATTEMPTS):
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(*(keys.guard(f) for f in fields))  # type: ignore[no-untyped-call]
-                    raw = cast("list[bytes | None]", pipe.hmget(keys.positions, fields))
-                    now = {
-                        f: None if v is None else int(v) for f, v in zip(fields, raw, strict=True)
-                    }
+                    found = applied.read_fields(fields, via=pipe)
+                    now = {f: found.get(f) for f in fields}
                     if all(now[f] == end for f, (_exp, end) in moves.items()):
                         pipe.unwatch()
                         return  # an attempt with the same plan committed these very files
@@ -225,7 +219,7 @@ class _Writer:
                         raise SinkConflictError(msg)
                     pipe.multi()
                     pipe.hset(
-                        keys.positions,
+                        applied.writer_key(),
                         mapping={
                             **{f: end for f, (_e, end) in moves.items()},
                             BATCH_ID_FIELD: batch_id,

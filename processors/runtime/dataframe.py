@@ -309,24 +309,21 @@ class TableUpsert:
         self, rows: Sequence[tuple[str, str]], positions: Mapping[str, int], batch_id: int
     ) -> int | None:
         keys = self.target.keys
-        fields = sorted(positions)
+        moved = self.target.positions(self.redis)
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.watch(keys.positions)  # type: ignore[no-untyped-call]
-            stored, *before = cast(
-                "list[bytes | None]", pipe.hmget(keys.positions, [BATCH_ID_FIELD, *fields])
-            )
-            if stored is not None and int(stored) >= batch_id:
+            pipe.watch(*moved.watch_keys())  # type: ignore[no-untyped-call]
+            before = moved.read_fields([BATCH_ID_FIELD, *sorted(positions)], via=pipe)
+            stored = before.pop(BATCH_ID_FIELD, None)
+            if stored is not None and stored >= batch_id:
                 pipe.unwatch()
                 return None
-            applied = sum(
-                max(0, positions[f] - int(old))
-                for f, old in zip(fields, before, strict=True)
-                if old is not None
-            )
+            applied = sum(max(0, positions[f] - old) for f, old in before.items())
             pipe.multi()
             for key, value in rows:
                 pipe.set(keys.table(self.table, key), value)
-            pipe.hset(keys.positions, mapping={**dict(positions.items()), BATCH_ID_FIELD: batch_id})
+            pipe.hset(
+                moved.writer_key(), mapping={**dict(positions.items()), BATCH_ID_FIELD: batch_id}
+            )
             count_outcome(pipe, keys.stats, events=applied)
             pipe.execute()
         return applied

@@ -33,6 +33,7 @@ from redis.client import Pipeline
 
 from refold.contracts.kafka.outputs import Deliveries
 from refold.contracts.layout import StateLayout, parse_position_field, position_field
+from refold.contracts.store.positions import GenerationPositions
 from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
 from refold.processors.runtime.fold_target import FoldTarget
 
@@ -113,8 +114,7 @@ def building_against(
     if live is None or live == generation:
         return None, {}
     fields = sorted({position_field(topic, partition) for topic, partition in partitions})
-    raw = cast("list[bytes | None]", client.hmget(layout.generation(live).positions, fields))
-    return live, {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+    return live, GenerationPositions(client, layout.generation(live)).read_fields(fields)
 
 
 @dataclass(slots=True)

@@ -47,6 +47,7 @@ from refold.contracts.origin import (
 )
 from refold.contracts.store.connect import pipelined_eval, redis_client
 from refold.contracts.store.outage import RedisOutage
+from refold.contracts.store.positions import parse_fields
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
     REDIS_UNAVAILABLE,
@@ -336,14 +337,9 @@ class FoldWriter:
         batch_id: int | None,
         covered: Mapping[str, tuple[int, int]],
     ) -> BatchOutcome:
-        keys = self.target.keys
         outcome = BatchOutcome(records=len(records))
-        positions_key = keys.positions if self.slot is None else keys.slot_positions(self.slot)
-        applied_pos = {
-            f: int(v)
-            for f, v in zip(fields, pipe.hmget(positions_key, fields), strict=True)
-            if v is not None
-        }
+        positions_key = self.target.positions(pipe).writer_key(self.slot)
+        applied_pos = parse_fields(fields, pipe.hmget(positions_key, fields))
         _check_holes(records, applied_pos, covered)
         outbox = Outbox()
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]] = []
@@ -430,9 +426,10 @@ class FoldWriter:
         else:
             pipe.incr(keys.slot_guard(self.slot))
             if new_pos:
-                slot_keys = [keys.slot_positions(s) for s in range(self.target.slots)]
+                applied = self.target.positions(pipe)
+                slot_keys = applied.slot_keys()
                 pipelined_eval(
-                    pipe, _MIN_POSITIONS, 1 + len(slot_keys), keys.positions, *slot_keys, *new_pos
+                    pipe, _MIN_POSITIONS, 1 + len(slot_keys), applied.key, *slot_keys, *new_pos
                 )
 
     def _drop_resent(

@@ -11,8 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from refold.contracts.layout import GenerationKeys, StateLayout
 from refold.contracts.processors import EventId, EventTime
+from refold.contracts.store.positions import GenerationPositions
 from refold.processors.fold.records import SourceRecord
 
 __all__ = ["BatchOutcome", "FoldTarget", "PendingRecord", "add_outcome"]
@@ -118,6 +121,10 @@ class FoldTarget:
     def keys(self) -> GenerationKeys:
         """The generation's Redis keys."""
         return self.layout.generation(self.generation)
+
+    def positions(self, client: redis.Redis) -> GenerationPositions:
+        """The generation's applied positions, read and written through ``client``."""
+        return GenerationPositions(client, self.keys, self.slots)
 
 
 @dataclass(slots=True)

@@ -391,11 +391,12 @@ class Intake:
         if not fields:
             return
         self._scanned.update(fields)
-        low = pipe.hmget(self.target.keys.positions, fields)
+        # The generation's positions: the slowest slot's.
+        low = self.target.positions(pipe).read_fields(fields)
         spans = [
-            (firsts[f].topic, firsts[f].partition, int(v), firsts[f].offset)
-            for f, v in zip(fields, low, strict=True)
-            if v is not None and int(v) < firsts[f].offset
+            (firsts[f].topic, firsts[f].partition, v, firsts[f].offset)
+            for f, v in low.items()
+            if v < firsts[f].offset
         ]
         if not spans:
             return

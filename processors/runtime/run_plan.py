@@ -304,13 +304,12 @@ def record_starting_positions(
     finally:
         probe.close()
     keys = registry.keys(run.generation)
+    applied = run.target.positions(registry.client)  # re-keyed: every writer slot starts there
     with registry.client.pipeline(transaction=True) as pipe:
         for (topic, partition), offset in sorted(resolved.items()):
             field_name = position_field(topic, partition)
-            pipe.hsetnx(keys.positions, field_name, str(offset))
+            applied.start(pipe, field_name, offset)
             pipe.set(keys.guard(field_name), offset, nx=True)
-            for slot in range(run.target.slots):  # re-keyed: every writer slot starts there
-                pipe.hsetnx(keys.slot_positions(slot), field_name, str(offset))
         pipe.execute()
     starting = to_offsets_json(registry.positions(run.generation)[0])
     logger.info("g%d starts at %s", run.generation, starting)

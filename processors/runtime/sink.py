@@ -258,9 +258,7 @@ class RedisFoldSink:
             return reported
         if self._redis is None:  # driver side; opened on the first batch
             self._redis = redis_client(self.target.redis_url)
-        fields = sorted(reported)
-        raw = cast("list[bytes | None]", self._redis.hmget(self.target.keys.positions, fields))
-        return {f: int(v) for f, v in zip(fields, raw, strict=True) if v is not None}
+        return self.target.positions(self._redis).read_fields(sorted(reported))
 
     def _close_unread(
         self, planned: Mapping[str, tuple[int, int]], outcome: BatchOutcome, batch_id: int

@@ -27,9 +27,14 @@ from confluent_kafka import Producer
 from redis.client import Pipeline
 
 from refold.contracts.kafka.outputs import Deliveries, output_producer
-from refold.contracts.layout import GenerationKeys, StateLayout, parse_position_field
+from refold.contracts.layout import (
+    GenerationKeys,
+    StateLayout,
+    position_field,
+)
 from refold.contracts.origin import ORIGIN_ID, sender_headers
 from refold.contracts.store.connect import pipelined_eval, pipelined_pfcount, redis_client
+from refold.contracts.store.positions import GenerationPositions
 from refold.contracts.windows import WINDOW_RESULT, result_record, watermark_of
 from refold.processors.fold.projection import output_codec
 from refold.processors.fold.timers import TimerQueue
@@ -134,14 +139,13 @@ def write_timers(pipe: Pipeline, keys: GenerationKeys, queue: TimerQueue) -> Non
 
 def generation_watermark(client: redis.Redis, keys: GenerationKeys, lateness_ms: int) -> int | None:
     """A generation's watermark over all of its partitions (``None`` until each has a clock)."""
+    applied = GenerationPositions(client, keys)
     with client.pipeline(transaction=True) as pipe:
         pipe.hgetall(keys.clocks)
-        pipe.hkeys(keys.positions)
-        raw_clocks, fields = pipe.execute()
+        applied.queue(pipe)
+        raw_clocks, raw_positions = pipe.execute()
     clocks = {k.decode(): int(v) for k, v in cast("dict[bytes, bytes]", raw_clocks).items()}
-    partitions = [
-        f.decode() for f in cast("list[bytes]", fields) if parse_position_field(f.decode())
-    ]
+    partitions = [position_field(t, p) for t, p in applied.parse(raw_positions).positions]
     return watermark_of(clocks, lateness_ms, partitions)
 
 

@@ -30,6 +30,7 @@ from refold.contracts.store.generations import (
     processors_in_redis,
     starting_positions,
 )
+from refold.contracts.store.positions import GenerationPositions
 from refold.contracts.store.stats import BatchStats, ProcessorStats
 from refold.services.api.context import ServiceContext
 from refold.services.errors import NoLiveGenerationError
@@ -133,9 +134,8 @@ class Monitor:
         listed = registry.list()
         with self.client.pipeline(transaction=False) as pipe:
             for gen in listed:
-                keys = registry.keys(gen.generation)
-                pipe.hgetall(keys.positions)
-                pipe.get(keys.lease)
+                registry.positions_of(gen.generation).queue(pipe)
+                pipe.get(registry.keys(gen.generation).lease)
             answers = pipe.execute()
         views = []
         for i, gen in enumerate(listed):
@@ -146,7 +146,7 @@ class Monitor:
                     gen.generation,
                     gen.status,
                     gen.meta,
-                    registry.parse_positions(cast("dict[bytes, bytes]", answers[2 * i]))[0],
+                    GenerationPositions.parse(answers[2 * i]).positions,
                     owner is not None,
                     None if owner is None else owner.decode(errors="replace"),
                 )

@@ -21,7 +21,8 @@ import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys
 from refold.contracts.store.connect import is_cluster, redis_client
-from refold.contracts.store.generations import GenerationRegistry, Positions
+from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.positions import GenerationPositions, Positions
 from refold.contracts.store.scan import scan_batches
 from refold.services.errors import NoLiveGenerationError
 
@@ -166,7 +167,7 @@ class StateReader:
         """One entity's state and the positions it reflects (read in one transaction)."""
         gen, (raw, raw_positions) = self._read(
             generation,
-            lambda keys: [("GET", [keys.table(table, key)]), ("HGETALL", [keys.positions])],
+            lambda keys: [("GET", [keys.table(table, key)]), self._positions_read(keys)],
         )
         value = None if raw is None else json.loads(raw)
         return StateView(gen, value, self._positions(raw_positions))
@@ -176,7 +177,7 @@ class StateReader:
 
         def plan(gen_keys: GenerationKeys) -> list[_Command]:
             values: list[_Command] = [("MGET", [gen_keys.table(table, k) for k in keys])]
-            return [*(values if keys else []), ("HGETALL", [gen_keys.positions])]
+            return [*(values if keys else []), self._positions_read(gen_keys)]
 
         gen, (*found, raw_positions) = self._read(generation, plan)
         raws = cast("list[bytes | None]", found[0] if keys else [])
@@ -187,22 +188,26 @@ class StateReader:
         """An aggregate's counters as ``{name: int}``; counters at zero are left out."""
         gen, (raw, raw_positions) = self._read(
             generation,
-            lambda keys: [("HGETALL", [keys.aggregate(name)]), ("HGETALL", [keys.positions])],
+            lambda keys: [("HGETALL", [keys.aggregate(name)]), self._positions_read(keys)],
         )
         counters = {k.decode(): int(v) for k, v in raw.items() if int(v) != 0}
         return StateView(gen, counters, self._positions(raw_positions))
+
+    def _positions_read(self, keys: GenerationKeys) -> _Command:
+        """The read of a generation's positions, beside its state (parsed by _positions)."""
+        return ("HGETALL", [GenerationPositions(self.client, keys).key])
 
     def _positions(self, raw: dict[bytes, bytes]) -> Positions:
         """A positions hash parsed; the last one is kept, since most reads find it unchanged."""
         last = self._last_positions
         if last is None or last[0] != raw:
-            last = self._last_positions = (raw, self.registry.parse_positions(raw)[0])
+            last = self._last_positions = (raw, GenerationPositions.parse(raw).positions)
         return dict(last[1])
 
     def freshness(self, generation: int | None = None) -> Positions:
         """Applied positions of the (live) generation."""
         gen = self.live_generation() if generation is None else generation
-        return self.registry.positions(gen)[0]
+        return self.registry.positions_of(gen).read().positions
 
     def scan(self, table: str, generation: int | None = None) -> Iterator[tuple[str, Any]]:
         """Every entity of a table as ``(key, state)``, in no particular order."""

@@ -171,6 +171,7 @@ class WindowReader:
             raise WindowQueryError(msg)
         gen = self._generation(generation)
         keys = self.registry.keys(gen)
+        applied = self.registry.positions_of(gen)
         starts = window.bucket_starts(end)
         with self.client.pipeline(transaction=True) as pipe:
             for start in starts:
@@ -179,12 +180,12 @@ class WindowReader:
                 pipelined_pfcount(
                     pipe, *(keys.window_distinct(name, measure, s, group) for s in starts)
                 )
-            pipe.hgetall(keys.positions)
+            applied.queue(pipe)
             *replies, raw_positions = pipe.execute()
         buckets = [_ints(r) for r in replies[: len(starts)]]
         distinct = dict(zip(self.distinct_measures, replies[len(starts) :], strict=True))
         value = result_of(window, end, group, combine(buckets), distinct, self.scales)
-        return StateView(gen, value, self.registry.parse_positions(raw_positions)[0])
+        return StateView(gen, value, applied.parse(raw_positions).positions)
 
     def range(
         self, name: str, group: str, start: int, end: int, generation: int | None = None
@@ -206,13 +207,14 @@ class WindowReader:
         self._check_budget(name, len(ends) * per_window, f"({start}, {end}]")
         gen = self._generation(generation)
         keys = self.registry.keys(gen)
+        applied = self.registry.positions_of(gen)
         if not ends:
-            return StateView(gen, [], self.registry.positions(gen)[0])
+            return StateView(gen, [], applied.read().positions)
         starts = sorted({s for e in ends for s in window.bucket_starts(e)})
         with self.client.pipeline(transaction=True) as pipe:
             for s in starts:
                 pipe.hgetall(keys.window_bucket(name, s, group))
-            pipe.hgetall(keys.positions)
+            applied.queue(pipe)
             *replies, raw_positions = pipe.execute()
         stored = {s: _ints(r) for s, r in zip(starts, replies, strict=True)}
         found = []
@@ -225,7 +227,7 @@ class WindowReader:
             result_of(window, e, group, aggregates, counts, self.scales)
             for (e, aggregates), counts in zip(found, distinct, strict=True)
         ]
-        return StateView(gen, results, self.registry.parse_positions(raw_positions)[0])
+        return StateView(gen, results, applied.parse(raw_positions).positions)
 
     def distinct(
         self,
@@ -258,36 +260,39 @@ class WindowReader:
         self._check_budget(name, len(starts), f"[{start}, {end})")
         gen = self._generation(generation)
         keys = self.registry.keys(gen)
+        applied = self.registry.positions_of(gen)
         if not starts:
-            return StateView(gen, 0, self.registry.positions(gen)[0])
+            return StateView(gen, 0, applied.read().positions)
         with self.client.pipeline(transaction=True) as pipe:
             pipelined_pfcount(
                 pipe, *(keys.window_distinct(name, measure, s, group) for s in starts)
             )
-            pipe.hgetall(keys.positions)
+            applied.queue(pipe)
             count, raw_positions = pipe.execute()
-        return StateView(gen, int(count), self.registry.parse_positions(raw_positions)[0])
+        return StateView(gen, int(count), applied.parse(raw_positions).positions)
 
     def groups(self, name: str, generation: int | None = None) -> StateView:
         """The groups that have buckets of window ``name`` (``value``: sorted list)."""
         self._window(name)
         gen = self._generation(generation)
         keys = self.registry.keys(gen)
+        applied = self.registry.positions_of(gen)
         found = {group for _start, group in self._buckets(keys, name)}
-        return StateView(gen, sorted(found), self.registry.positions(gen)[0])
+        return StateView(gen, sorted(found), applied.read().positions)
 
     def watermark(self, generation: int | None = None) -> StateView:
         """The processor's watermark and its partitions' clocks (``value``: :class:`Watermark`)."""
         gen = self._generation(generation)
         keys = self.registry.keys(gen)
+        applied = self.registry.positions_of(gen)
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys.clocks)
-            pipe.hgetall(keys.positions)
+            applied.queue(pipe)
             raw_clocks, raw_positions = pipe.execute()
         # Not the writer slots' own copies (``s<slot>|<topic>/<p>``, re-keyed processors):
         # the generation's clock of a partition is their minimum.
         clocks = {f: t for f, t in _ints(raw_clocks).items() if "|" not in f}
-        positions = self.registry.parse_positions(raw_positions)[0]
+        positions = applied.parse(raw_positions).positions
         every = [position_field(t, p) for t, p in positions]
         value = Watermark(watermark_of(clocks, self.lateness_ms, every), self.lateness_ms, clocks)
         return StateView(gen, value, positions)

@@ -4,6 +4,8 @@ slots' minimum, no record refused that the oracle accepts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from refold.contracts.codec import EventCodec
@@ -50,13 +52,8 @@ def _target(redis_url, kafka_bootstrap, make_topic, unique, topic) -> FoldTarget
 
 def _start(target: FoldTarget, topic: str) -> None:
     """What the runner does before a generation's first batch: every slot starts at 0."""
-    client = redis_client(target.redis_url)
-    keys = target.keys
-    client.hset(keys.positions, mapping={position_field(topic, p): 0 for p in range(8)})
-    for slot in range(SLOTS):
-        client.hset(
-            keys.slot_positions(slot), mapping={position_field(topic, p): 0 for p in range(8)}
-        )
+    applied = target.positions(redis_client(target.redis_url))
+    applied.set({position_field(topic, p): 0 for p in range(8)})
 
 
 def _apply(writer: FoldWriter, records: list[SourceRecord], chunk: int) -> BatchOutcome:
@@ -182,3 +179,31 @@ def test_slots_fold_again_what_redis_lost(orders, redis_url, kafka_bootstrap, ma
         client.restore(key, 0, value)
     outcomes += [_apply(w, thirds[2], 100) for w in writers]  # these fold the lost third too
     _check(target, events, records, outcomes)
+
+
+def test_the_generation_reads_as_far_as_its_slowest_slot(
+    orders, redis_url, kafka_bootstrap, make_topic, unique
+):
+    """Positions and batch id as readers see them: the slots' minimum, in one read."""
+    topic, _events, records = orders
+    target = _target(redis_url, kafka_bootstrap, make_topic, unique, topic)
+    _start(target, topic)
+    applied = target.positions(redis_client(redis_url))
+    start = {(topic, p): 0 for p in range(8)}
+    assert applied.read() == (start, None)
+    writers = [FoldWriter(target, P, slot=s) for s in range(SLOTS)]
+    half = len(records) // 2
+    for writer in writers:
+        writer.begin_task()
+        writer.apply(records[:half], batch_id=0)
+    for writer in writers[:2]:  # slot 2 has not applied batch 1 yet
+        writer.begin_task()
+        writer.apply(records[half:], batch_id=1)
+    middle = start | {(r.topic, r.partition): r.offset + 1 for r in records[:half]}
+    assert applied.read() == (middle, 0)
+    writers[2].begin_task()
+    writers[2].apply(records[half:], batch_id=1)
+    ends = start | {(r.topic, r.partition): r.offset + 1 for r in records}
+    assert applied.read() == (ends, 1)
+    # Without its slots, the generation's own hash: the same positions, no batch id of its own.
+    assert dataclasses.replace(applied, slots=0).read() == (ends, None)
