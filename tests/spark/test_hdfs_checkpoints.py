@@ -77,7 +77,10 @@ def test_a_processor_killed_on_hdfs_checkpoints_resumes_from_them_exactly(world,
         " print(remove_generation_checkpoints(sys.argv[1], 'order_state', int(sys.argv[2])))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", gc, root, str(live)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", gc, prefixed, str(live)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.stdout.strip() == "1", done.stderr
     assert not has_batches(checkpoint)
