@@ -299,6 +299,13 @@ def _one_size(
     return out, all(v.ok for v in checks)
 
 
+def _write(results: list[dict[str, Any]]) -> None:
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(
+        json.dumps({"cores": os.cpu_count(), "sizes": results, "ratios": ratios(results)}, indent=2)
+    )
+
+
 def _sizes(text: str) -> list[int]:
     sizes = sorted({int(part.replace("_", "")) for part in text.split(",") if part.strip()})
     if not sizes or sizes[0] <= 0:
@@ -355,11 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                 figures, ok = _one_size(stack, work, events, args)
                 results.append(figures)
                 passed = passed and ok
+                _write(results)  # after each size: a long run's first sizes are kept
     print("\n" + table(results))
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(
-        json.dumps({"cores": os.cpu_count(), "sizes": results, "ratios": ratios(results)}, indent=2)
-    )
     print(f"\nresults written to {RESULTS}")
     if not passed:
         print("FAILED: a final state differs from the oracle (see the table's checks)")
