@@ -56,3 +56,22 @@ def test_the_table_has_a_column_per_size_then_the_ratios_and_skips_figures_no_si
     check = next(line for line in lines if line.startswith("order_state = oracle"))
     assert check.split()[-2:] == ["ok", "ok"]  # no ratio for a check
     assert not any(line.startswith("Kafka Streams") for line in lines)
+
+
+def test_a_bucket_is_expirable_once_the_watermark_reached_its_last_end_plus_the_retention():
+    from bench.scale import _expirable
+    from refold.processors.fold.oracle import WindowOracle
+
+    day = 24 * 3_600_000  # sales_windows' retention
+    counts = {"count": 1}
+    oracle = WindowOracle(
+        buckets={
+            ("per_minute", 0, "EUR"): counts,  # last end 60 s
+            ("five_minutes_hopping", 0, "EUR"): counts,  # last end 5 min
+            ("five_minutes_sliding", 0, "USD"): counts,  # 10 s steps, last end 5 min
+            ("per_minute", 60_000, "EUR"): counts,  # last end 2 min
+        }
+    )
+    assert _expirable(oracle, 60_000 + day) == {("per_minute", 0, "EUR")}
+    assert _expirable(oracle, 60_000 + day - 1) == set()
+    assert _expirable(oracle, 300_000 + day) == set(oracle.buckets)
