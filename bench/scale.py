@@ -6,8 +6,9 @@ the next: :func:`bench.backlog.produce_order_steps`). At each size, on the whole
 1. **oracle**: the log read back and folded the plain way (order_state's states,
    sales_windows' buckets), to check every run below against;
 2. **order_state** (the entity fold) catching up in a fresh generation (``--available-now``,
-   as ``make bench``): events/s in steady state (after batch 0) and including start-up, peak
-   RSS of the driver, the JVM and the Python workers (:mod:`bench.catch_up`), Redis
+   as ``make bench``): events/s in steady state (after batch 0) and including start-up,
+   CPU-seconds per million events (less sensitive to a shared machine's load than events/s),
+   peak RSS of the driver, the JVM and the Python workers (:mod:`bench.catch_up`), Redis
    ``used_memory`` and bytes per entity two ways: the ``used_memory`` delta of the run over the
    entities (everything the generation keeps: states, positions, metadata) and ``MEMORY
    USAGE`` of a sample of state keys (the state alone);
@@ -15,7 +16,8 @@ the next: :func:`bench.backlog.produce_order_steps`). At each size, on the whole
    (``w:``), each with a HyperLogLog beside it (``wd:``). Buckets expire a day of event time
    after their window (the spec's retention), so they do not grow with the log as entities do;
 4. **Kafka Streams** (``bench/peers``' peer, RocksDB, exactly_once_v2) folding order_state's
-   states in an application of its own: events/s, peak RSS and its state store's size on disk
+   states in an application of its own: events/s, CPU-seconds per million events, peak RSS
+   and its state store's size on disk
    (the RocksDB files, after it closed) per entity. It has no window peer, so the windows have
    refold's side only.
 
@@ -45,7 +47,7 @@ from bench.peers.engines import ENGINES, Job
 from bench.peers.measure import measure
 from bench.peers.oracle import Verdict, compare, redis_states
 from bench.scale_report import per_entity, ratios, table
-from bench.windows import catch_up_alone, memory_per_key
+from bench.windows import catch_up_run, memory_per_key
 from refold.contracts.codec import EventCodec
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
@@ -153,13 +155,15 @@ def _spark_run(
     """One processor catching up alone; its figures and the Redis memory it added."""
     client = redis_client(stack.redis_url)
     before, keys_before = _used_memory(client), int(client.dbsize())
-    run, rss = catch_up_alone(stack, state, prefix, name, options, events)
+    whole = catch_up_run(stack, state, prefix, name, options, events)
+    run = whole.processors[name]
     used = _used_memory(client) - before
     return {
         f"{name}_rate_steady": run.rate_steady or None,
         f"{name}_rate_wall": run.events / run.done_s,
         f"{name}_batch0_s": run.batch0_s,
-        f"{name}_peak_rss_mb": rss,
+        f"{name}_peak_rss_mb": whole.peak_rss_mb,
+        f"{name}_cpu_s_per_million": whole.cpu_s / events * 1e6,
         f"{name}_used_memory_mb": used / _MB,
         f"{name}_used_memory_bytes": used,
         f"{name}_keys": int(client.dbsize()) - keys_before,
@@ -278,6 +282,7 @@ def _kafka_streams(
         "kafka_streams_rate_steady": measured.rate_steady,
         "kafka_streams_rate_wall": measured.rate_wall,
         "kafka_streams_peak_rss_mb": measured.peak_rss_mb,
+        "kafka_streams_cpu_s_per_million": measured.cpu_s / events * 1e6,
         "kafka_streams_disk_mb": disk / _MB,
         "kafka_streams_disk_bytes": disk,
         "kafka_streams_disk_bytes_per_entity": per_entity(disk, len(expected)),
