@@ -19,8 +19,10 @@ Parts run alone, each on a private stack of its own: ``python -m bench archive``
 ``serving`` (the HTTP services: single-key reads against Redis, batched ingest against the SDK;
 ``bench/serving.py``), ``cluster`` (the entity fold on a local Redis Cluster against one
 redis-server, and failover; ``bench/redis_cluster.py``), ``realtime`` (Spark's real-time
-mode against micro-batches) and ``peers`` (refold side by side with Quix Streams, Bytewax,
-Kafka Streams and Flink on one backlog; ``bench/peers/``, ``make bench-peers``).
+mode against micro-batches), ``peers`` (refold side by side with Quix Streams, Bytewax,
+Kafka Streams and Flink on one backlog; ``bench/peers/``, ``make bench-peers``) and ``scale``
+(the scale curve: order_state, sales_windows and the Kafka Streams peer at 1M, 4M and 10M
+events: events/s, peak memory, bytes per entity in Redis and on disk; ``bench/scale.py``).
 Prints a table and writes ``bench/results/latest.json``.
 """
 
@@ -538,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.peers.run import main as peers_main
 
         return peers_main(given[1:])
+    if given[:1] == ["scale"]:  # the scale curve: 1M, 4M and 10M events
+        from bench.scale import main as scale_main
+
+        return scale_main(given[1:])
     if given[:1] == ["serving"]:  # the HTTP services: reads and ingest against Redis and the SDK
         from bench.serving import main as serving_main
 

@@ -8,7 +8,7 @@ the same records.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from confluent_kafka import Producer
 
@@ -28,6 +28,7 @@ __all__ = [
     "SEARCHES_TOPIC",
     "TOPICS",
     "produce_clickstream",
+    "produce_order_steps",
     "produce_orders",
 ]
 
@@ -112,6 +113,27 @@ def produce_orders(bootstrap: str, events: int) -> int:
     routes = dict.fromkeys(ORDERS_TOPIC.event_types, ORDERS_TOPIC)
     records = itertools.islice(_encoded(_orders(events), routes), events)
     return _send(bootstrap, records, events, "orders")
+
+
+def produce_order_steps(bootstrap: str, sizes: Sequence[int]) -> Iterator[int]:
+    """Produce one stream of order events to :data:`ORDERS_TOPIC` in steps, up to each size.
+
+    The stream is the one :func:`produce_orders` produces for the largest of ``sizes``; each
+    step appends its next records, so the topic holds the stream's first ``size`` events after
+    the step (an order may span two steps, as it would span two hours of a shop's log).
+
+    Yields:
+        The events in the topic after each step, smallest size first (the generator produces
+        the next step only when asked for it).
+    """
+    ordered = sorted(set(sizes))
+    routes = dict.fromkeys(ORDERS_TOPIC.event_types, ORDERS_TOPIC)
+    records = _encoded(_orders(ordered[-1]), routes)
+    done = 0
+    for size in ordered:
+        step = itertools.islice(records, size - done)
+        done += _send(bootstrap, step, size - done, f"orders to {size:,}")
+        yield done
 
 
 def produce_clickstream(bootstrap: str, web_events: int, order_events: int) -> int:

@@ -42,7 +42,7 @@ import redis
 from pydantic import BaseModel
 
 from bench.backlog import ORDERS_TOPIC, PAGEVIEWS_TOPIC, TOPICS, produce_clickstream, produce_orders
-from bench.catch_up import ProcessorCatchUp, Run, Watched, run_catch_up
+from bench.catch_up import CatchUp, ProcessorCatchUp, Run, Watched, run_catch_up
 from bench.envelope_only import envelope_only, envelope_rows
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
@@ -56,7 +56,15 @@ from refold.deploy.local_stack import LocalStack, free_port
 from refold.processors.fold.windows import windows_topic
 from refold.processors.order_state.config import OrderStateOptions
 
-__all__ = ["RESULTS", "main", "measure_windows", "memory_per_key", "window_rows"]
+__all__ = [
+    "RESULTS",
+    "catch_up_alone",
+    "catch_up_run",
+    "main",
+    "measure_windows",
+    "memory_per_key",
+    "window_rows",
+]
 
 RESULTS = Path(__file__).parent / "results" / "windows.json"
 SOURCE_FORMAT = os.environ.get("REFOLD_SOURCE_FORMAT", "")
@@ -78,6 +86,19 @@ def catch_up_alone(
     total: int,
 ) -> tuple[ProcessorCatchUp, float]:
     """One processor catching up alone (``--available-now``); its figures and peak RSS (MB)."""
+    result = catch_up_run(stack, state, prefix, name, options, total)
+    return result.processors[name], result.peak_rss_mb
+
+
+def catch_up_run(
+    stack: LocalStack,
+    state: Path,
+    prefix: str,
+    name: str,
+    options: BaseModel,
+    total: int,
+) -> CatchUp:
+    """:func:`catch_up_alone`'s whole measurement (CPU time and Pss too)."""
     launcher = ProcessLauncher(
         KafkaSettings(bootstrap_servers=stack.bootstrap_servers),
         RedisSettings(url=stack.redis_url, key_prefix=prefix),
@@ -94,8 +115,7 @@ def catch_up_alone(
         ),
         (Watched(name, GenerationRegistry.of(client, name, prefix), total),),
     )
-    result = run_catch_up([run], f"{name} catch-up")
-    return result.processors[name], result.peak_rss_mb
+    return run_catch_up([run], f"{name} catch-up")
 
 
 def order_state_baseline(

@@ -53,6 +53,8 @@ class Job:
     events: int
     work: Path
     expected: dict[str, State] = field(default_factory=dict)
+    run: str = ""  # suffix of the consumer groups: a run of its own on a log already folded
+    java_heap: str = "1g"  # the JVM peers' -Xmx
 
     @property
     def partition_ends(self) -> dict[int, int]:
@@ -65,7 +67,7 @@ class Job:
         return [
             "--bootstrap", self.bootstrap, "--topic", self.topic, "--ends", ends,
             "--progress", str(self.work / name / f"progress-{index}.json"),
-            "--work-dir", str(self.work / name), "--group", f"peers-{name}",
+            "--work-dir", str(self.work / name), "--group", f"peers-{name}{self.run}",
             "--process-id", str(index),
         ]  # fmt: skip
 
@@ -120,7 +122,16 @@ class Engine:
                     check=True,
                 )
             java = shutil.which("java") or "java"
-            return [java, "-Xmx1g", *_JVM_FLAGS, "-cp", classpath, self.java, "--schemas", _SCHEMAS]
+            return [
+                java,
+                f"-Xmx{job.java_heap}",
+                *_JVM_FLAGS,
+                "-cp",
+                classpath,
+                self.java,
+                "--schemas",
+                _SCHEMAS,
+            ]
         baseline = self.module == _BASELINE
         return [sys.executable if baseline else _peers_python(), "-m", self.module]
 
