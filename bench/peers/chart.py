@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     axes.set_title(
         f"{results['events']:,} order events, 8 partitions, refold's Avro, "
         f"order_state's fold;\n{results['cores']} cores, load average "
-        f"{results['load_before'][0]:.0f} at the start (other work on the machine)"
+        f"{results['load_before'][0]:.1f} at the start"
     )
-    axes.legend(loc="lower right")
+    axes.legend(loc="upper right")  # beside the short bars of the first rows
     figure.tight_layout()
     figure.savefig(target, dpi=110)
     print(f"chart written to {target}")
