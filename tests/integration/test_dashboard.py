@@ -29,7 +29,7 @@ from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from tests.support.served import served as serve_app
-from tests.support.waiting import assert_eventually
+from tests.support.waiting import answer_within_budget, assert_eventually
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -92,10 +92,13 @@ class Served:
     client: redis.Redis
     key_prefix: str
 
-    def api(self, key: str, path: str) -> Any:
-        response = httpx.get(
+    def get(self, key: str, path: str) -> httpx.Response:
+        return httpx.get(
             f"{self.base_url}{path}", headers={"Authorization": f"Bearer {key}"}, timeout=30
         )
+
+    def api(self, key: str, path: str) -> Any:
+        response = self.get(key, path)
         response.raise_for_status()
         return response.json()
 
@@ -283,7 +286,7 @@ def _assert_matches_api(page: dict[str, Any], served: Served, key: str) -> None:
         assert sorted((g["generation"], g["status"]) for g in card["generations"]) == sorted(
             (g["generation"], g["status"]) for g in proc["generations"]
         )
-    lag = served.api(key, f"/v1/processors/{PROCESSOR}/lag")
+    lag = answer_within_budget(lambda: served.get(key, f"/v1/processors/{PROCESSOR}/lag"))
     card = _card(page, PROCESSOR)
     assert _number(card["lagRecords"]) == lag["lag_records"]
     shown = {(p["topic"], p["partition"]): p for p in card["partitions"]}

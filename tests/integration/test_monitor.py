@@ -14,7 +14,7 @@ from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from refold.services.api.app import create_app
 from refold.services.api.config import HttpSettings, ServeSettings
-from tests.support.waiting import assert_eventually
+from tests.support.waiting import answer_within_budget, assert_eventually
 
 # Records produced per partition, and how old their timestamps are.
 _COUNTS = {0: 5, 1: 3}
@@ -90,17 +90,7 @@ def _samples(text: str) -> dict[str, dict[tuple, float]]:
 
 
 def _lag(api, world) -> dict:
-    """The lag answer. A first probe of a loaded broker may miss the route's 2 s budget: that
-    503 is the route's to give (tested below, with the broker frozen), so it is asked again."""
-
-    def answered() -> dict | None:
-        response = api.get(f"/v1/processors/{world.name}/lag")
-        if response.status_code == 503:
-            return None
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    return assert_eventually(answered, timeout=20, interval=0.5, message="lag kept answering 503")
+    return answer_within_budget(lambda: api.get(f"/v1/processors/{world.name}/lag"))
 
 
 def test_lag_in_records_and_seconds_is_what_waits_in_the_log(world, api):

@@ -18,7 +18,7 @@ from refold.deploy.demo_serving import start_service
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.services.auth import ApiKeyStore
 from refold.services.client import NotFoundError, RefoldClient
-from tests.support.waiting import assert_eventually
+from tests.support.waiting import answer_within_budget, assert_eventually
 
 from .conftest import oracle
 
@@ -65,7 +65,7 @@ def test_an_event_written_over_http_is_read_back_with_its_token(world) -> None:
 
         headers = {"Authorization": f"Bearer {service.query_key}"}
         with httpx.Client(base_url=service.url, headers=headers, timeout=30) as http:
-            lag = http.get("/v1/processors/order_state/lag").json()
+            lag = answer_within_budget(lambda: http.get("/v1/processors/order_state/lag"))
             assert lag["lag_records"] == 0
             assert http.get("/health").status_code == 200
             metrics = {

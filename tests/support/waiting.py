@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["assert_eventually"]
+__all__ = ["answer_within_budget", "assert_eventually"]
 
 T = TypeVar("T")
 
@@ -47,3 +47,28 @@ def assert_eventually(
             msg = f"not within {timeout:.0f}s: {text}"
             raise AssertionError(msg) from last_error
         time.sleep(interval)
+
+
+class _Response(Protocol):
+    status_code: int
+    text: str
+
+    def json(self) -> Any: ...
+
+
+def answer_within_budget(get: Callable[[], _Response], timeout: float = 30) -> Any:
+    """The JSON of a route that answers 503 when the broker misses its budget, asked again.
+
+    The lag routes give the broker 2 s; a first probe of a loaded broker (a new client's
+    metadata, a topic's leaders) may miss it, and that 503 is the route's to give (test_monitor
+    tests it with the broker frozen). Any other status than 200 or 503 fails at once.
+    """
+
+    def answered() -> Any:
+        response = get()
+        if response.status_code == 503:
+            return None
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    return assert_eventually(answered, timeout=timeout, interval=0.5, message="kept answering 503")
