@@ -100,11 +100,15 @@ class GenerationPositions:
         """The positions and the last batch id, in one round trip.
 
         Re-keyed (``slots``): the batch id every writer slot has applied (``None`` until each
-        has one), read in one transaction with the positions.
+        has one), read in one transaction with the positions; ``via`` is refused there.
         """
         reader = self.client if via is None else via
         if not self.slots:
             return self.parse(cast("dict[bytes, bytes]", reader.hgetall(self.key)))
+        if via is not None:
+            # Its slots are read in a transaction of its own; a caller's WATCH would not cover it.
+            msg = "a re-keyed generation's positions are read in their own transaction, not via"
+            raise ValueError(msg)
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(self.key)
             for key in self.slot_keys():

@@ -68,3 +68,10 @@ def test_reads_and_starts_queue_in_the_callers_pipeline():
         ("HSETNX", KEYS.slot_positions(0), "t/0", "8"),
         ("HSETNX", KEYS.slot_positions(1), "t/0", "8"),
     ]
+
+
+def test_a_re_keyed_read_refuses_a_caller_s_pipeline():
+    """Its slots are read in a transaction of its own, which a caller's WATCH would not cover."""
+    owner = GenerationPositions(redis.Redis(), KEYS, slots=2)  # never connects: refused first
+    with pytest.raises(ValueError, match="own transaction"):
+        owner.read(via=redis.Redis().pipeline())
