@@ -40,6 +40,7 @@ __all__ = [
     "CHECKPOINT_EPOCH_FIELD",
     "CODE_REFUSED_FIELD",
     "RESET_PENDING_FIELD",
+    "SHARDS_FIELD",
     "SLOTS_FIELD",
     "GenerationInfo",
     "GenerationRegistry",
@@ -64,6 +65,9 @@ CHECKPOINT_EPOCH_FIELD = "checkpoint_epoch"
 RESET_PENDING_FIELD = "reset_in_place_pending"
 # Meta field: the writer slots of a re-keyed generation, fixed when it is created.
 SLOTS_FIELD = "slots"
+# Meta field: the shards of a generation sharded by partition id (its topics' partition count),
+# fixed when it is created; absent: one hash tag (``GenerationKeys.shards``).
+SHARDS_FIELD = "shards"
 # Meta field of a generation that a running processor refused to fold because it runs other
 # code than the generation was built by (after a cutover): JSON {"code_fingerprint", "host",
 # "pid", "at" (epoch ms), "from_generation"}. Cleared when a process with its code takes it.
@@ -176,6 +180,8 @@ class GenerationRegistry:
         self.client = client
         self.layout = layout
         self._adopted = False  # checked on first use, not here: building one calls no Redis
+        # Each generation's shard count, read from its meta once it exists (it never changes).
+        self._shards: dict[int, int] = {}
 
     def _adopt_legacy_registry(self) -> None:
         """Rename a registry written before it had its hash tag (one EXISTS, once per registry).
@@ -205,8 +211,15 @@ class GenerationRegistry:
         return cls(client, StateLayout(processor, key_prefix))
 
     def keys(self, generation: int) -> GenerationKeys:
-        """Key names of one generation."""
-        return self.layout.generation(generation)
+        """Key names of one generation, sharded as it was created (read once per registry)."""
+        shards = self._shards.get(generation)
+        if shards is None:
+            meta = self.layout.generation(generation).meta
+            raw = cast("list[bytes | None]", self.client.hmget(meta, [SHARDS_FIELD, "created_at"]))
+            shards = int(raw[0] or 0)
+            if raw[1] is not None:  # it exists: what it says is final
+                self._shards[generation] = shards
+        return self.layout.generation(generation, shards)
 
     def live(self) -> int | None:
         """The generation readers see, or ``None`` before the first one exists."""
@@ -237,7 +250,7 @@ class GenerationRegistry:
         fields = [f"{generation}:{name}" for name in _FLIP_FIELDS]
         # One round trip; not a transaction, which a cluster refuses across the two slots.
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self.keys(generation).meta)
+            pipe.hgetall(self.layout.generation(generation).meta)
             pipe.hmget(self.layout.flips, fields)
             raw, flipped = cast("tuple[dict[bytes, bytes], list[bytes | None]]", pipe.execute())
         meta = {_decode(k): _decode(v) for k, v in raw.items()}
@@ -252,7 +265,7 @@ class GenerationRegistry:
         """Set metadata fields of one generation."""
         if fields:
             mapping: dict[FieldT, EncodableT] = dict(fields.items())
-            self.client.hset(self.keys(generation).meta, mapping=mapping)
+            self.client.hset(self.layout.generation(generation).meta, mapping=mapping)
 
     def status(self, generation: int) -> GenerationStatus | None:
         """Status of one generation, ``None`` if it does not exist."""
@@ -286,7 +299,7 @@ class GenerationRegistry:
                 for k, v in meta.items()
             },
         }
-        self.client.hset(self.keys(generation).meta, mapping=fields)
+        self.client.hset(self.layout.generation(generation).meta, mapping=fields)
         if live:
             self.client.set(self.layout.alias, str(generation))
         return generation
@@ -429,11 +442,11 @@ class GenerationRegistry:
 
     def lease_owner(self, generation: int) -> str | None:
         """Who holds ``generation``'s processing lease (``host:pid:nonce``), if anyone."""
-        return lease_holder(self.client, self.keys(generation).lease)
+        return lease_holder(self.client, self.layout.generation(generation).lease)
 
     def builder(self, generation: int) -> str | None:
         """Who holds ``generation``'s builder lease (the ``replay`` building it), if anyone."""
-        return lease_holder(self.client, self.keys(generation).builder)
+        return lease_holder(self.client, self.layout.generation(generation).builder)
 
     def runner(self, generation: int, status: str, meta: Mapping[str, str]) -> str:
         """Who folds ``generation`` (:func:`describe_runner`)."""
@@ -451,8 +464,8 @@ class GenerationRegistry:
 
     def claim_lease(self, generation: int, owner: str, ttl_ms: int) -> bool:
         """Take the lease if it is free (SET NX PX)."""
-        return claim_lease(self.client, self.keys(generation).lease, owner, ttl_ms)
+        return claim_lease(self.client, self.layout.generation(generation).lease, owner, ttl_ms)
 
     def release_lease(self, generation: int, owner: str) -> None:
         """Drop our lease (no-op when it is not ours)."""
-        release_lease(self.client, self.keys(generation).lease, owner)
+        release_lease(self.client, self.layout.generation(generation).lease, owner)

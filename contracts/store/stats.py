@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, cast
 import redis
 
 from refold.contracts.layout import StateLayout
+from refold.contracts.store.generations import GenerationRegistry
 
 if TYPE_CHECKING:
     from redis.client import Pipeline
@@ -240,6 +241,7 @@ class ProcessorStats:
         self.client = client
         self.layout = layout
         self._script = client.register_script(_RECORD)
+        self._registry = GenerationRegistry(client, layout)  # knows each generation's shards
 
     def record_batch(
         self,
@@ -281,22 +283,36 @@ class ProcessorStats:
         keys = [self.layout.generation(generation).stats]
         return int(cast("int", self._script(keys=keys, args=args))) == 1
 
+    def _hashes(self, generation: int) -> list[str]:
+        """The generation's stats hash, then each shard's.
+
+        Sharded, the transactions count in their shards' hashes (their own slots); the
+        driver's batch fields stay in the generation's.
+        """
+        keys = self._registry.keys(generation)
+        return [keys.stats, *(k.stats for k in keys.each_shard() if k.shard is not None)]
+
     def read(self, generation: int) -> BatchStats:
         """One generation's stats (all zero when it has none)."""
-        raw = cast(
-            "dict[bytes, bytes]", self.client.hgetall(self.layout.generation(generation).stats)
-        )
-        return parse_stats(raw)
+        return self.read_many([generation])[generation]
 
     def read_many(self, generations: Iterable[int]) -> dict[int, BatchStats]:
-        """Several generations' stats in one round trip."""
-        wanted = list(generations)
+        """Several generations' stats in one round trip (their shards' counts added up)."""
+        wanted = [(g, self._hashes(g)) for g in generations]
         with self.client.pipeline(transaction=False) as pipe:
-            for generation in wanted:
-                pipe.hgetall(self.layout.generation(generation).stats)
-            raws = cast("list[dict[bytes, bytes]]", pipe.execute())
-        return {g: parse_stats(raw) for g, raw in zip(wanted, raws, strict=True)}
+            for _generation, hashes in wanted:
+                for key in hashes:
+                    pipe.hgetall(key)
+            raws = iter(cast("list[dict[bytes, bytes]]", pipe.execute()))
+        found = {}
+        for generation, hashes in wanted:
+            raw = dict(next(raws))
+            for shard_raw in (next(raws) for _ in hashes[1:]):
+                for name, value in shard_raw.items():  # counters only: they add up
+                    raw[name] = str(int(raw.get(name, 0)) + int(value)).encode()
+            found[generation] = parse_stats(raw)
+        return found
 
     def reset(self, generation: int) -> None:
         """Forget a generation's stats (its batch ids start again, e.g. an in-place reset)."""
-        self.client.unlink(self.layout.generation(generation).stats)
+        self.client.unlink(*self._hashes(generation))

@@ -32,7 +32,13 @@ from confluent_kafka import Producer
 from redis.client import Pipeline
 
 from refold.contracts.kafka.outputs import Deliveries
-from refold.contracts.layout import StateLayout, parse_position_field, position_field
+from refold.contracts.layout import (
+    GenerationKeys,
+    StateLayout,
+    parse_position_field,
+    position_field,
+)
+from refold.contracts.store.generations import SHARDS_FIELD
 from refold.contracts.store.positions import GenerationPositions
 from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
 from refold.processors.runtime.fold_target import FoldTarget
@@ -114,7 +120,32 @@ def building_against(
     if live is None or live == generation:
         return None, {}
     fields = sorted({position_field(topic, partition) for topic, partition in partitions})
-    return live, GenerationPositions(client, layout.generation(live)).read_fields(fields)
+    return live, GenerationPositions(client, _keys(client, layout, live)).read_fields(fields)
+
+
+def _live_letters(
+    client: redis.Redis | Pipeline,
+    keys: GenerationKeys,
+    letters: Sequence[DeadLetter],
+    fields: Sequence[str],
+) -> list[bytes | None]:
+    """The live generation's entries of ``fields``: one HMGET, or one per shard it is in."""
+    by_shard: dict[int, list[int]] = {}
+    for i, letter in enumerate(letters):
+        by_shard.setdefault(letter.record[1] if keys.shards else 0, []).append(i)
+    found: list[bytes | None] = [None] * len(fields)
+    for shard, indices in by_shard.items():
+        names = [fields[i] for i in indices]
+        raw = cast("list[bytes | None]", client.hmget(keys.for_shard(shard).dead_letters, names))
+        for i, value in zip(indices, raw, strict=True):
+            found[i] = value
+    return found
+
+
+def _keys(client: redis.Redis | Pipeline, layout: StateLayout, generation: int) -> GenerationKeys:
+    """A generation's keys, sharded as it was created (its meta says)."""
+    raw = client.hget(layout.generation(generation).meta, SHARDS_FIELD)
+    return layout.generation(generation, int(cast("bytes | None", raw) or 0))
 
 
 @dataclass(slots=True)
@@ -153,9 +184,7 @@ def decide_letters(
     send = list(range(len(letters)))
     live = building_against(client, layout, generation, {letter.record[:2] for letter in letters})
     if live is not None and live[0] is not None:
-        raw = cast(
-            "list[bytes | None]", client.hmget(layout.generation(live[0]).dead_letters, fields)
-        )
+        raw = _live_letters(client, _keys(client, layout, live[0]), letters, fields)
         reasons = [None if r is None else r.decode() for r in raw]
         send = letters_to_send(letters, fields, live[1], reasons)
     entries = {f: letter.reason for f, letter in zip(fields, letters, strict=True)}

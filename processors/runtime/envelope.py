@@ -27,6 +27,7 @@ producer lazily, in the process that calls :meth:`apply` (a Spark executor's Pyt
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -75,6 +76,7 @@ from refold.processors.runtime.lateness import (
     write_clocks,
 )
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
+from refold.processors.runtime.shards import split_by_shard
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]  # the first two re-exported
 
@@ -170,13 +172,21 @@ class FoldWriter:
         # The fold's kind of state (entities, windows, lookups...) stages each transaction's
         # changes (refold.processors.runtime.kinds). Only entities are keyed: the records of
         # the other kinds go to no entity.
-        _kind_name, make_kind = kind_of(projection)
+        kind_name, make_kind = kind_of(projection)
         self._kind: BatchKind = make_kind(self)
         keyless = not self._kind.keyed
         if target.slots and self._timers:
             msg = f"{target.processor}: timers need the partition key as its key (no re-keying)"
             raise ValueError(msg)
+        if target.shards and (target.slots or kind_name != "entity"):
+            # Windows, lookups and added kinds keep aggregates several partitions add to, and
+            # re-keyed slots share links: neither is split by partition id yet.
+            msg = f"{target.processor}: only a co-partitioned entity fold is sharded"
+            raise ValueError(msg)
         self._intake = Intake(target, projection, self.codec, slot, keyed=not keyless)
+        # A sharded generation: one writer per shard (partition id), sharing this one's Redis
+        # client and Kafka transactions, so that each transaction stays in its shard's slot.
+        self._shard_writers: dict[int, FoldWriter] = {}
 
     @property
     def redis(self) -> redis.Redis:
@@ -207,6 +217,35 @@ class FoldWriter:
         records it reads; everything before them is in Redis (:meth:`Intake.begin_task`).
         """
         self._intake.begin_task()
+        for writer in self._shard_writers.values():
+            writer.begin_task()
+
+    @property
+    def _sharded(self) -> bool:
+        return bool(self.target.shards) and self.target.shard is None
+
+    def _shard_writer(self, shard: int) -> FoldWriter:
+        """The writer of one shard of a sharded generation (made on first use)."""
+        writer = self._shard_writers.get(shard)
+        if writer is None:
+            target = dataclasses.replace(self.target, shard=shard)
+            writer = FoldWriter(target, self.projection, self.codec)
+            writer._redis = self.redis
+            writer._outputs = self.outputs
+            self._shard_writers[shard] = writer
+        return writer
+
+    def _apply_sharded(
+        self,
+        records: Sequence[SourceRecord],
+        batch_id: int | None,
+        covered: Mapping[str, tuple[int, int]],
+    ) -> BatchOutcome:
+        """Apply each partition id's records in its shard's own transaction."""
+        outcome = BatchOutcome()
+        for shard, part, ranges in split_by_shard(records, covered):
+            outcome.merge(self._shard_writer(shard).apply(part, batch_id, ranges))
+        return outcome
 
     def connect(self) -> None:
         """Connect to Redis now rather than at first use (overlapping the task's read)."""
@@ -243,6 +282,8 @@ class FoldWriter:
             DeadLetterError: The dead-letter topic did not acknowledge a record.
             StateStoreUnavailableError: Redis stayed unreachable for too long.
         """
+        if self._sharded:
+            return self._apply_sharded(records, batch_id, covered or {})
         outcome = BatchOutcome()
         outage: RedisOutage | None = None
         while True:

@@ -83,6 +83,11 @@ class FoldTarget:
         stream_topics: Its topics that carry markers (another processor's output streams):
             lateness there is judged per upstream stream
             (:class:`~refold.processors.fold.stream_clocks.StreamClocks`).
+        shards: 0, or the partition count of a generation sharded by partition id on a
+            Redis Cluster (``GenerationKeys.shards``): each partition id's transactions write
+            under its own hash tag.
+        shard: The shard (partition id) a writer of a sharded generation writes; ``None``:
+            the whole generation (:attr:`keys` then name its own keys).
     """
 
     processor: str
@@ -105,6 +110,8 @@ class FoldTarget:
     marked: tuple[tuple[str, str], ...] = ()
     streams: int = 0
     stream_topics: tuple[str, ...] = ()
+    shards: int = 0
+    shard: int | None = None
 
     @property
     def late_topic(self) -> str:
@@ -120,7 +127,8 @@ class FoldTarget:
     @property
     def keys(self) -> GenerationKeys:
         """The generation's Redis keys."""
-        return self.layout.generation(self.generation)
+        keys = self.layout.generation(self.generation, self.shards)
+        return keys if self.shard is None else keys.for_shard(self.shard)
 
     def positions(self, client: redis.Redis) -> GenerationPositions:
         """The generation's applied positions, read and written through ``client``."""

@@ -132,21 +132,24 @@ class Monitor:
         """Every generation of a processor, oldest first, with positions and lease."""
         registry = GenerationRegistry.of(self.client, info.name, self.prefix)
         listed = registry.list()
+        counts = []
         with self.client.pipeline(transaction=False) as pipe:
             for gen in listed:
-                registry.positions_of(gen.generation).queue(pipe)
                 pipe.get(registry.keys(gen.generation).lease)
+                counts.append(registry.positions_of(gen.generation).queue(pipe))
             answers = pipe.execute()
         views = []
-        for i, gen in enumerate(listed):
-            owner = cast("bytes | None", answers[2 * i + 1])
+        at = 0
+        for gen, count in zip(listed, counts, strict=True):
+            owner = cast("bytes | None", answers[at])
+            replies, at = answers[at + 1 : at + 1 + count], at + 1 + count
             views.append(
                 GenerationView(
                     info.name,
                     gen.generation,
                     gen.status,
                     gen.meta,
-                    GenerationPositions.parse(answers[2 * i]).positions,
+                    GenerationPositions.parse_replies(replies).positions,
                     owner is not None,
                     None if owner is None else owner.decode(errors="replace"),
                 )

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import redis
 
+from refold.contracts.kafka.partitioner import key_partition
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys
 from refold.contracts.store.connect import is_cluster, redis_client
 from refold.contracts.store.generations import GenerationRegistry
@@ -158,47 +159,87 @@ class StateReader:
                 ]
             self._live = live  # flipped since the last read: read that one
         gen = self.live_generation() if generation is None else generation
-        with self.client.pipeline(transaction=True) as pipe:
-            for name, names in plan(self.registry.keys(gen)):
+        gen_keys = self.registry.keys(gen)
+        # A sharded generation's reads span its shards' slots, which no cluster transaction
+        # spans: each shard's reads are a snapshot of that shard (its positions with its state).
+        atomic = not (gen_keys.shards and is_cluster(self.client))
+        with self.client.pipeline(transaction=atomic) as pipe:
+            for name, names in plan(gen_keys):
                 pipe.execute_command(name, *names)  # type: ignore[no-untyped-call]
             return gen, pipe.execute()
 
     def get(self, table: str, key: str, generation: int | None = None) -> StateView:
-        """One entity's state and the positions it reflects (read in one transaction)."""
-        gen, (raw, raw_positions) = self._read(
-            generation,
-            lambda keys: [("GET", [keys.table(table, key)]), self._positions_read(keys)],
-        )
+        """One entity's state and the positions it reflects (read in one transaction).
+
+        Of a sharded generation, the positions of the entity's shard: its partition id's, on
+        which every event of the entity is (``GenerationKeys.shards``).
+        """
+
+        def plan(gen_keys: GenerationKeys) -> list[_Command]:
+            shard = self._shard_of(gen_keys, key)
+            return [("GET", [shard.table(table, key)]), *self._positions_reads(shard)]
+
+        gen, (raw, *raw_positions) = self._read(generation, plan)
         value = None if raw is None else json.loads(raw)
         return StateView(gen, value, self._positions(raw_positions))
 
     def get_many(self, table: str, keys: Sequence[str], generation: int | None = None) -> StateView:
         """Several entities from the same generation: ``value`` maps key -> state or None."""
+        groups: list[list[str]] = []  # the keys of each MGET, in order
 
         def plan(gen_keys: GenerationKeys) -> list[_Command]:
-            values: list[_Command] = [("MGET", [gen_keys.table(table, k) for k in keys])]
-            return [*(values if keys else []), self._positions_read(gen_keys)]
+            by_shard: dict[GenerationKeys, list[str]] = {}
+            for k in keys:
+                by_shard.setdefault(self._shard_of(gen_keys, k), []).append(k)
+            groups[:] = list(by_shard.values())
+            reads = [
+                ("MGET", [at.table(table, k) for k in names]) for at, names in by_shard.items()
+            ]
+            shards = list(by_shard) or [gen_keys]
+            return [*reads, *(r for at in shards for r in self._positions_reads(at))]
 
-        gen, (*found, raw_positions) = self._read(generation, plan)
-        raws = cast("list[bytes | None]", found[0] if keys else [])
-        values = {k: None if r is None else json.loads(r) for k, r in zip(keys, raws, strict=True)}
-        return StateView(gen, values, self._positions(raw_positions))
+        gen, replies = self._read(generation, plan)
+        values: dict[str, Any] = {}
+        for names, raws in zip(groups, replies[: len(groups)], strict=True):
+            for k, r in zip(names, cast("list[bytes | None]", raws), strict=True):
+                values[k] = None if r is None else json.loads(r)
+        found = {k: values[k] for k in keys}
+        return StateView(gen, found, self._positions(replies[len(groups) :]))
 
     def aggregate(self, name: str, generation: int | None = None) -> StateView:
-        """An aggregate's counters as ``{name: int}``; counters at zero are left out."""
-        gen, (raw, raw_positions) = self._read(
-            generation,
-            lambda keys: [("HGETALL", [keys.aggregate(name)]), self._positions_read(keys)],
-        )
-        counters = {k.decode(): int(v) for k, v in raw.items() if int(v) != 0}
-        return StateView(gen, counters, self._positions(raw_positions))
+        """An aggregate's counters as ``{name: int}``; counters at zero are left out.
 
-    def _positions_read(self, keys: GenerationKeys) -> _Command:
-        """The read of a generation's positions, beside its state (parsed by _positions)."""
-        return ("HGETALL", [GenerationPositions(self.client, keys).key])
+        A sharded generation's counters are kept per shard and added up here.
+        """
 
-    def _positions(self, raw: dict[bytes, bytes]) -> Positions:
-        """A positions hash parsed; the last one is kept, since most reads find it unchanged."""
+        def plan(gen_keys: GenerationKeys) -> list[_Command]:
+            shards = gen_keys.each_shard()
+            reads: list[_Command] = [("HGETALL", [k.aggregate(name)]) for k in shards]
+            return [*reads, *(r for k in shards for r in self._positions_reads(k))]
+
+        gen, replies = self._read(generation, plan)
+        half = len(replies) // 2
+        counters: dict[str, int] = {}
+        for raw in replies[:half]:
+            for k, v in raw.items():
+                counters[k.decode()] = counters.get(k.decode(), 0) + int(v)
+        value = {k: v for k, v in counters.items() if v != 0}
+        return StateView(gen, value, self._positions(replies[half:]))
+
+    @staticmethod
+    def _shard_of(keys: GenerationKeys, entity: str) -> GenerationKeys:
+        """The keys of the shard an entity is in: its Kafka partition's (unsharded: ``keys``)."""
+        return keys.for_shard(key_partition(entity, keys.shards)) if keys.shards else keys
+
+    def _positions_reads(self, keys: GenerationKeys) -> list[_Command]:
+        """The reads of positions beside state (parsed by _positions): a shard's, or all."""
+        return [("HGETALL", [h]) for h in GenerationPositions(self.client, keys).hashes()]
+
+    def _positions(self, raws: Sequence[dict[bytes, bytes]]) -> Positions:
+        """Positions hashes parsed; the last one is kept, since most reads find it unchanged."""
+        if len(raws) != 1:
+            return GenerationPositions.parse_replies(raws).positions
+        raw = raws[0]
         last = self._last_positions
         if last is None or last[0] != raw:
             last = self._last_positions = (raw, GenerationPositions.parse(raw).positions)
@@ -212,9 +253,10 @@ class StateReader:
     def scan(self, table: str, generation: int | None = None) -> Iterator[tuple[str, Any]]:
         """Every entity of a table as ``(key, state)``, in no particular order."""
         gen = self.live_generation() if generation is None else generation
-        prefix = self.registry.keys(gen).table(table, "")
-        for batch in scan_batches(self.client, self.registry.keys(gen).table_pattern(table)):
-            yield from self._load(batch, prefix)
+        for keys in self.registry.keys(gen).each_shard():
+            prefix = keys.table(table, "")
+            for batch in scan_batches(self.client, keys.table_pattern(table)):
+                yield from self._load(batch, prefix)
 
     def _load(self, names: list[str], prefix: str) -> Iterator[tuple[str, Any]]:
         for name, raw in zip(

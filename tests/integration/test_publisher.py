@@ -7,6 +7,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from refold.contracts.codec import EventCodec
 from refold.contracts.commerce import ORDERS
 from refold.contracts.errors import EventValidationError
+from refold.contracts.kafka.partitioner import key_partition
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.topics import TopicSpec
 from refold.deploy.local_stack import free_port
@@ -62,38 +63,13 @@ def test_emit_returns_where_the_event_landed(kafka_bootstrap, orders_topic):
 
 
 def test_partitioning_matches_the_java_client(kafka_bootstrap, orders_topic):
-    # murmur2 of the key, as Kafka's Java DefaultPartitioner: toPositive(murmur2(key)) % n.
-    def murmur2(data: bytes) -> int:
-        m, r = 0x5BD1E995, 24
-        length = len(data)
-        h = (0x9747B28C ^ length) & 0xFFFFFFFF
-        for i in range(0, length - length % 4, 4):
-            k = int.from_bytes(data[i : i + 4], "little")
-            k = (k * m) & 0xFFFFFFFF
-            k ^= k >> r
-            k = (k * m) & 0xFFFFFFFF
-            h = (h * m) & 0xFFFFFFFF
-            h ^= k
-        rest = length % 4
-        tail = data[length - rest :]
-        if rest == 3:
-            h ^= tail[2] << 16
-        if rest >= 2:
-            h ^= tail[1] << 8
-        if rest >= 1:
-            h ^= tail[0]
-            h = (h * m) & 0xFFFFFFFF
-        h ^= h >> 13
-        h = (h * m) & 0xFFFFFFFF
-        h ^= h >> 15
-        return h
-
+    # refold's partitioner (a reader's shard of a key) against where the broker put each key.
     publisher = EventPublisher(
         KafkaSettings(bootstrap_servers=kafka_bootstrap), topics=[orders_topic]
     )
     events = list(OrderSimulator(20, seed=4))[:20]
     for token, (_, event) in zip(publisher.emit_many(events), events, strict=True):
-        assert token.partition == (murmur2(event["order_id"].encode()) & 0x7FFFFFFF) % 4
+        assert token.partition == key_partition(event["order_id"], 4)
 
 
 def test_invalid_event_is_refused_and_nothing_is_sent(kafka_bootstrap, orders_topic):

@@ -63,6 +63,12 @@ from tests.integration.test_serving import (  # noqa: F401
     test_ingest_then_query_with_the_token_sees_the_write,
     test_pagination_is_complete_without_duplicates_while_a_flip_happens,
 )
+from tests.integration.test_sharded_writer import (  # noqa: F401
+    sharded,
+    test_a_bad_record_is_dead_lettered_and_indexed_in_its_shard,
+    test_a_sharded_generation_equals_the_oracle_and_replaying_changes_nothing,
+    test_each_shards_keys_are_in_its_own_slot,
+)
 from tests.integration.test_state_kinds_lifecycle import (  # noqa: F401
     test_snapshot_seed_diff_reset_and_gc_cover_every_state_kind,
 )
