@@ -173,9 +173,6 @@ class FoldWriter:
         _kind_name, make_kind = kind_of(projection)
         self._kind: BatchKind = make_kind(self)
         keyless = not self._kind.keyed
-        if target.slots and self._timers:
-            msg = f"{target.processor}: timers need the partition key as its key (no re-keying)"
-            raise ValueError(msg)
         self._intake = Intake(target, projection, self.codec, slot, keyed=not keyless)
 
     @property
