@@ -36,7 +36,8 @@ key                                         type    content
                                             string  HyperLogLog: distinct ``d`` of a bucket
 ``<p>:{<proc>.g<N>}:tm:<timers>``           zset    timer -> due event time (ms): ``close`` (a
                                                     window end), ``expire`` (end + retention),
-                                                    ``p:<partition id>`` (entity -> its due)
+                                                    ``p:<partition id>`` (entity -> its due),
+                                                    re-keyed ``s:<slot>`` (a slot's entities)
 ``<p>:{<proc>.g<N>}:wm:clocks``             hash    ``[s<slot>|]<topic>/<partition>`` -> largest
                                                     event time seen on it (ms), with the
                                                     positions (re-keyed: each slot's own copy;
@@ -349,6 +350,10 @@ class GenerationKeys:
     def entity_timers(self, partition: int) -> str:
         """Sorted set of the entity timers of partition id ``partition`` (entity -> due ms)."""
         return f"{self.base}:tm:p:{partition}"
+
+    def slot_timers(self, slot: int) -> str:
+        """Re-keyed: sorted set of the entity timers of writer slot ``slot`` (entity -> due ms)."""
+        return f"{self.base}:tm:s:{slot}"
 
     @property
     def clocks(self) -> str:

@@ -242,6 +242,7 @@ def fold_timed(
     resolver: KeyResolver | None = None,
     stream_topics: Sequence[str] = (),
     origins: Mapping[tuple[str, int, int], str] | None = None,
+    partitions: Sequence[str] | None = None,
 ) -> TimedResult:
     """An event-time entity fold with timers, run the plain way (the oracle).
 
@@ -253,29 +254,37 @@ def fold_timed(
             records in log order; topics and partitions may interleave in any way. A
             watermark marker is ``(topic, partition, offset, WATERMARK, {"at": .., "of": ..})``
             (:mod:`refold.contracts.watermarks`).
-        resolver: Re-keyed (no timers): each event's entity as the writer slots resolve it.
-            Lateness is judged per source partition all the same.
+        resolver: Re-keyed: each event's entity as the writer slots resolve it. Lateness is
+            judged per source partition all the same; timers fire on the watermark over every
+            partition in ``partitions``, at every record (as each writer slot does).
         stream_topics: The topics that carry markers: judged per upstream stream, as the
             writer does (:class:`~refold.processors.fold.stream_clocks.TopicClocks`).
         origins: ``(topic, partition, offset)`` -> the record's origin id (its stream), on
             those topics.
+        partitions: Re-keyed with timers: every ``topic/partition`` the processor reads
+            (one that never gets an event holds the timers back, as live).
+
+    Raises:
+        ValueError: A re-keyed fold with timers and no ``partitions``.
     """
+    with_timers = has_timers(projection)
+    if with_timers and resolver is not None and partitions is None:
+        msg = f"{projection.name} is re-keyed with timers: pass every topic/partition it reads"
+        raise ValueError(msg)
     result = TimedResult()
     clocks = TopicClocks(event_time, {}, frozenset(stream_topics))
-    groups = GroupClocks(topics, event_time.lateness_ms, {})
+    everything = partitions if resolver is not None else None
+    groups = GroupClocks(topics, event_time.lateness_ms, {}, everything)
     streams = origins or {}
     queue = TimerQueue()
-    with_timers = has_timers(projection)
-    if with_timers and resolver is not None:
-        msg = f"{projection.name}: timers need the partition key as its key (no re-keying)"
-        raise ValueError(msg)
     for topic, partition, offset, event_type, raw in records:
         if event_type == WATERMARK:  # as the writer: moves the clocks, never folded
             if topic in clocks.stream_topics:
                 clocks.mark(topic, partition, Marker(dict(raw["at"]), int(raw["of"])))
                 mark = groups.advance(topic, partition, clocks.clock(topic, partition))
-                for _due, due in queue.pop_due(partition, mark) if with_timers else ():
-                    _fire(projection, result, queue, partition, due, cast("int", mark))
+                group = groups.group_of(partition)
+                for _due, due in queue.pop_due(group, mark) if with_timers else ():
+                    _fire(projection, result, queue, group, due, cast("int", mark))
             continue
         event = raw
         entity = resolver.resolve(offset, raw)[0] if resolver is not None else None
@@ -296,9 +305,10 @@ def fold_timed(
         stream = stream_of(streams.get((topic, partition, offset)))
         verdict = clocks.observe(topic, partition, stream, at)
         mark = groups.advance(topic, partition, clocks.clock(topic, partition))
+        group = groups.group_of(partition)
         if with_timers:
-            for _due, entity in queue.pop_due(partition, mark):
-                _fire(projection, result, queue, partition, entity, cast("int", mark))
+            for _due, entity in queue.pop_due(group, mark):
+                _fire(projection, result, queue, group, entity, cast("int", mark))
         if verdict is not Verdict.ON_TIME:
             result.late.append((field_name, offset))
             if not is_folded(verdict, event_time):
@@ -313,7 +323,7 @@ def fold_timed(
         result.states[key] = state
         result.effects.extend(effects)
         if with_timers:
-            queue.set(partition, key, timed(projection).due(state))
+            queue.set(group, key, timed(projection).due(state))
     result.clocks = clocks.clocks
     for state in result.states.values():
         result.aggregate.update(projection.contribution(state))

@@ -175,9 +175,6 @@ class FoldWriter:
         kind_name, make_kind = kind_of(projection)
         self._kind: BatchKind = make_kind(self)
         keyless = not self._kind.keyed
-        if target.slots and self._timers:
-            msg = f"{target.processor}: timers need the partition key as its key (no re-keying)"
-            raise ValueError(msg)
         if target.shards and (target.slots or kind_name != "entity"):
             # Windows, lookups and added kinds keep aggregates several partitions add to, and
             # re-keyed slots share links: neither is split by partition id yet.

@@ -42,7 +42,7 @@ from typing import cast
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from refold.contracts.layout import GenerationKeys, position_field
+from refold.contracts.layout import GenerationKeys, parse_position_field, position_field
 from refold.contracts.processors import EventTime
 from refold.contracts.store.connect import pipelined_eval
 from refold.contracts.watermarks import WATERMARK, Marker
@@ -149,9 +149,10 @@ def judge_lateness(
         What to fold, the dead letters, the late side output, and how many were late.
     """
     event_time = cast("EventTime", target.event_time)
-    stored = _stored_clocks(pipe, target, slot, pending, foreign, timers)
+    everything = _slot_partitions(pipe, target, slot) if timers and slot is not None else None
+    stored = _stored_clocks(pipe, target, slot, pending, foreign, timers, everything)
     clocks = TopicClocks(event_time, stored, frozenset(target.stream_topics))
-    groups = GroupClocks(target.topics, event_time.lateness_ms, stored)
+    groups = GroupClocks(target.topics, event_time.lateness_ms, stored, everything)
     judged = Judged([], {}, [])
     dead: list[DeadLetter] = []
     late_out: list[DeadLetter] = []
@@ -199,10 +200,12 @@ def _observe(
 ) -> None:
     """Another slot's record or a marker: it moves the clocks, and is not judged.
 
-    With timers (``ticks``), a marker is kept as a *tick* (event type ``WATERMARK``, no
-    entity): the fold fires the timers due at its watermark there, as at a record, so a
-    derived partition whose last records came before their markers still fires them (the
-    outputs' origin ids name the marker's offset: the same in every run).
+    With timers (``ticks``), it is kept as a *tick* (event type ``WATERMARK``, no entity): the
+    fold fires the timers due at its watermark there, as at a record. So a derived partition
+    whose last records came before their markers still fires them (the outputs' origin ids name
+    the marker's offset: the same in every run), and a re-keyed slot fires its timers at the
+    other slots' records too: after a transaction every timer due at or below the slot's
+    watermark at its positions has fired, whichever of the partitions' records came last.
     """
     record = other.record
     if isinstance(other, StreamMark):
@@ -212,7 +215,7 @@ def _observe(
     mark = groups.advance(
         record.topic, record.partition, clocks.clock(record.topic, record.partition)
     )
-    if ticks is not None and isinstance(other, StreamMark):
+    if ticks is not None:
         ticks.kept.append((record, WATERMARK, {}, ""))
         ticks.marks.append(mark)
 
@@ -224,11 +227,13 @@ def _stored_clocks(
     pending: Sequence[PendingRecord],
     foreign: Sequence[ForeignTime],
     timers: bool,
+    everything: Sequence[str] | None = None,
 ) -> dict[str, int]:
     """The stored clocks the chunk's partitions need, as this writer (slot) keeps them.
 
     With topics that carry markers, the whole hash (a partition's streams are not known in
-    advance), this slot's copies only; otherwise the partitions' fields.
+    advance), this slot's copies only; otherwise the partitions' fields (re-keyed with timers:
+    ``everything``, all of the processor's partitions, which hold the slot's watermark).
     """
     keys = target.keys
     if target.stream_topics:
@@ -244,13 +249,27 @@ def _stored_clocks(
         return stored
     fields = {position_field(p[0].topic, p[0].partition) for p in pending}
     fields |= {position_field(f.record.topic, f.record.partition) for f in foreign}
-    if timers:  # the group's other topics: their clocks hold its watermark back
+    if everything is not None:  # re-keyed: every partition holds the slot's watermark back
+        fields |= set(everything)
+    elif timers:  # the group's other topics: their clocks hold its watermark back
         pids = {p[0].partition for p in pending}
         fields |= {position_field(t, pid) for t in target.topics for pid in pids}
     names = sorted(fields)
     stored_names = [slot_clock_field(slot, f) for f in names]
     got = cast("list[bytes | None]", pipe.hmget(keys.clocks, stored_names))
     return {f: int(v) for f, v in zip(names, got, strict=True) if v is not None}
+
+
+def _slot_partitions(pipe: Pipeline, target: FoldTarget, slot: int) -> list[str]:
+    """Every partition of a re-keyed generation: its slot's positions (one field each).
+
+    The runner records every partition's starting position in every slot's hash before the
+    generation's first batch (``GenerationPositions.start``), so these are the partitions whose
+    clocks the slot's watermark waits for, as the generation's watermark waits for its
+    positions' partitions.
+    """
+    names = cast("list[bytes]", pipe.hkeys(target.keys.slot_positions(slot)))
+    return sorted(n.decode() for n in names if parse_position_field(n.decode()) is not None)
 
 
 def _refuse(

@@ -19,7 +19,6 @@ from refold.processors.fold.archive import is_archive_processor
 from refold.processors.fold.dataframe import is_dataframe_processor
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.rekey import Keying, KeyingError, plan_keying
-from refold.processors.fold.timers import has_timers
 from refold.processors.runtime.run_plan import (
     RunOptions,
 )
@@ -85,7 +84,7 @@ def check_dedupe(projection: Projection, dedupe: EventId | None) -> None:
 def check_event_time(
     projection: Projection, event_time: EventTime | None, keying: Keying | None
 ) -> None:
-    """Windows need an event time; timers and lookups need entities owned by partitions.
+    """Windows need an event time; lookups need entities owned by partitions.
 
     A DataFrame processor has none: its watermark is Spark's, in its transform.
     """
@@ -103,24 +102,25 @@ def check_event_time(
             "event_time=EventTime(field=...) to its ProcessorSpec."
         )
         raise ProcessorConfigError(msg)
-    if event_time is not None and keying is not None and keying.slots:
+    if (
+        event_time is not None
+        and keying is not None
+        and keying.slots
+        and getattr(projection, "lookup", None)
+    ):
         # Re-keyed with an event time: lateness is judged per source partition by every
-        # writer slot (processors/runtime/lateness.py). Timers fire on a partition group's
-        # watermark and lookups wait per partition: both still need the partition key.
-        what = (
-            "timers (due/on_timer)"
-            if has_timers(projection)
-            else "a lookup"
-            if getattr(projection, "lookup", None)
-            else None
+        # writer slot (processors/runtime/lateness.py), and timers fire on each slot's
+        # watermark over every partition (processors/fold/timers.py). A lookup fold keeps no
+        # state per entity (its events wait in one pending set, scored by event time, and its
+        # lookup_key picks the table row whatever the processor's key), so re-keying it would
+        # only cost every slot a read of every record; it is not built, nor tested, re-keyed.
+        msg = (
+            f"{name} has a lookup but is re-keyed ({keying.reason}). A lookup fold keeps no "
+            "state per entity, and its lookup_key picks the table's row whatever the "
+            "processor's key, so it needs no re-keying. Operator action: declare the topics' "
+            "partition key as its key."
         )
-        if what is not None:
-            msg = (
-                f"{name} has {what} but is re-keyed ({keying.reason}); those need the "
-                "topics' partition key as the processor's key. Operator action: declare the "
-                "partition key as its key, or fold without them."
-            )
-            raise ProcessorConfigError(msg)
+        raise ProcessorConfigError(msg)
 
 
 def check_marker_source(

@@ -55,6 +55,7 @@ from refold.processors.runtime.background import DriverTask
 __all__ = [
     "WindowCloser",
     "generation_watermark",
+    "timers_key",
     "write_timers",
     "write_windows",
 ]
@@ -122,8 +123,13 @@ def write_windows(pipe: Pipeline, keys: GenerationKeys, delta: WindowDelta) -> N
         pipe.zadd(keys.timers(EXPIRE_TIMERS), delta.expiries)
 
 
-def write_timers(pipe: Pipeline, keys: GenerationKeys, queue: TimerQueue) -> None:
-    """Queue (inside MULTI) the entity timers that changed: ZADD the due ones, ZREM the rest."""
+def write_timers(
+    pipe: Pipeline, keys: GenerationKeys, queue: TimerQueue, slot: int | None = None
+) -> None:
+    """Queue (inside MULTI) the entity timers that changed: ZADD the due ones, ZREM the rest.
+
+    Per partition id, or re-keyed in the writer ``slot``'s one set (its group is ``0``).
+    """
     due: dict[int, dict[str, int]] = {}
     gone: dict[int, list[str]] = {}
     for (partition, entity), at in queue.changed.items():
@@ -132,9 +138,14 @@ def write_timers(pipe: Pipeline, keys: GenerationKeys, queue: TimerQueue) -> Non
         else:
             due.setdefault(partition, {})[entity] = at
     for partition, members in sorted(gone.items()):
-        pipe.zrem(keys.entity_timers(partition), *members)
+        pipe.zrem(timers_key(keys, partition, slot), *members)
     for partition, mapping in sorted(due.items()):
-        pipe.zadd(keys.entity_timers(partition), mapping)
+        pipe.zadd(timers_key(keys, partition, slot), mapping)
+
+
+def timers_key(keys: GenerationKeys, group: int, slot: int | None) -> str:
+    """The sorted set of a timer group: a partition id's, or re-keyed the writer slot's."""
+    return keys.entity_timers(group) if slot is None else keys.slot_timers(slot)
 
 
 def generation_watermark(client: redis.Redis, keys: GenerationKeys, lateness_ms: int) -> int | None:

@@ -51,7 +51,7 @@ from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.fold_target import BatchOutcome, PendingRecord
 from refold.processors.runtime.kinds.base import FoldContext
 from refold.processors.runtime.output_transactions import Outbox
-from refold.processors.runtime.window_store import write_timers
+from refold.processors.runtime.window_store import timers_key, write_timers
 
 __all__ = ["EntityKind"]
 
@@ -147,7 +147,7 @@ class _StagedEntities:
         if gone:
             pipe.delete(*gone)
         if self.queue is not None:
-            write_timers(pipe, keys, self.queue)
+            write_timers(pipe, keys, self.queue, self.kind.context.slot)
         if self.seen is not None and self.seen.changed:
             pipelined_mset(
                 pipe, {keys.seen_ids(table, e): ids for e, ids in self.seen.encoded().items()}
@@ -223,7 +223,7 @@ class EntityKind:
             if self.has_effects:
                 folded.effects.extend((record, effect) for effect in effects)
             if queue is not None:
-                queue.set(record.partition, entity, self._due(new))
+                queue.set(self._group(record), entity, self._due(new))
         delta = self._delta(pipe, folded, dead, outcome)
         return _StagedEntities(self, pipe, folded, delta, queue, seen, outcome)
 
@@ -236,6 +236,14 @@ class EntityKind:
         keys = [self.context.target.keys.seen_ids(table, e) for e in entities]
         raw = cast("list[bytes | None]", pipelined_mget(pipe, keys)) if keys else []
         return SeenIds.load(dedupe, dict(zip(entities, raw, strict=True)))
+
+    def _group(self, record: SourceRecord) -> int:
+        """The record's timer group: its partition id, or re-keyed the slot's one group (0).
+
+        A re-keyed slot's entities take events from every partition, so their timers fire on
+        the slot's watermark over all of them (:class:`~refold.processors.fold.timers.GroupClocks`).
+        """
+        return record.partition if self.context.slot is None else 0
 
     def _due(self, state: State | None) -> int | None:
         """The entity's timer (user code: a failure means no timer, and is logged)."""
@@ -259,14 +267,14 @@ class EntityKind:
         last: dict[int, int] = {}
         for (record, *_rest), mark in zip(pending, marks, strict=True):
             if mark is not None:
-                last[record.partition] = max(mark, last.get(record.partition, mark))
+                group = self._group(record)
+                last[group] = max(mark, last.get(group, mark))
         timers = TimerQueue()
+        keys, slot = self.context.target.keys, self.context.slot
         for pid, mark in sorted(last.items()):
             raw = cast(
                 "list[tuple[bytes, float]]",
-                pipe.zrangebyscore(
-                    self.context.target.keys.entity_timers(pid), "-inf", mark, withscores=True
-                ),
+                pipe.zrangebyscore(timers_key(keys, pid, slot), "-inf", mark, withscores=True),
             )
             timers.load(pid, [(e.decode(), int(d)) for e, d in raw])
         return timers
@@ -279,8 +287,9 @@ class EntityKind:
         folded: _Folded,
         dead: list[DeadLetter],
     ) -> None:
-        """Fire the timers of the record's partition group due at its watermark, in order."""
-        for due, entity in queue.pop_due(record.partition, mark):
+        """Fire the timers of the record's group due at its watermark, in order."""
+        group = self._group(record)
+        for due, entity in queue.pop_due(group, mark):
             before = folded.states.get(entity)
             if before is None:
                 continue
@@ -306,7 +315,7 @@ class EntityKind:
             folded.record(record, entity, after, encoded, contribution)
             if self.has_effects:
                 folded.effects.extend((record, effect) for effect in effects)
-            queue.set(record.partition, entity, self._due(after))
+            queue.set(group, entity, self._due(after))
 
     def _delta(
         self, pipe: Pipeline, folded: _Folded, dead: list[DeadLetter], outcome: BatchOutcome

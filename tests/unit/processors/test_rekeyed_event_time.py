@@ -10,6 +10,7 @@ import pytest
 
 from refold.contracts.processors import EventTime
 from refold.processors.customer_stats.projection import CustomerStatsProjection
+from refold.processors.enriched_clicks.projection import EnrichedClicksProjection
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.fold.oracle import fold_timed, fold_windows
 from refold.processors.fold.rekey import Keying, KeyResolver
@@ -38,10 +39,12 @@ def test_a_re_keyed_window_or_entity_fold_accepts_an_event_time():
     run_checks.check_event_time(CustomerStatsProjection(), EVENT_TIME, REKEYED)
 
 
-def test_timers_on_a_re_keyed_processor_are_refused_with_the_way_out():
-    with pytest.raises(ProcessorConfigError, match=r"timers .* re-keyed .* Operator action"):
-        run_checks.check_event_time(WebSessionsProjection(), EVENT_TIME, REKEYED)
+def test_timers_on_a_re_keyed_processor_are_accepted_and_lookups_refused():
+    run_checks.check_event_time(WebSessionsProjection(), EVENT_TIME, REKEYED)
     run_checks.check_event_time(WebSessionsProjection(), EVENT_TIME, None)  # co-partitioned
+    with pytest.raises(ProcessorConfigError, match=r"lookup .* re-keyed .* Operator action"):
+        run_checks.check_event_time(EnrichedClicksProjection(), EVENT_TIME, REKEYED)
+    run_checks.check_event_time(EnrichedClicksProjection(), EVENT_TIME, None)
 
 
 def _placed(order: str, customer: str) -> tuple[str, dict]:
@@ -74,6 +77,6 @@ def test_the_oracle_judges_lateness_per_partition_over_every_customer():
     }
 
 
-def test_the_timed_oracle_refuses_timers_when_re_keyed():
-    with pytest.raises(ValueError, match="no re-keying"):
+def test_the_timed_oracle_asks_for_the_partitions_when_re_keyed_with_timers():
+    with pytest.raises(ValueError, match="every topic/partition"):
         fold_timed(WebSessionsProjection(), EVENT_TIME, ("t",), [], KeyResolver("customer_id", ()))
