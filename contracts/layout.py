@@ -165,6 +165,13 @@ def shard_tag(processor: str, generation: int, shard: int, shards: int) -> str:
         suffix += 1
 
 
+@functools.lru_cache(maxsize=256)
+def _generation_tags(processor: str, generation: int, shards: int) -> frozenset[str]:
+    """The hash tags of a generation: its own, and each shard's."""
+    own = f"{processor}.g{generation}"
+    return frozenset({own, *(shard_tag(processor, generation, s, shards) for s in range(shards))})
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationKeys:
     """The keys of one generation of one processor.
@@ -371,17 +378,29 @@ class GenerationKeys:
         return f"{self.base}:om:marks"
 
     def pattern(self) -> str:
-        """SCAN pattern matching every key of this generation."""
+        """SCAN pattern matching every key under these keys' tag (the shard's, if one)."""
         return f"{self.base}:*"
+
+    def patterns(self) -> list[str]:
+        """SCAN patterns matching every key of the generation: its own, then each shard's."""
+        shards = [k.pattern() for k in self.each_shard() if k.shard is not None]
+        return [f"{self.home}:*", *shards]
 
     def is_state_key(self, name: str) -> bool:
         """True for the keys that make up the state: tables, aggregates, positions, guards.
 
-        (Not the meta hash, the leases, the stats, nor snapshots.)
+        (Not the meta hash, the leases, the stats, nor snapshots.) Of any shard of the
+        generation, whichever shard these keys name.
         """
-        if not name.startswith(self.base + ":"):
+        head = f"{self.prefix}:{{"
+        end = name.find("}:", len(head))
+        if not name.startswith(head) or end < 0:
             return False
-        rest = name[len(self.base) + 1 :]
+        if name[len(head) : end] not in _generation_tags(
+            self.processor, self.generation, self.shards
+        ):
+            return False
+        rest = name[end + 2 :]
         return rest == "positions" or rest.startswith(STATE_NAMESPACES)
 
 
