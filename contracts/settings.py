@@ -10,7 +10,7 @@ Java form, :meth:`KafkaSettings.as_java_client`) and :meth:`RedisSettings.client
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -68,6 +68,10 @@ class RedisSettings(BaseModel):
         key_prefix: Prefix of every key refold writes (tests use a unique one each).
         username: ACL user, if any.
         password: AUTH password, if any.
+        shard_state: Whether a processor's new generations are sharded by partition id
+            (docs/state-layout.md, "On a Redis Cluster"): ``auto`` (the default) on a Redis
+            Cluster, ``on`` on a single Redis too, ``off`` never. Only co-partitioned entity
+            folds are sharded; a generation keeps what it was created with.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -76,6 +80,7 @@ class RedisSettings(BaseModel):
     key_prefix: str = DEFAULT_KEY_PREFIX
     username: str | None = None
     password: SecretStr | None = None
+    shard_state: Literal["auto", "on", "off"] = "auto"
 
     def client(self, **options: Any) -> redis.Redis:
         """A redis-py client of this Redis, single server or cluster by the URL's scheme.

@@ -43,6 +43,7 @@ from refold.contracts.processors import STOP_WITH_PARENT_ENV, ProcessLauncher, P
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import (
+    SHARDS_FIELD,
     GenerationRegistry,
     Positions,
 )
@@ -313,6 +314,8 @@ def run_rebuild(
                     "topics": topics,
                     "starting_offsets": plan.starting_offsets(),
                     "seeded_from": plan.seed.name if plan.seed is not None else "",
+                    # Undecided: its processor's first run shards it or not (run_plan).
+                    SHARDS_FIELD: "",
                 }
             )
             # Held until the flip or failure: a kill -9 of this replay leaves the generation

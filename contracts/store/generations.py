@@ -68,6 +68,14 @@ SLOTS_FIELD = "slots"
 # Meta field: the shards of a generation sharded by partition id (its topics' partition count),
 # fixed when it is created; absent: one hash tag (``GenerationKeys.shards``).
 SHARDS_FIELD = "shards"
+# KEYS[1] a generation's meta; sets ARGV[1] to ARGV[2] unless it holds a count already ("":
+# undecided); returns the count it holds.
+_DECIDE_SHARDS = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v and v ~= '' then return v end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return ARGV[2]
+"""
 # Meta field of a generation that a running processor refused to fold because it runs other
 # code than the generation was built by (after a cutover): JSON {"code_fingerprint", "host",
 # "pid", "at" (epoch ms), "from_generation"}. Cleared when a process with its code takes it.
@@ -211,15 +219,28 @@ class GenerationRegistry:
         return cls(client, StateLayout(processor, key_prefix))
 
     def keys(self, generation: int) -> GenerationKeys:
-        """Key names of one generation, sharded as it was created (read once per registry)."""
+        """Key names of one generation, sharded as recorded (read once per registry).
+
+        A generation whose shards are not recorded yet reads as unsharded, and is asked again
+        next time (:meth:`decide_shards`).
+        """
         shards = self._shards.get(generation)
         if shards is None:
-            meta = self.layout.generation(generation).meta
-            raw = cast("list[bytes | None]", self.client.hmget(meta, [SHARDS_FIELD, "created_at"]))
-            shards = int(raw[0] or 0)
-            if raw[1] is not None:  # it exists: what it says is final
+            raw = self.client.hget(self.layout.generation(generation).meta, SHARDS_FIELD)
+            shards = int(cast("bytes | None", raw) or 0)
+            if raw:  # recorded (not "": a replay's, until its processor's first run decides)
                 self._shards[generation] = shards
         return self.layout.generation(generation, shards)
+
+    def decide_shards(self, generation: int, shards: int) -> int:
+        """Record a generation's shards unless they are recorded; the recorded count.
+
+        One script: of two processes deciding at once, the first one's count holds.
+        """
+        key = self.layout.generation(generation).meta
+        recorded = self.client.eval(_DECIDE_SHARDS, 1, key, SHARDS_FIELD, str(shards))
+        self._shards[generation] = int(cast("bytes", recorded))
+        return self._shards[generation]
 
     def live(self) -> int | None:
         """The generation readers see, or ``None`` before the first one exists."""
@@ -294,6 +315,7 @@ class GenerationRegistry:
                 break
         fields: dict[FieldT, EncodableT] = {
             "created_at": str(int(time.time() * 1000)),
+            SHARDS_FIELD: "0",  # unless ``meta`` says otherwise ("": decided at its first run)
             **{
                 k: v if isinstance(v, str) else json.dumps(v, sort_keys=True)
                 for k, v in meta.items()

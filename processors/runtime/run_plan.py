@@ -28,9 +28,11 @@ from refold.contracts.processors import (
 )
 from refold.contracts.registry import default_registry, with_fallback
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.connect import is_cluster
 from refold.contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
+    SHARDS_FIELD,
     SLOTS_FIELD,
     GenerationRegistry,
 )
@@ -49,6 +51,7 @@ from refold.processors.runtime.checkpoints import (
 from refold.processors.runtime.code_identity import build_fingerprints, check_resume
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.kafka_ranges import resolve_starting_offsets
+from refold.processors.runtime.shards import wanted_shards
 
 if TYPE_CHECKING:
     pass
@@ -136,10 +139,14 @@ def resolve_run(
     """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
     registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
     fingerprints = build_fingerprints(projection)
+    shards = wanted_shards(
+        projection, topics, keying, redis_settings.shard_state, is_cluster(client)
+    )
     meta = {
         "topics": [t.name for t in topics],
         "starting_offsets": options.starting_offsets,
         SLOTS_FIELD: str(keying.slots if keying else 0),
+        SHARDS_FIELD: str(shards),
         **fingerprints,
     }
     created = False
@@ -195,9 +202,24 @@ def resolve_run(
         dedupe=dedupe,
         topics=tuple(t.name for t in topics),
         **_keying_fields(registry, generation, keying),
+        shards=_shards(registry, generation, shards),
     )
     target = dataclasses.replace(target, **stream_fields(projection, topics, target.slots))
     return ProcessorRun(generation, checkpoint, starting, target)
+
+
+def _shards(registry: GenerationRegistry, generation: int, wanted: int) -> int:
+    """A generation's shards: as recorded, else ``wanted`` if it has written nothing yet.
+
+    A processor records them when it creates a generation; one that a replay created is
+    decided by its first run, as its writer slots are; a generation written before refold
+    sharded (no record) is kept unsharded. Never changed once recorded.
+    """
+    recorded = registry.meta(generation).get(SHARDS_FIELD, "")
+    if recorded:
+        return int(recorded)
+    fresh = not registry.positions(generation).positions
+    return registry.decide_shards(generation, wanted if fresh else 0)
 
 
 def stream_fields(
@@ -294,7 +316,10 @@ def record_starting_positions(
     lower than Spark's plan can only mean Redis lost writes, and the sink folds the gap again
     (DESIGN.md decision 9). The source is given the same concrete offsets.
     """
-    if has_batches(run.checkpoint) or registry.positions(run.generation)[0]:
+    applied = registry.positions(run.generation).positions
+    # Sharded, the shards are started one by one: a start cut short resumes (HSETNX).
+    started = len(applied) >= sum(t.partitions for t in topics) or not run.target.shards
+    if has_batches(run.checkpoint) or (applied and started):
         return run
     probe = LogOffsets(kafka.as_librdkafka())
     try:
@@ -304,12 +329,13 @@ def record_starting_positions(
     finally:
         probe.close()
     keys = registry.keys(run.generation)
-    applied = run.target.positions(registry.client)  # re-keyed: every writer slot starts there
-    with registry.client.pipeline(transaction=True) as pipe:
+    start = run.target.positions(registry.client)  # re-keyed: every writer slot starts there
+    # One transaction; sharded, none spans the shards' slots (each command is idempotent).
+    with registry.client.pipeline(transaction=not keys.shards) as pipe:
         for (topic, partition), offset in sorted(resolved.items()):
             field_name = position_field(topic, partition)
-            applied.start(pipe, field_name, offset)
-            pipe.set(keys.guard(field_name), offset, nx=True)
+            start.start(pipe, field_name, offset)
+            pipe.set(keys.for_shard(partition).guard(field_name), offset, nx=True)
         pipe.execute()
     starting = to_offsets_json(registry.positions(run.generation)[0])
     logger.info("g%d starts at %s", run.generation, starting)

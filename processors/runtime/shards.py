@@ -1,4 +1,4 @@
-"""Splitting a transaction's records by shard: one transaction per partition id (pure).
+"""Sharding by partition id: which generations are sharded, and one transaction per shard.
 
 A generation sharded by partition id (``GenerationKeys.shards``, on a Redis Cluster) writes each
 partition id's positions, guards and state under the shard's own hash tag, so every transaction
@@ -12,9 +12,15 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 from refold.contracts.layout import parse_position_field
+from refold.contracts.topics import TopicSpec
+from refold.processors.fold.archive import is_archive_processor
+from refold.processors.fold.dataframe import is_dataframe_processor
+from refold.processors.fold.projection import Projection
 from refold.processors.fold.records import SourceRecord
+from refold.processors.fold.rekey import Keying
+from refold.processors.runtime.kinds import kind_of
 
-__all__ = ["ShardPart", "split_by_shard"]
+__all__ = ["ShardPart", "split_by_shard", "wanted_shards"]
 
 # One shard's part of a transaction: the shard, its records (each partition's in offset order)
 # and the ranges it covers.
@@ -36,3 +42,28 @@ def split_by_shard(
         (shard, parts.get(shard, []), ranges.get(shard, {}))
         for shard in sorted(parts.keys() | ranges.keys())
     ]
+
+
+def wanted_shards(
+    projection: Projection,
+    topics: Sequence[TopicSpec],
+    keying: Keying | None,
+    mode: str,
+    cluster: bool,
+) -> int:
+    """How many shards a new generation of ``projection`` gets: its partition count, or 0.
+
+    Sharded (``mode`` ``on``, or ``auto`` on a Redis Cluster): a co-partitioned entity fold,
+    whose transactions each write one partition id's entities. Not the other kinds (windows,
+    lookups, kinds added as modules keep aggregates several partitions add to), re-keyed
+    processors (their slots share links), DataFrame and archive processors (written by the
+    driver or as files).
+    """
+    if mode == "off" or (mode == "auto" and not cluster) or not topics:
+        return 0
+    if is_dataframe_processor(projection) or is_archive_processor(projection):
+        return 0
+    if (keying is not None and keying.slots) or kind_of(projection)[0] != "entity":
+        return 0
+    counts = {t.partitions for t in topics}
+    return counts.pop() if len(counts) == 1 else 0

@@ -149,14 +149,22 @@ def timers_key(keys: GenerationKeys, group: int, slot: int | None) -> str:
 
 
 def generation_watermark(client: redis.Redis, keys: GenerationKeys, lateness_ms: int) -> int | None:
-    """A generation's watermark over all of its partitions (``None`` until each has a clock)."""
-    applied = GenerationPositions(client, keys)
-    with client.pipeline(transaction=True) as pipe:
-        pipe.hgetall(keys.clocks)
-        applied.queue(pipe)
-        raw_clocks, raw_positions = pipe.execute()
-    clocks = {k.decode(): int(v) for k, v in cast("dict[bytes, bytes]", raw_clocks).items()}
-    partitions = [position_field(t, p) for t, p in applied.parse(raw_positions).positions]
+    """A generation's watermark over all of its partitions (``None`` until each has a clock).
+
+    Each shard's clocks are read with its positions (one transaction per shard, sharded).
+    """
+    clocks: dict[str, int] = {}
+    partitions: list[str] = []
+    for shard in keys.each_shard():
+        with client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(shard.clocks)
+            GenerationPositions(client, shard).queue(pipe)
+            raw_clocks, raw_positions = pipe.execute()
+        clocks.update(
+            (k.decode(), int(v)) for k, v in cast("dict[bytes, bytes]", raw_clocks).items()
+        )
+        applied = GenerationPositions.parse(raw_positions).positions
+        partitions += [position_field(t, p) for t, p in applied]
     return watermark_of(clocks, lateness_ms, partitions)
 
 
