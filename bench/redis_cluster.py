@@ -1,12 +1,14 @@
 """``python -m bench cluster``: the entity fold on a local Redis Cluster against one redis-server.
 
 One run, one backlog. The same order records go through the fold envelope (``FoldWriter``, in
-25,000-record transactions as a Spark task applies them) into a single redis-server and into a
-local cluster of 3 masters with 1 replica each (``refold up --redis-cluster``), alternating
-which goes first, for ``--rounds``. Printed: events/s of each, the cluster's share of the single
-server's rate, the commands each master served during the cluster runs (INFO commandstats), and
-failover: a master killed while a writer applies batches, the seconds until a batch commits
-again. One machine: the cluster cannot be faster here; the figures say what it costs.
+25,000-record transactions as a Spark task applies them) into a single redis-server, into a
+local cluster of 3 masters with 1 replica each (``refold up --redis-cluster``) as one slot
+(an unsharded generation), and into the cluster sharded by partition id (8 shards, one
+transaction per partition id), in turn, for ``--rounds``. Printed: events/s of each, the
+cluster's share of the single server's rate, the commands each master served during each
+cluster variant (INFO commandstats), and failover: the master of a shard killed while a writer
+applies batches, the seconds until a batch commits again. One machine: the cluster cannot be
+faster here; the figures say what it costs and how evenly the masters share the work.
 """
 
 from __future__ import annotations
@@ -49,17 +51,23 @@ def _calls(cluster: LocalRedisCluster) -> dict[int, int]:
     return out
 
 
-def _target(url: str, kafka: tuple[tuple[str, str], ...], dlq: str) -> FoldTarget:
-    return FoldTarget("order_state", 1, url, f"bench-cluster-{uuid.uuid4().hex[:8]}", kafka, dlq)
+def _target(url: str, kafka: tuple[tuple[str, str], ...], dlq: str, shards: int = 0) -> FoldTarget:
+    prefix = f"bench-cluster-{uuid.uuid4().hex[:8]}"
+    return FoldTarget("order_state", 1, url, prefix, kafka, dlq, shards=shards)
+
+
+# The variants: where the writer writes, and how many shards (the orders topic's partitions).
+_VARIANTS = {"single": 0, "cluster": 0, "sharded": ORDERS_TOPIC.partitions}
 
 
 def _failover(
     cluster: LocalRedisCluster, records: Sequence[SourceRecord], kafka: Any, dlq: str
 ) -> float:
-    """Seconds from killing the master of a generation's slot until a batch commits again."""
-    target = _target(cluster.url, kafka, dlq)
+    """Seconds from killing the master of a shard's slot until a batch commits again."""
+    target = _target(cluster.url, kafka, dlq, shards=ORDERS_TOPIC.partitions)
     client = cast("RedisCluster", redis_client(cluster.url))
-    master = client.get_node_from_key(target.keys.positions).port  # type: ignore[no-untyped-call]
+    shard = target.keys.for_shard(0).positions
+    master = client.get_node_from_key(shard).port  # type: ignore[no-untyped-call]
     writer = FoldWriter(target, OrderStateProjection())
     committed: list[float] = []
     chunks = [records[i : i + 2_000] for i in range(0, len(records), 2_000)]
@@ -110,46 +118,54 @@ def main(argv: list[str] | None = None) -> int:
             produce_orders(stack.bootstrap_servers, args.events)
             records = read_records(stack.bootstrap_servers, ORDERS_TOPIC.name, args.events)
             print(f"backlog: {len(records):,} order events, 8 partitions", flush=True)
-            rates: dict[str, list[float]] = {"single": [], "cluster": []}
-            before = _calls(cluster)
+            rates: dict[str, list[float]] = {name: [] for name in _VARIANTS}
+            calls: dict[str, dict[int, int]] = {"cluster": {}, "sharded": {}}
             for round_ in range(args.rounds):
-                order = ["single", "cluster"] if round_ % 2 == 0 else ["cluster", "single"]
+                order = list(_VARIANTS)[round_ % 3 :] + list(_VARIANTS)[: round_ % 3]
                 for name in order:
                     url = stack.redis_url if name == "single" else cluster.url
-                    writer = FoldWriter(_target(url, kafka, dlq), OrderStateProjection())
+                    target = _target(url, kafka, dlq, _VARIANTS[name])
+                    writer = FoldWriter(target, OrderStateProjection())
+                    before = _calls(cluster)
                     rates[name].append(len(records) / apply_in_chunks(writer, records))
+                    if name in calls:
+                        for port, n in _calls(cluster).items():
+                            calls[name][port] = calls[name].get(port, 0) + n - before.get(port, 0)
                 print(
-                    f"round {round_ + 1}: single {rates['single'][-1]:,.0f} ev/s, "
-                    f"cluster {rates['cluster'][-1]:,.0f} ev/s",
+                    f"round {round_ + 1}: "
+                    + ", ".join(f"{n} {rates[n][-1]:,.0f} ev/s" for n in _VARIANTS),
                     flush=True,
                 )
-            after = _calls(cluster)
             recoveries = [_failover(cluster, records, kafka, dlq) for _ in range(args.failovers)]
-    _print(rates, {port: after[port] - before.get(port, 0) for port in after}, recoveries)
+    _print(rates, calls, recoveries)
     return 0
 
 
-def _print(rates: dict[str, list[float]], calls: dict[int, int], recoveries: list[float]) -> None:
-    ratios = [c / s for s, c in zip(rates["single"], rates["cluster"], strict=True)]
-    total = sum(calls.values()) or 1
-    even = total / max(len(calls), 1)
+def _print(
+    rates: dict[str, list[float]], calls: dict[str, dict[int, int]], recoveries: list[float]
+) -> None:
     rows = [
         ("entity fold, single redis-server", _span(rates["single"], "ev/s")),
-        ("entity fold, 3-master cluster", _span(rates["cluster"], "ev/s")),
-        ("cluster / single, same round", f"{min(ratios):.0%}-{max(ratios):.0%}"),
-        *(
-            (f"  master :{port} commands", f"{n:,} ({n / even:.2f}x even)")
-            for port, n in sorted(calls.items())
-        ),
-        ("failover: a batch commits again after", _span(recoveries, "s", ".1f")),
+        ("entity fold, cluster, one slot", _span(rates["cluster"], "ev/s")),
+        ("entity fold, cluster, 8 shards", _span(rates["sharded"], "ev/s")),
     ]
+    for name in ("cluster", "sharded"):
+        ratios = [c / s for s, c in zip(rates["single"], rates[name], strict=True)]
+        rows.append((f"  {name} / single, same round", f"{min(ratios):.0%}-{max(ratios):.0%}"))
+        total = sum(calls[name].values()) or 1
+        even = total / max(len(calls[name]), 1)
+        rows += [
+            (f"  {name}: master :{port} commands", f"{n:,} ({n / even:.2f}x even)")
+            for port, n in sorted(calls[name].items())
+        ]
+    rows.append(("failover: a batch commits again after", _span(recoveries, "s", ".1f")))
     width = max(len(r[0]) for r in rows)
     print("\nRedis Cluster (one machine: 3 masters, 3 replicas, the processes share 2 cores)")
     for label, value in rows:
         print(f"  {label:<{width}}  {value}")
     print(
-        "  One generation's keys share one hash tag, so one master serves a processor: the "
-        "cluster spreads processors and generations, not yet one processor's keys."
+        "  One slot: a generation's keys share one hash tag, so one master serves it. Sharded: "
+        "each partition id's keys share its shard's tag, so the masters share the writes."
     )
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.store.connect import redis_client
-from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.generations import SHARDS_FIELD, GenerationRegistry
 from refold.deploy.redis_cluster import LocalRedisCluster, free_port_run
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
@@ -112,8 +112,9 @@ def test_the_cluster_spreads_processors_and_keeps_each_flip_in_one_slot(redis_ur
     assert len(set(slots.values())) == len(slots)  # each generation its own slot
 
 
+@pytest.mark.parametrize("shards", [0, 4], ids=["one-slot", "sharded"])
 def test_a_master_killed_under_traffic_fails_over_and_nothing_is_lost_or_applied_twice(
-    redis_cluster, target, kafka_bootstrap, make_topic
+    redis_cluster, target, kafka_bootstrap, make_topic, shards
 ):
     topic = make_topic(partitions=4, prefix="orders")
     events = list(OrderSimulator(1500, seed=17, anomaly_rate=0))
@@ -121,7 +122,11 @@ def test_a_master_killed_under_traffic_fails_over_and_nothing_is_lost_or_applied
     records, _ends = source_records(kafka_bootstrap, topic, 4)
     chunks = [records[i : i + 60] for i in range(0, len(records), 60)]
     cluster_client = redis_client(target.redis_url)
-    master = cluster_client.get_node_from_key(target.keys.positions).port
+    registry = GenerationRegistry(cluster_client, target.layout)
+    assert registry.create({SHARDS_FIELD: shards}, live=True) == target.generation
+    target = dataclasses.replace(target, shards=shards)
+    # Sharded: the master of partition id 0's shard (it holds one or two of the four).
+    master = cluster_client.get_node_from_key(target.keys.for_shard(0).positions).port
     writer = FoldWriter(target, P)
     applied_at: list[float] = []
     killed_at: list[float] = []
