@@ -69,6 +69,7 @@ from tests.integration.test_sharded_serving import (  # noqa: F401
     test_a_token_of_other_partitions_is_read_from_their_shards_and_aggregates_add_up,
     test_monitor_metrics_and_dlq_list_gather_the_shards,
     test_pages_over_the_shards_are_complete_without_duplicates_while_a_flip_happens,
+    test_the_watermark_gathers_every_shards_clocks,
 )
 from tests.integration.test_sharded_writer import (  # noqa: F401
     sharded,

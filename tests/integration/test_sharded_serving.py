@@ -24,15 +24,21 @@ from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import SHARDS_FIELD, GenerationRegistry
 from refold.deploy.cli import main as refold_main
+from refold.deploy.simulators.clickstream import ClickstreamSimulator
 from refold.deploy.simulators.orders import OrderSimulator
+from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.oracle import fold_all
 from refold.processors.order_state.projection import OrderStateProjection
-from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.envelope import FoldTarget, FoldWriter
+from refold.processors.web_sessions.config import WEB_SESSIONS
+from refold.processors.web_sessions.projection import WebSessionsProjection
 from refold.services.api.app import create_app
 from refold.services.api.config import HttpSettings, ServeSettings
 from refold.services.api.context import ServiceContext
 from refold.services.consistency import decode_token
 from refold.services.query.pagination import ScanCursor
+from refold.services.reader.window_reader import WindowReader
+from tests.integration.test_entity_timers import _log, _target
 from tests.integration.test_serving import Stack, _batch
 
 pytestmark = pytest.mark.integration
@@ -219,3 +225,29 @@ def test_monitor_metrics_and_dlq_list_gather_the_shards(
     per_shard = [int(stack.redis.hlen(k.dead_letters)) for k in keys.each_shard()]
     assert sum(per_shard) == len(oracle.rejected)
     assert sum(1 for n in per_shard if n) > 1
+
+
+def test_the_watermark_gathers_every_shards_clocks(target, redis_url, make_topic) -> None:
+    events = list(ClickstreamSimulator(150, seed=5))
+    logs, decoded, published = _log(events)
+    projection = WebSessionsProjection(closed_topic=make_topic(partitions=4, prefix="closed"))
+    client = redis_client(redis_url)
+    registry = GenerationRegistry.of(client, "web_sessions", target.key_prefix)
+    assert registry.create({SHARDS_FIELD: SHARDS}, live=True) == 1
+    chosen = _target(target, "web_sessions", WEB_SESSIONS, ("pv", "se"), 1)
+    FoldWriter(dataclasses.replace(chosen, shards=SHARDS), projection).apply(published, 0)
+    event_time = WEB_SESSIONS.event_time
+    assert event_time is not None
+    # The plain answer: per partition, the largest event time of its records.
+    clocks: dict[str, int] = {}
+    for (topic, partition, _offset), (_type, data) in decoded.items():
+        at = f"{topic}/{partition}"
+        clocks[at] = max(clocks.get(at, 0), event_time_ms(data, event_time.field))
+    assert len(clocks) == len(logs) == 2 * SHARDS  # the premise: every shard has both topics
+    reader = WindowReader(
+        client, "web_sessions", (), (), target.key_prefix, lateness_ms=event_time.lateness_ms
+    )
+    view = reader.watermark()
+    assert view.positions == {tp: len(log) for tp, log in logs.items()}
+    assert view.value.clocks == clocks
+    assert view.value.watermark == min(clocks.values()) - event_time.lateness_ms
