@@ -148,11 +148,10 @@ def _list(args: argparse.Namespace, client: redis.Redis, prefix: str, topic: str
         which = "no live generation" if generation is None else f"no generation {generation}"
         print(f"refold dlq list: {args.processor} has {which}", file=sys.stderr)
         return 1
-    entries = {
+    entries = {  # a sharded generation keeps each partition id's letters in its shard
         cast("bytes", field).decode(): cast("bytes", reason).decode()
-        for field, reason in client.hscan_iter(
-            layout.generation(generation).dead_letters, count=SCAN_COUNT
-        )
+        for keys in registry.keys(generation).each_shard()
+        for field, reason in client.hscan_iter(keys.dead_letters, count=SCAN_COUNT)
     }
     summaries = summarise_index(entries, args.examples)
     if args.json:

@@ -19,10 +19,11 @@ from typing import Any
 import orjson
 import redis
 
-from refold.contracts.layout import position_field
+from refold.contracts.layout import parse_position_field, position_field
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.registry import default_registry
 from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.positions import GenerationPositions
 from refold.services.api.errors import ApiError
 from refold.services.consistency import Positions, decode_token, parse_min_positions, unmet
 from refold.services.errors import NoLiveGenerationError
@@ -117,6 +118,7 @@ async def read_consistent(
     """
     deadline = time.monotonic() + consistency.wait_s
     topics: list[str] | None = None
+    registry = GenerationRegistry.of(client, spec.name, key_prefix)
     while True:
         try:
             view = read()
@@ -132,11 +134,42 @@ async def read_consistent(
         if topics is None:
             topics = topics_of(client, spec, key_prefix, view.generation)
         missing = unmet(consistency.needed, view.positions, topics)
+        if missing:
+            view = _with_other_shards(registry, view, missing)
+            missing = unmet(missing, view.positions, topics)
         if not missing:
             return view
         if time.monotonic() >= deadline:
             raise _not_applied(spec, view, missing, consistency.wait_s)
         await asyncio.sleep(_POLL_S)
+
+
+def _with_other_shards(
+    registry: GenerationRegistry, view: StateView, missing: Positions
+) -> StateView:
+    """``view`` with the positions of the ``missing`` partitions that other shards hold.
+
+    A read of a sharded generation returns the positions of the shards it read (an entity's:
+    its partition's). A token may name other partitions, which that state does not depend on
+    (every event of an entity is on its partition): they are read from their shards, in one
+    HMGET each, and must be applied too. Unsharded, a view holds every position: ``view``.
+    """
+    absent = [(t, p) for t, p in missing if (t, p) not in view.positions]
+    if not absent:  # unsharded, every partition the generation started is in the view
+        return view
+    keys = registry.keys(view.generation)  # read once per registry
+    fields = [position_field(t, p) for t, p in absent if p < keys.shards]
+    if not fields:
+        return view
+    found = GenerationPositions(registry.client, keys).read_fields(fields)
+    if not found:
+        return view
+    positions = {**view.positions}
+    for field, offset in found.items():
+        parsed = parse_position_field(field)
+        if parsed is not None:
+            positions[parsed] = offset
+    return StateView(view.generation, view.value, positions)
 
 
 def _not_applied(

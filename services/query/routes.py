@@ -19,7 +19,6 @@ import orjson
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from pydantic import BaseModel, Field
 
-from refold.contracts.layout import StateLayout
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.windows import scales_from_meta, windows_from_meta
 from refold.services.api.context import ServiceContext, get_context
@@ -278,9 +277,8 @@ def query_router() -> APIRouter:
         _table(spec, table)
         serve = context.settings.serve
         size = min(limit or serve.page_size, serve.max_page_size)
-        layout = StateLayout(name, context.key_prefix)
+        reader = context.reader(name)
         if cursor is None:
-            reader = context.reader(name)
             start = await read_consistent(
                 context.redis,
                 spec,
@@ -291,8 +289,7 @@ def query_router() -> APIRouter:
             at = ScanCursor(name, table, start.generation, 0)
         else:
             at = ScanCursor.decode(cursor, name, table)
-        page = scan_page(context.redis, layout, table, at, size)
-        reader = context.reader(name)
+        page = scan_page(reader.registry, table, at, size)
         view = StateView(page.generation, None, reader.freshness(page.generation))
         body = {
             "items": [{"key": k, "value": v} for k, v in page.items],

@@ -21,7 +21,7 @@ from typing import Protocol, cast
 import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
-from refold.contracts.store.connect import pipelined_pfcount
+from refold.contracts.store.connect import is_cluster, pipelined_pfcount
 from refold.contracts.store.scan import scan_names
 from refold.contracts.windows import (
     Hopping,
@@ -285,14 +285,20 @@ class WindowReader:
         gen = self._generation(generation)
         keys = self.registry.keys(gen)
         applied = self.registry.positions_of(gen)
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(keys.clocks)
+        shards = keys.each_shard()  # sharded: each partition's clock is in its shard's hash
+        # A cluster's transaction spans one slot: there each shard is read as it is.
+        atomic = not (keys.shards and is_cluster(self.client))
+        with self.client.pipeline(transaction=atomic) as pipe:
+            for shard in shards:
+                pipe.hgetall(shard.clocks)
             applied.queue(pipe)
-            raw_clocks, raw_positions = pipe.execute()
+            replies = pipe.execute()
         # Not the writer slots' own copies (``s<slot>|<topic>/<p>``, re-keyed processors):
         # the generation's clock of a partition is their minimum.
-        clocks = {f: t for f, t in _ints(raw_clocks).items() if "|" not in f}
-        positions = applied.parse(raw_positions).positions
+        clocks = {
+            f: t for raw in replies[: len(shards)] for f, t in _ints(raw).items() if "|" not in f
+        }
+        positions = applied.parse_replies(replies[len(shards) :]).positions
         every = [position_field(t, p) for t, p in positions]
         value = Watermark(watermark_of(clocks, self.lateness_ms, every), self.lateness_ms, clocks)
         return StateView(gen, value, positions)

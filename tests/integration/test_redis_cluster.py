@@ -5,7 +5,8 @@ here a second time, with the session's broker: the fold writer against the oracl
 and overlapping batches, concurrent writers, a reader across a flip), re-keyed writer slots,
 windows and their closer across a flip, snapshots taken while batches commit, seeds, diffs,
 in-place resets, rollback and gc, every state kind's lifecycle, a kind added as a module, and
-the HTTP query paging through a cutover. Then a master is killed under traffic.
+the HTTP query paging through a cutover (over a sharded generation too). Then a master is
+killed under traffic.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ from tests.integration.test_serving import (  # noqa: F401
     stack,
     test_ingest_then_query_with_the_token_sees_the_write,
     test_pagination_is_complete_without_duplicates_while_a_flip_happens,
+)
+from tests.integration.test_sharded_serving import (  # noqa: F401
+    sharded_stack,
+    test_a_token_of_other_partitions_is_read_from_their_shards_and_aggregates_add_up,
+    test_monitor_metrics_and_dlq_list_gather_the_shards,
+    test_pages_over_the_shards_are_complete_without_duplicates_while_a_flip_happens,
+    test_the_watermark_gathers_every_shards_clocks,
 )
 from tests.integration.test_sharded_writer import (  # noqa: F401
     sharded,
