@@ -77,10 +77,17 @@ def _move_group(kafka: KafkaSettings, group: str, plan: ReplayPlan) -> None:
 def _reset_state(
     registry: GenerationRegistry, generation: int, plan: ReplayPlan, snapshot: Snapshot | None
 ) -> int:
-    """Empty the generation's state (or restore ``snapshot``); set where folding resumes."""
+    """Empty the generation's state (or restore ``snapshot``); set where folding resumes.
+
+    Sharded, shard by shard, and the positions in each partition's shard.
+    """
     client = registry.client
     keys = registry.keys(generation)
-    removed = unlink_matching(client, keys.pattern(), only=keys.is_state_key)
+    # Every shard's state too (a sharded generation's, each in its own slot). Its guards go
+    # with it, as unsharded: a writer WATCHing one sees it change, and the next sets it again.
+    removed = sum(
+        unlink_matching(client, pattern, only=keys.is_state_key) for pattern in keys.patterns()
+    )
     # Not state, but counted by checkpoint and batch id: the new checkpoint epoch starts both
     # again, and the stats describe the generation's folding from its new start.
     ProcessorStats(client, registry.layout).reset(generation)
