@@ -30,8 +30,9 @@ state exactly at its positions, taken at its own instant. That is the state of t
 positions all the same, since a shard holds everything its partitions' records changed and
 nothing another partition's did (a sharded fold is co-partitioned; aggregates are kept per
 shard); what the positions of two partitions never were, one point in time, it is not either.
-A sharded snapshot seeds a generation with the same shards, shard to shard; seeding across shard
-counts is refused.
+A sharded snapshot seeds a generation with the same shards, shard to shard (a replay's
+generation, whose processor's first run has not decided its shards yet, takes the snapshot's);
+seeding across shard counts is refused.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import cast
 import redis
 
 from refold.contracts.layout import GenerationKeys, position_field
-from refold.contracts.store.generations import GenerationRegistry, Positions
+from refold.contracts.store.generations import SHARDS_FIELD, GenerationRegistry, Positions
 from refold.contracts.store.positions import GenerationPositions
 from refold.contracts.store.scan import scan_names, unlink_matching
 from refold.replay.errors import PlanError
@@ -286,12 +287,15 @@ class SnapshotStore:
         DUMP/RESTORE rather than COPY: the two generations have different hash tags, so they
         may live on different cluster nodes. The new generation is not live and has no
         processor yet, so this copy needs no atomicity. A sharded snapshot is copied shard to
-        shard, into a generation with the same shards.
+        shard, into a generation with the same shards; a generation whose shards are not
+        decided yet (a replay's, before its processor's first run) takes the snapshot's.
 
         Raises:
             SnapshotError: ``generation`` has other shards than the snapshot's, or keys of the
                 snapshot are gone (the seed would be partial).
         """
+        if self.registry.meta(generation).get(SHARDS_FIELD) == "":  # undecided
+            self.registry.decide_shards(generation, snapshot.shards)
         targets = self.registry.keys(generation).each_shard()
         sources = self._shards(snapshot.generation, snapshot.shards)
         if snapshot.shards != targets[0].shards:

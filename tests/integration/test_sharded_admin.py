@@ -129,6 +129,13 @@ def test_a_snapshot_copies_each_shard_in_its_slot_and_seeds_the_same_shards(shar
     orders.assert_state(seeded)
     assert diff_generations(SPEC, orders.client, orders.target.key_prefix, live, seeded).identical
 
+    # A replay's generation, its shards undecided until its processor's first run: the
+    # snapshot's, recorded by the seed (the processor then keeps them).
+    undecided = orders.registry.create({SHARDS_FIELD: ""})
+    store.seed(snapshot, undecided)
+    assert orders.registry.meta(undecided)[SHARDS_FIELD] == str(PARTITIONS)
+    orders.assert_state(undecided, snapshot.positions)
+
     # Across shard counts: refused, naming the fix, nothing copied.
     for shards in (0, 2):
         other = orders.create(shards)
