@@ -133,11 +133,12 @@ def reset_in_place(
         )
         raise PlanError(msg) from exc
     try:
+        store = SnapshotStore(registry)
         snapshot = (
-            SnapshotStore(registry).get(plan.seed.generation, plan.seed.snapshot)
-            if plan.seed is not None
-            else None
+            store.get(plan.seed.generation, plan.seed.snapshot) if plan.seed is not None else None
         )
+        if snapshot is not None:  # refused here, before the group and the state are changed
+            store.check_seedable(snapshot, generation)
         group = consumer_group(plan.processor, generation, key_prefix)
         _move_group(kafka, group, plan)
         # From here the generation is half reset until the marker goes: a processor that

@@ -296,17 +296,9 @@ class SnapshotStore:
         """
         if self.registry.meta(generation).get(SHARDS_FIELD) == "":  # undecided
             self.registry.decide_shards(generation, snapshot.shards)
+        self.check_seedable(snapshot, generation)
         targets = self.registry.keys(generation).each_shard()
         sources = self._shards(snapshot.generation, snapshot.shards)
-        if snapshot.shards != targets[0].shards:
-            msg = (
-                f"snapshot {snapshot.name} holds a generation sharded {snapshot.shards} ways "
-                f"(0: unsharded) and g{generation} is sharded {targets[0].shards} ways: a shard's "
-                "state seeds only the same shard. Nothing was copied. Operator action: rebuild "
-                "--to-earliest (no snapshot), or seed from a snapshot of a generation with "
-                f"{targets[0].shards} shards."
-            )
-            raise SnapshotError(msg)
         copied = sum(
             self._restore(self._copies(source, snapshot.snapshot), target.base)
             for source, target in zip(sources, targets, strict=True)
@@ -323,6 +315,27 @@ class SnapshotStore:
             raise SnapshotError(msg)
         self.registry.update_meta(generation, {"seeded_from": snapshot.name})
         return copied
+
+    def check_seedable(self, snapshot: Snapshot, generation: int) -> None:
+        """Refuse, before anything changes, a seed of ``generation`` across shard counts.
+
+        A generation whose shards are undecided yet takes the snapshot's (:meth:`seed`).
+
+        Raises:
+            SnapshotError: ``generation`` has other shards than the snapshot's.
+        """
+        if self.registry.meta(generation).get(SHARDS_FIELD) == "":
+            return
+        shards = self.registry.keys(generation).shards
+        if snapshot.shards != shards:
+            msg = (
+                f"snapshot {snapshot.name} holds a generation sharded {snapshot.shards} ways "
+                f"(0: unsharded) and g{generation} is sharded {shards} ways: a shard's state "
+                "seeds only the same shard. Nothing was copied. Operator action: rebuild "
+                "--to-earliest (no snapshot), or seed from a snapshot of a generation with "
+                f"{shards} shards."
+            )
+            raise SnapshotError(msg)
 
     def _restore(self, source: str, target: str) -> int:
         """DUMP every key under ``source`` and RESTORE it under ``target``; how many."""

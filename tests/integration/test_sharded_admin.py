@@ -140,6 +140,8 @@ def test_a_snapshot_copies_each_shard_in_its_slot_and_seeds_the_same_shards(shar
     for shards in (0, 2):
         other = orders.create(shards)
         with pytest.raises(SnapshotError, match=f"sharded {PARTITIONS} ways.*rebuild"):
+            store.check_seedable(snapshot, other)  # what an in-place reset asks first
+        with pytest.raises(SnapshotError, match=f"sharded {PARTITIONS} ways.*rebuild"):
             store.seed(snapshot, other)
         assert orders.state_names(other) == set()
     assert store.delete(live, snapshot.snapshot) == snapshot.keys
