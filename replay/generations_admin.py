@@ -193,7 +193,9 @@ def collect_garbage(
             continue
         removed = 0
         if execute:
-            removed = unlink_matching(client, registry.keys(info.generation).pattern())
+            # The generation's own keys, then each shard's (a sharded generation's: own slots).
+            keys = registry.keys(info.generation)
+            removed = sum(unlink_matching(client, pattern) for pattern in keys.patterns())
             registry.forget(info.generation)
             remove_generation_checkpoints(checkpoint_root, spec.name, info.generation, spark)
         done.append((info.generation, removed))
@@ -278,9 +280,12 @@ class GenerationDiff:
         return lines
 
 
-def _entities(client: redis.Redis, pattern: str, prefix_len: int) -> Iterator[tuple[str, bytes]]:
-    for batch in scan_batches(client, pattern):
-        yield from _load(client, batch, prefix_len)
+def _entities(client: redis.Redis, keys: GenerationKeys, table: str) -> Iterator[tuple[str, bytes]]:
+    """Every entity of ``table`` (every shard's), by its key, with its raw value."""
+    for shard in keys.each_shard():
+        head = len(shard.table(table, ""))
+        for batch in scan_batches(client, shard.table_pattern(table)):  # one slot: one MGET
+            yield from _load(client, batch, head)
 
 
 def _load(client: redis.Redis, names: list[str], prefix_len: int) -> Iterator[tuple[str, bytes]]:
@@ -303,19 +308,16 @@ def diff_generations(
     Raises:
         ReplayError: A generation does not exist.
     """
-    layout = StateLayout(spec.name, key_prefix)
-    registry = GenerationRegistry(client, layout)
+    registry = GenerationRegistry(client, StateLayout(spec.name, key_prefix))
     for gen in (a, b):
         if registry.status(gen) is None:
             msg = f"{spec.name} has no generation {gen}; see `replay status`"
             raise ReplayError(msg)
     result = GenerationDiff(a, b)
+    keys_a, keys_b = registry.keys(a), registry.keys(b)  # sharded or not, each as created
     for table in spec.tables:
-        keys_a, keys_b = layout.generation(a), layout.generation(b)
-        prefix_a = keys_a.table(table, "")
-        in_a = dict(_entities(client, keys_a.table_pattern(table), len(prefix_a)))
-        prefix_b = keys_b.table(table, "")
-        for key, value in _entities(client, keys_b.table_pattern(table), len(prefix_b)):
+        in_a = dict(_entities(client, keys_a, table))
+        for key, value in _entities(client, keys_b, table):
             result.compared += 1
             other = in_a.pop(key, None)
             label = f"{table}:{key}"
@@ -328,13 +330,12 @@ def diff_generations(
         result.only_in_a.extend(f"{table}:{key}" for key in in_a)
         result.compared += len(in_a)
     for name in spec.aggregates:
-        agg_a = _counters(client, layout.generation(a).aggregate(name))
-        agg_b = _counters(client, layout.generation(b).aggregate(name))
+        agg_a, agg_b = _counters(client, keys_a, name), _counters(client, keys_b, name)
         if agg_a != agg_b:
             result.aggregates_differing[name] = (agg_a, agg_b)
-    _diff_windows(client, layout.generation(a), layout.generation(b), result)
+    _diff_windows(client, keys_a, keys_b, result)
     for kind, diff in kind_diffs():  # the kinds added as modules compare their own keys
-        differing = dict(diff(client, layout.generation(a), layout.generation(b)))
+        differing = dict(diff(client, keys_a, keys_b))
         if differing:
             result.kinds_differing[kind] = differing
     return result
@@ -366,11 +367,16 @@ def _window_keys(
     namespace: str,
     load: Callable[[redis.Redis, list[str]], list[Any]],
 ) -> dict[str, Any]:
-    """Every key of one namespace of a generation, named without the generation's base."""
-    head = len(keys.base) + 1
+    """Every key of one namespace of a generation, named without its base (its shard's).
+
+    Windows are not sharded (the fold writer refuses them, their buckets take several
+    partitions' records): a sharded generation's shards hold none.
+    """
     found: dict[str, Any] = {}
-    for batch in scan_batches(client, keys.namespace_pattern(namespace)):
-        found.update(zip((n[head:] for n in batch), load(client, batch), strict=True))
+    for shard in keys.each_shard():
+        head = len(shard.base) + 1
+        for batch in scan_batches(client, shard.namespace_pattern(namespace)):
+            found.update(zip((n[head:] for n in batch), load(client, batch), strict=True))
     return found
 
 
@@ -389,6 +395,14 @@ def _sketch_counts(client: redis.Redis, names: list[str]) -> list[int]:
         return [int(n) for n in pipe.execute()]
 
 
-def _counters(client: redis.Redis, key: str) -> dict[str, int]:
-    raw = cast("dict[bytes, bytes]", client.hgetall(key))
-    return {k.decode(): int(v) for k, v in raw.items() if int(v) != 0}
+def _counters(client: redis.Redis, keys: GenerationKeys, name: str) -> dict[str, int]:
+    """An aggregate's counters: a sharded generation's are each shard's share, added up."""
+    with client.pipeline(transaction=False) as pipe:
+        for shard in keys.each_shard():
+            pipe.hgetall(shard.aggregate(name))
+        raws = cast("list[dict[bytes, bytes]]", pipe.execute())
+    total: dict[str, int] = {}
+    for raw in raws:
+        for field_name, value in raw.items():
+            total[field_name.decode()] = total.get(field_name.decode(), 0) + int(value)
+    return {k: v for k, v in total.items() if v != 0}

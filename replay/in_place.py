@@ -77,10 +77,17 @@ def _move_group(kafka: KafkaSettings, group: str, plan: ReplayPlan) -> None:
 def _reset_state(
     registry: GenerationRegistry, generation: int, plan: ReplayPlan, snapshot: Snapshot | None
 ) -> int:
-    """Empty the generation's state (or restore ``snapshot``); set where folding resumes."""
+    """Empty the generation's state (or restore ``snapshot``); set where folding resumes.
+
+    Sharded, shard by shard, and the positions in each partition's shard.
+    """
     client = registry.client
     keys = registry.keys(generation)
-    removed = unlink_matching(client, keys.pattern(), only=keys.is_state_key)
+    # Every shard's state too (a sharded generation's, each in its own slot). Its guards go
+    # with it, as unsharded: a writer WATCHing one sees it change, and the next sets it again.
+    removed = sum(
+        unlink_matching(client, pattern, only=keys.is_state_key) for pattern in keys.patterns()
+    )
     # Not state, but counted by checkpoint and batch id: the new checkpoint epoch starts both
     # again, and the stats describe the generation's folding from its new start.
     ProcessorStats(client, registry.layout).reset(generation)
@@ -126,11 +133,12 @@ def reset_in_place(
         )
         raise PlanError(msg) from exc
     try:
+        store = SnapshotStore(registry)
         snapshot = (
-            SnapshotStore(registry).get(plan.seed.generation, plan.seed.snapshot)
-            if plan.seed is not None
-            else None
+            store.get(plan.seed.generation, plan.seed.snapshot) if plan.seed is not None else None
         )
+        if snapshot is not None:  # refused here, before the group and the state are changed
+            store.check_seedable(snapshot, generation)
         group = consumer_group(plan.processor, generation, key_prefix)
         _move_group(kafka, group, plan)
         # From here the generation is half reset until the marker goes: a processor that

@@ -12,6 +12,8 @@ runs on a cluster; see :mod:`refold.contracts.layout`):
 ``<p>:{<proc>.g<N>}:snapshots``                 hash    snapshot id -> JSON (positions, time, ...)
 ``<p>:{<proc>.g<N>}:snapshot_seq``              string  last snapshot id
 ``<p>:{<proc>.g<N>}:snap:<S>:<state key>``      any     copy of ``<p>:{<proc>.g<N>}:<state key>``
+``<p>:{<shard tag>}:snap:<S>:<state key>``      any     sharded: copy of ``<p>:{<shard tag>}:<state
+                                                        key>``, in the shard's own slot
 =============================================  ======  ==========================================
 
 Snapshots belong to their generation: ``replay gc`` removes them with it.
@@ -19,6 +21,18 @@ Snapshots belong to their generation: ``replay gc`` removes them with it.
 Consistency: the sink commits each batch's state and positions in one MULTI/EXEC that also
 writes the positions hash. A snapshot WATCHes that hash, lists the keys, and copies them all in
 one MULTI/EXEC; a batch committed in between aborts the copy, which is retried.
+
+A generation sharded by partition id (``GenerationKeys.shards``) commits each partition id's
+state and positions in its shard's own transaction, in the shard's own slot, and no Redis
+Cluster transaction spans two slots. Its snapshot is that copy done shard by shard (each its own
+WATCH, listing and MULTI/EXEC), then recorded in the generation's home: each shard's copy is its
+state exactly at its positions, taken at its own instant. That is the state of the snapshot's
+positions all the same, since a shard holds everything its partitions' records changed and
+nothing another partition's did (a sharded fold is co-partitioned; aggregates are kept per
+shard); what the positions of two partitions never were, one point in time, it is not either.
+A sharded snapshot seeds a generation with the same shards, shard to shard (a replay's
+generation, whose processor's first run has not decided its shards yet, takes the snapshot's);
+seeding across shard counts is refused.
 """
 
 from __future__ import annotations
@@ -31,8 +45,9 @@ from typing import cast
 
 import redis
 
-from refold.contracts.layout import position_field
-from refold.contracts.store.generations import GenerationRegistry, Positions
+from refold.contracts.layout import GenerationKeys, position_field
+from refold.contracts.store.generations import SHARDS_FIELD, GenerationRegistry, Positions
+from refold.contracts.store.positions import GenerationPositions
 from refold.contracts.store.scan import scan_names, unlink_matching
 from refold.replay.errors import PlanError
 
@@ -59,6 +74,8 @@ class Snapshot:
         created_at: Unix time of the copy.
         keys: Keys copied (state, aggregates, positions, guards).
         code_fingerprint: Code fingerprint of the generation when it was taken.
+        shards: The generation's shards (``GenerationKeys.shards``; 0: unsharded): it seeds
+            only a generation with as many.
     """
 
     processor: str
@@ -68,6 +85,7 @@ class Snapshot:
     created_at: float
     keys: int
     code_fingerprint: str = ""
+    shards: int = 0
 
     @property
     def name(self) -> str:
@@ -84,6 +102,7 @@ class Snapshot:
             "created_at": self.created_at,
             "keys": self.keys,
             "code_fingerprint": self.code_fingerprint,
+            "shards": self.shards,
             "positions": {position_field(t, p): o for (t, p), o in sorted(self.positions.items())},
         }
 
@@ -100,78 +119,105 @@ class SnapshotStore:
         self.client = registry.client
 
     def _index(self, generation: int) -> str:
-        return f"{self.registry.keys(generation).base}:snapshots"
+        return f"{self.registry.keys(generation).home}:snapshots"
 
     def _sequence(self, generation: int) -> str:
-        return f"{self.registry.keys(generation).base}:snapshot_seq"
+        return f"{self.registry.keys(generation).home}:snapshot_seq"
 
-    def _snapshot_base(self, generation: int, snapshot: int) -> str:
-        return f"{self.registry.keys(generation).base}:snap:{snapshot}"
+    @staticmethod
+    def _copies(keys: GenerationKeys, snapshot: int) -> str:
+        """Where snapshot ``snapshot`` of the state under ``keys`` (a shard's) is copied."""
+        return f"{keys.base}:snap:{snapshot}"
+
+    def _shards(self, generation: int, shards: int) -> list[GenerationKeys]:
+        """The keys of each shard of ``generation`` (one, its own, when unsharded)."""
+        return self.registry.layout.generation(generation, shards).each_shard()
 
     def take(self, generation: int, *, attempts: int = 50) -> Snapshot:
-        """Copy ``generation``'s state and positions at one instant.
+        """Copy ``generation``'s state and positions at one instant (sharded: per shard).
 
         Args:
             generation: A generation that has applied records.
-            attempts: Copies to try while batches keep committing in between.
+            attempts: Copies to try, per shard, while batches keep committing in between.
 
         Returns:
-            The snapshot.
+            The snapshot, recorded once every shard is copied.
 
         Raises:
             SnapshotError: Unknown generation, nothing applied yet, or every attempt was
-                overtaken by a batch commit.
+                overtaken by a batch commit (the copies made are removed).
         """
         if self.registry.status(generation) is None:
             msg = f"{self.registry.layout.processor} has no generation {generation}"
             raise SnapshotError(msg)
         keys = self.registry.keys(generation)
-        applied = self.registry.positions_of(generation)
-        index = self._index(generation)
+        if not self.registry.positions_of(generation).read().positions:
+            msg = (
+                f"g{generation} has applied nothing yet: there is no state to snapshot. "
+                "Start its processor first."
+            )
+            raise SnapshotError(msg)
+        snapshot = int(self.client.incr(self._sequence(generation)))
+        positions: Positions = {}
+        copied = 0
+        try:
+            for shard in keys.each_shard():
+                part, names = self._copy(shard, snapshot, attempts)
+                positions.update(part)
+                copied += names
+        except SnapshotError:
+            self._remove_copies(generation, keys.shards, snapshot)
+            raise
+        info = Snapshot(
+            self.registry.layout.processor,
+            generation,
+            snapshot,
+            positions,
+            time.time(),
+            copied,
+            self.registry.meta(generation).get("code_fingerprint", ""),
+            keys.shards,
+        )
+        # Recorded last: a snapshot is used only once every shard's copy is there.
+        self.client.hset(self._index(generation), str(snapshot), json.dumps(info.as_dict()))
+        logger.info(
+            "snapshot %s: %d keys at %d applied records",
+            info.name,
+            info.keys,
+            sum(positions.values()),
+        )
+        return info
+
+    def _copy(self, keys: GenerationKeys, snapshot: int, attempts: int) -> tuple[Positions, int]:
+        """Copy the state under ``keys`` (one slot) with its positions in one MULTI/EXEC.
+
+        Returns:
+            The positions copied, and how many keys.
+        """
+        applied = GenerationPositions(self.client, keys)  # a shard's keys: its own hash
+        target = self._copies(keys, snapshot)
         for attempt in range(1, attempts + 1):
             with self.client.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(*applied.watch_keys())  # type: ignore[no-untyped-call]
                     positions = applied.read(via=pipe).positions
-                    if not positions:
-                        msg = (
-                            f"g{generation} has applied nothing yet: there is no state to "
-                            "snapshot. Start its processor first."
-                        )
-                        raise SnapshotError(msg)
                     # Listed after WATCH: a commit that adds keys after this aborts the copy.
                     names = [
                         k for k in scan_names(self.client, keys.pattern()) if keys.is_state_key(k)
                     ]
-                    snapshot = int(self.client.incr(self._sequence(generation)))
-                    target = self._snapshot_base(generation, snapshot)
-                    info = Snapshot(
-                        self.registry.layout.processor,
-                        generation,
-                        snapshot,
-                        positions,
-                        time.time(),
-                        len(names),
-                        self.registry.meta(generation).get("code_fingerprint", ""),
-                    )
                     pipe.multi()
                     for name in names:
                         pipe.copy(name, f"{target}:{name[len(keys.base) + 1 :]}", replace=True)
-                    pipe.hset(index, str(snapshot), json.dumps(info.as_dict()))
                     pipe.execute()
                 except redis.WatchError:
-                    logger.debug("snapshot of g%d overtaken by a commit (%d)", generation, attempt)
+                    logger.debug("snapshot of %s overtaken by a commit (%d)", keys.base, attempt)
                     continue
-            logger.info(
-                "snapshot %s: %d keys at %d applied records",
-                info.name,
-                info.keys,
-                sum(positions.values()),
-            )
-            return info
+            return positions, len(names)
         msg = (
-            f"could not snapshot g{generation}: a batch committed during each of {attempts} "
-            "attempts. Operator action: retry when traffic is lower, or stop the processor."
+            f"could not snapshot g{keys.generation}"
+            f"{'' if keys.shard is None else f' (shard {keys.shard})'}: a batch committed "
+            f"during each of {attempts} attempts. Operator action: retry when traffic is "
+            "lower, or stop the processor."
         )
         raise SnapshotError(msg)
 
@@ -200,6 +246,7 @@ class SnapshotStore:
                         float(data["created_at"]),
                         int(data["keys"]),
                         str(data.get("code_fingerprint", "")),
+                        int(data.get("shards", 0)),
                     )
                 )
         return sorted(result, key=lambda s: (s.created_at, s.generation, s.snapshot))
@@ -239,10 +286,59 @@ class SnapshotStore:
 
         DUMP/RESTORE rather than COPY: the two generations have different hash tags, so they
         may live on different cluster nodes. The new generation is not live and has no
-        processor yet, so this copy needs no atomicity.
+        processor yet, so this copy needs no atomicity. A sharded snapshot is copied shard to
+        shard, into a generation with the same shards; a generation whose shards are not
+        decided yet (a replay's, before its processor's first run) takes the snapshot's.
+
+        Raises:
+            SnapshotError: ``generation`` has other shards than the snapshot's, or keys of the
+                snapshot are gone (the seed would be partial).
         """
-        source = self._snapshot_base(snapshot.generation, snapshot.snapshot)
-        target = self.registry.keys(generation).base
+        if self.registry.meta(generation).get(SHARDS_FIELD) == "":  # undecided
+            self.registry.decide_shards(generation, snapshot.shards)
+        self.check_seedable(snapshot, generation)
+        targets = self.registry.keys(generation).each_shard()
+        sources = self._shards(snapshot.generation, snapshot.shards)
+        copied = sum(
+            self._restore(self._copies(source, snapshot.snapshot), target.base)
+            for source, target in zip(sources, targets, strict=True)
+        )
+        if copied != snapshot.keys:
+            # Keys vanished under us (a concurrent `replay gc`, an eviction policy): the seed
+            # would be a partial state that still claims the snapshot's positions.
+            msg = (
+                f"snapshot {snapshot.name} has {copied} of its {snapshot.keys} keys left; "
+                f"g{generation} is incomplete and must not be used. Operator action: take a "
+                "new snapshot (`replay snapshot`) or rebuild --to-earliest; check that Redis "
+                "does not evict keys (maxmemory-policy noeviction)."
+            )
+            raise SnapshotError(msg)
+        self.registry.update_meta(generation, {"seeded_from": snapshot.name})
+        return copied
+
+    def check_seedable(self, snapshot: Snapshot, generation: int) -> None:
+        """Refuse, before anything changes, a seed of ``generation`` across shard counts.
+
+        A generation whose shards are undecided yet takes the snapshot's (:meth:`seed`).
+
+        Raises:
+            SnapshotError: ``generation`` has other shards than the snapshot's.
+        """
+        if self.registry.meta(generation).get(SHARDS_FIELD) == "":
+            return
+        shards = self.registry.keys(generation).shards
+        if snapshot.shards != shards:
+            msg = (
+                f"snapshot {snapshot.name} holds a generation sharded {snapshot.shards} ways "
+                f"(0: unsharded) and g{generation} is sharded {shards} ways: a shard's state "
+                "seeds only the same shard. Nothing was copied. Operator action: rebuild "
+                "--to-earliest (no snapshot), or seed from a snapshot of a generation with "
+                f"{shards} shards."
+            )
+            raise SnapshotError(msg)
+
+    def _restore(self, source: str, target: str) -> int:
+        """DUMP every key under ``source`` and RESTORE it under ``target``; how many."""
         names = list(scan_names(self.client, f"{source}:*"))
         copied = 0
         for start in range(0, len(names), _COPY_CHUNK):
@@ -259,21 +355,16 @@ class SnapshotStore:
                         )
                         copied += 1
                 pipe.execute()
-        if copied != snapshot.keys:
-            # Keys vanished under us (a concurrent `replay gc`, an eviction policy): the seed
-            # would be a partial state that still claims the snapshot's positions.
-            msg = (
-                f"snapshot {snapshot.name} has {copied} of its {snapshot.keys} keys left; "
-                f"g{generation} is incomplete and must not be used. Operator action: take a "
-                "new snapshot (`replay snapshot`) or rebuild --to-earliest; check that Redis "
-                "does not evict keys (maxmemory-policy noeviction)."
-            )
-            raise SnapshotError(msg)
-        self.registry.update_meta(generation, {"seeded_from": snapshot.name})
         return copied
 
     def delete(self, generation: int, snapshot: int) -> int:
-        """Remove one snapshot; returns the keys removed."""
-        removed = unlink_matching(self.client, f"{self._snapshot_base(generation, snapshot)}:*")
+        """Remove one snapshot (every shard's copies); returns the keys removed."""
+        removed = self._remove_copies(generation, self.registry.keys(generation).shards, snapshot)
         self.client.hdel(self._index(generation), str(snapshot))
         return removed
+
+    def _remove_copies(self, generation: int, shards: int, snapshot: int) -> int:
+        return sum(
+            unlink_matching(self.client, f"{self._copies(keys, snapshot)}:*")
+            for keys in self._shards(generation, shards)
+        )

@@ -64,6 +64,14 @@ from tests.integration.test_serving import (  # noqa: F401
     test_ingest_then_query_with_the_token_sees_the_write,
     test_pagination_is_complete_without_duplicates_while_a_flip_happens,
 )
+from tests.integration.test_sharded_admin import (  # noqa: F401
+    sharded_orders,
+    test_a_snapshot_copies_each_shard_in_its_slot_and_seeds_the_same_shards,
+    test_diff_compares_sharded_generations_by_key_and_aggregates_by_their_sum,
+    test_gc_removes_every_key_of_a_sharded_generation,
+    test_in_place_reset_empties_every_shard_and_restores_a_snapshot_by_shard,
+    test_sharded_snapshots_taken_while_batches_commit_are_consistent_per_shard,
+)
 from tests.integration.test_sharded_serving import (  # noqa: F401
     sharded_stack,
     test_a_token_of_other_partitions_is_read_from_their_shards_and_aggregates_add_up,
