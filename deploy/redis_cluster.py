@@ -140,8 +140,8 @@ class LocalRedisCluster:
 
     @property
     def url(self) -> str:
-        """The URL refold's clients take (any node; the client learns the rest)."""
-        return f"redis+cluster://127.0.0.1:{self.first_port}"
+        """The URL refold's clients take: every node, so one that is down is no obstacle."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
 
     def _pid_file(self, port: int) -> Path:
         return self.home / f"{port}.pid"

@@ -6,7 +6,9 @@ Redis here, so a deployment chooses single server or cluster by its URL alone:
 - ``redis://host:port/0`` (``rediss://`` for TLS): one server, redis-py's ``Redis``;
 - ``redis+cluster://host:port`` (``rediss+cluster://``): a Redis Cluster, reached through any
   of its nodes; redis-py's ``RedisCluster`` learns the others and routes each command to the
-  node that owns its key's slot. A cluster has one database, so a ``/0`` path is ignored.
+  node that owns its key's slot. ``redis+cluster://h1:p1,h2:p2,h3:p3`` names several, so that
+  a client can start while one of them is down (a failed master). A cluster has one database,
+  so a ``/0`` path is ignored.
 
 refold keeps every multi-key transaction in one slot by hash tags (:mod:`refold.contracts.layout`),
 which is what lets the cluster client run them (redis-py's cluster pipelines with
@@ -19,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -60,7 +62,20 @@ def redis_client(url: str, **options: Any) -> redis.Redis:
     scheme, _, rest = plain.partition("://")
     # A cluster has database 0 only; redis-py's cluster client refuses a ``/N`` path.
     location = rest.split("/", 1)[0]
-    return cast("redis.Redis", RedisCluster.from_url(f"{scheme}://{location}", **options))
+    credentials, at, hosts = location.rpartition("@")
+    first, *others = hosts.split(",")
+    # Several nodes (``host:port,host:port``): a client starting while one is down learns the
+    # cluster from another, as redis-py's startup nodes do.
+    startup = [ClusterNode(*_host_port(node)) for node in others]  # type: ignore[no-untyped-call]
+    client = RedisCluster(
+        url=f"{scheme}://{credentials}{at}{first}", startup_nodes=startup, **options
+    )
+    return cast("redis.Redis", client)
+
+
+def _host_port(node: str) -> tuple[str, int]:
+    host, _, port = node.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 # redis-py's cluster pipelines refuse MGET, MSET and PFCOUNT by their method names, even when

@@ -8,6 +8,7 @@ is scanned on the one node that owns the tag's slot, and any other pattern on ev
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
@@ -18,6 +19,9 @@ from refold.contracts.store.connect import is_cluster
 __all__ = ["SCAN_COUNT", "scan_batches", "scan_names", "scan_page", "unlink_matching"]
 
 SCAN_COUNT = 1000  # keys per SCAN round trip, and per MGET or UNLINK that follows it
+# Tries of a SCAN on a cluster node that refuses the connection (its slot failed over), with
+# the cluster's slot map read again between them: ~2.5 s in all.
+_ATTEMPTS = 5
 
 
 def _tag_node(client: redis.Redis, pattern: str) -> object | None:
@@ -37,20 +41,36 @@ def scan_page(
 ) -> tuple[int, list[bytes]]:
     """One SCAN round trip: the next cursor (0: done) and the names it found.
 
-    On a cluster the pattern must carry a hash tag: a cursor belongs to one node.
+    On a cluster the pattern must carry a hash tag: a cursor belongs to one node. When that
+    node is gone (its slot failed over to a replica), the page is asked of the slot's new
+    master; a cursor from the old one may then skip or repeat keys that the walk had not
+    reached (SCAN's guarantees hold on one node), which a walk begun after the failover does
+    not.
     """
     if not is_cluster(client):
         return cast("tuple[int, list[bytes]]", client.scan(cursor, match=pattern, count=count))
-    node = _tag_node(client, pattern)
-    if node is None:
-        msg = f"a SCAN cursor over a Redis Cluster needs a hash-tagged pattern, not {pattern!r}"
-        raise ValueError(msg)
-    # The cluster client answers {node name: cursor} and the names.
-    cursors, found = cast(
-        "tuple[dict[str, int], list[bytes]]",
-        client.scan(cursor, match=pattern, count=count, target_nodes=node),
-    )
-    return int(next(iter(cursors.values()))), found
+    for attempt in range(_ATTEMPTS):
+        node = _tag_node(client, pattern)
+        if node is None:
+            msg = f"a SCAN cursor over a Redis Cluster needs a hash-tagged pattern, not {pattern!r}"
+            raise ValueError(msg)
+        try:
+            # The cluster client answers {node name: cursor} and the names.
+            cursors, found = cast(
+                "tuple[dict[str, int], list[bytes]]",
+                client.scan(cursor, match=pattern, count=count, target_nodes=node),
+            )
+        except (redis.ConnectionError, redis.TimeoutError):
+            # A command sent to a named node is not re-routed by redis-py: when the slot's
+            # master is gone (failed over, and this client's slot map is older), learn the
+            # cluster's map again and ask the slot's master now.
+            if attempt == _ATTEMPTS - 1:
+                raise
+            time.sleep(0.25 * (attempt + 1))
+            client.nodes_manager.initialize()  # type: ignore[attr-defined]
+            continue
+        return int(next(iter(cursors.values()))), found
+    raise AssertionError  # unreachable: the last attempt returns or raises
 
 
 def scan_names(client: redis.Redis, pattern: str) -> Iterator[str]:

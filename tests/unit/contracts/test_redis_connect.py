@@ -7,6 +7,7 @@ from redis.cluster import RedisCluster
 
 from refold.contracts.layout import StateLayout, processor_of_registry_key
 from refold.contracts.settings import RedisSettings
+from refold.contracts.store import connect
 from refold.contracts.store.connect import (
     is_cluster,
     is_cluster_url,
@@ -38,16 +39,21 @@ def test_settings_put_the_credentials_into_the_url_they_open():
     assert (kwargs["username"], kwargs["password"]) == ("u", "pw")
 
 
-def test_the_cluster_client_is_redis_py_s(monkeypatch):
-    seen = {}
+def test_the_cluster_client_is_redis_py_s_with_every_node_of_the_url(monkeypatch):
+    seen = []
 
-    def from_url(url, **options):  # no cluster to reach in a unit test
-        seen.update(url=url, **options)
-        return "cluster"
+    class Cluster:  # no cluster to reach in a unit test
+        def __init__(self, **options):
+            seen.append(options)
 
-    monkeypatch.setattr(RedisCluster, "from_url", from_url)
-    assert redis_client("redis+cluster://h:7000/0", socket_timeout=1) == "cluster"
-    assert seen == {"url": "redis://h:7000", "socket_timeout": 1}
+    monkeypatch.setattr(connect, "RedisCluster", Cluster)
+    assert isinstance(redis_client("redis+cluster://h:7000/0", socket_timeout=1), Cluster)
+    assert seen[-1] == {"url": "redis://h:7000", "startup_nodes": [], "socket_timeout": 1}
+    redis_client("rediss+cluster://u:pw@h1:7000,h2:7001,[::1]:7002/0")
+    options = seen[-1]
+    assert options["url"] == "rediss://u:pw@h1:7000"  # the credentials go to every node
+    assert [(n.host, n.port) for n in options["startup_nodes"]] == [("h2", 7001), ("::1", 7002)]
+    assert RedisCluster is not Cluster
 
 
 def test_registry_keys_share_the_processor_s_tag_and_old_names_are_still_found():
