@@ -106,6 +106,8 @@ def to_units(name: str, value: object, scale: int | None) -> int:
     Raises:
         ValueError: The value is not a number of its kind, or does not fit in 64 bits.
     """
+    if type(value) is int and scale is None and -_INT64 <= value < _INT64:
+        return value  # the common case, first (per measured event)
     if isinstance(value, bool) or not isinstance(value, int | Decimal | float):
         msg = f"measure {name!r} is {value!r}, not a number"
         raise ValueError(msg)
@@ -166,6 +168,11 @@ class Tumbling:
         """The length of one stored bucket."""
         return self.size_ms
 
+    @property
+    def grid_ms(self) -> int:
+        """Events in one step of this grid (from 0) add to the same buckets."""
+        return self.size_ms
+
     def starts(self, at: int) -> list[int]:
         """The starts of the buckets an event at ``at`` adds to."""
         return [at - at % self.size_ms]
@@ -196,6 +203,11 @@ class Hopping:
         """The length of one stored bucket (a whole window)."""
         return self.size_ms
 
+    @property
+    def grid_ms(self) -> int:
+        """Events in one hop (from 0) add to the same buckets."""
+        return self.hop_ms
+
     def starts(self, at: int) -> list[int]:
         """Every window start ``s`` with ``s <= at < s + size`` (newest first)."""
         last = at - at % self.hop_ms
@@ -225,6 +237,11 @@ class Sliding:
     @property
     def bucket_ms(self) -> int:
         """The length of one stored (fine) bucket."""
+        return self.step_ms
+
+    @property
+    def grid_ms(self) -> int:
+        """Events in one step (from 0) add to the same fine bucket."""
         return self.step_ms
 
     def starts(self, at: int) -> list[int]:

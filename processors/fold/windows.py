@@ -40,11 +40,13 @@ from refold.processors.fold.projection import EventRejectedError
 __all__ = [
     "CLOSE_TIMERS",
     "EXPIRE_TIMERS",
+    "BucketCell",
     "Hopping",
     "Measure",
     "Sliding",
     "Tumbling",
     "Window",
+    "WindowCells",
     "WindowDelta",
     "WindowFold",
     "combine",
@@ -127,7 +129,75 @@ def scaled(measure: Measure, scales: Mapping[str, int]) -> Measure:
         values = {name: to_units(name, v, scales.get(name)) for name, v in measure.values.items()}
     except ValueError as exc:
         raise EventRejectedError(str(exc)) from None
+    if not scales:  # integers only: to_units checked them and keeps each as it is
+        return measure
     return Measure(measure.group, values, measure.distinct)
+
+
+@dataclass(slots=True)
+class BucketCell:
+    """Events of one group, aggregated: their count, and per measure sum, low, high, values.
+
+    Attributes:
+        count: How many events.
+        sums: Per measure, the sum of its values.
+        lows: Per measure, the smallest value.
+        highs: Per measure, the largest value.
+        distinct: Per distinct measure, the values seen.
+    """
+
+    count: int = 0
+    sums: dict[str, int] = field(default_factory=dict)
+    lows: dict[str, int] = field(default_factory=dict)
+    highs: dict[str, int] = field(default_factory=dict)
+    distinct: dict[str, set[str]] = field(default_factory=dict)
+
+    def add(self, measure: Measure) -> None:
+        """One more event's measure."""
+        self.count += 1
+        sums, lows, highs = self.sums, self.lows, self.highs
+        for name, value in measure.values.items():
+            if name in sums:
+                sums[name] += value
+                if value < lows[name]:
+                    lows[name] = value
+                elif value > highs[name]:
+                    highs[name] = value
+            else:
+                sums[name] = lows[name] = highs[name] = value
+        for name, member in measure.distinct.items():
+            seen = self.distinct.get(name)
+            if seen is None:
+                self.distinct[name] = {member}
+            else:
+                seen.add(member)
+
+    def merge(self, other: BucketCell) -> None:
+        """Add ``other``'s events."""
+        self.count += other.count
+        sums, lows, highs = self.sums, self.lows, self.highs
+        for name, total in other.sums.items():
+            if name in sums:
+                sums[name] += total
+                lows[name] = min(lows[name], other.lows[name])
+                highs[name] = max(highs[name], other.highs[name])
+            else:
+                sums[name], lows[name], highs[name] = total, other.lows[name], other.highs[name]
+        for name, members in other.distinct.items():
+            self.distinct.setdefault(name, set()).update(members)
+
+    def copy(self) -> BucketCell:
+        """A copy that merges without changing this one."""
+        return BucketCell(
+            self.count,
+            dict(self.sums),
+            dict(self.lows),
+            dict(self.highs),
+            {name: set(members) for name, members in self.distinct.items()},
+        )
+
+
+_Bucket = tuple[str, int, str]  # (window, start, group)
 
 
 @dataclass(slots=True)
@@ -135,39 +205,106 @@ class WindowDelta:
     """What one transaction adds to the window buckets, and the timers it sets.
 
     Attributes:
-        adds: Per bucket ``(window, start, group)``: increments of ``count`` and ``sum:<m>``.
-        lows: Per ``(window, start, group, "min:<m>")``: the smallest value seen.
-        highs: Per ``(window, start, group, "max:<m>")``: the largest value seen.
-        distinct: Per ``(window, measure, start, group)``: distinct values seen.
+        buckets: Per bucket ``(window, start, group)``: what its events add.
         closes: Close timers ``member -> window end``.
         expiries: Expiry timers ``member -> last end + retention``.
     """
 
-    adds: dict[tuple[str, int, str], Counter[str]] = field(default_factory=dict)
-    lows: dict[tuple[str, int, str, str], int] = field(default_factory=dict)
-    highs: dict[tuple[str, int, str, str], int] = field(default_factory=dict)
-    distinct: dict[tuple[str, str, int, str], set[str]] = field(default_factory=dict)
+    buckets: dict[_Bucket, BucketCell] = field(default_factory=dict)
     closes: dict[bytes, int] = field(default_factory=dict)
     expiries: dict[bytes, int] = field(default_factory=dict)
+    # The buckets whose cell is their own (the others share theirs, and copy it to add more).
+    _owned: set[_Bucket] = field(default_factory=set, repr=False, compare=False)
+
+    @property
+    def adds(self) -> dict[_Bucket, Counter[str]]:
+        """Per bucket: increments of ``count`` and ``sum:<m>``."""
+        return {
+            b: Counter({"count": c.count, **{f"sum:{n}": v for n, v in c.sums.items()}})
+            for b, c in self.buckets.items()
+        }
+
+    @property
+    def lows(self) -> dict[tuple[str, int, str, str], int]:
+        """Per ``(window, start, group, "min:<m>")``: the smallest value seen."""
+        return {(*b, f"min:{n}"): v for b, c in self.buckets.items() for n, v in c.lows.items()}
+
+    @property
+    def highs(self) -> dict[tuple[str, int, str, str], int]:
+        """Per ``(window, start, group, "max:<m>")``: the largest value seen."""
+        return {(*b, f"max:{n}"): v for b, c in self.buckets.items() for n, v in c.highs.items()}
+
+    @property
+    def distinct(self) -> dict[tuple[str, str, int, str], set[str]]:
+        """Per ``(window, measure, start, group)``: distinct values seen."""
+        return {
+            (w, n, s, g): members
+            for (w, s, g), c in self.buckets.items()
+            for n, members in c.distinct.items()
+        }
 
     def add(self, windows: Iterable[Window], at: int, measure: Measure, retention_ms: int) -> None:
         """Add one event (event time ``at``) to every bucket of ``windows`` it falls in."""
-        group = measure.group
+        cell = BucketCell()
+        cell.add(measure)
         for window in windows:
-            for start in window.starts(at):
-                bucket = (window.name, start, group)
-                counts = self.adds.get(bucket)
-                if counts is None:
-                    counts = self.adds[bucket] = Counter()
-                    ends = window.ends(start)
-                    for end in ends if window.emit else ():
-                        self.closes[encode_timer(window.name, end, group)] = end
-                    self.expiries[encode_timer(window.name, start, group)] = ends[-1] + retention_ms
-                counts["count"] += 1
-                for name, value in measure.values.items():
-                    counts[f"sum:{name}"] += value
-                    low, high = (*bucket, f"min:{name}"), (*bucket, f"max:{name}")
-                    self.lows[low] = min(self.lows.get(low, value), value)
-                    self.highs[high] = max(self.highs.get(high, value), value)
-                for name, member in measure.distinct.items():
-                    self.distinct.setdefault((window.name, name, start, group), set()).add(member)
+            self.add_cell(window, at, measure.group, cell, retention_ms)
+
+    def add_cell(
+        self, window: Window, at: int, group: str, cell: BucketCell, retention_ms: int
+    ) -> None:
+        """Add ``cell`` (events at ``at``, or in its step of ``window``'s grid) to its buckets.
+
+        ``cell`` is shared, not copied, until another adds to the same bucket: it must not
+        change afterwards.
+        """
+        buckets, name = self.buckets, window.name
+        for start in window.starts(at):
+            bucket = (name, start, group)
+            held = buckets.get(bucket)
+            if held is None:
+                buckets[bucket] = cell
+                ends = window.ends(start)
+                for end in ends if window.emit else ():
+                    self.closes[encode_timer(name, end, group)] = end
+                self.expiries[encode_timer(name, start, group)] = ends[-1] + retention_ms
+                continue
+            if bucket not in self._owned:
+                held = buckets[bucket] = held.copy()
+                self._owned.add(bucket)
+            held.merge(cell)
+
+
+class WindowCells:
+    """A batch's measures aggregated per group and step of the windows' grids, then bucketed.
+
+    An event adds to every bucket of every window it falls in: five for five minutes hopping
+    by one. Events of one group in the same step of a window's grid (``grid_ms``: a minute
+    there) add to the same buckets, so a batch first adds each event to one cell per distinct
+    grid, and :meth:`delta` adds each cell to its buckets once. The result is the
+    :class:`WindowDelta` that adding every event to it would make (the oracle does so).
+    """
+
+    def __init__(self, windows: Iterable[Window]) -> None:
+        self.windows = tuple(windows)
+        self.grids = tuple(sorted({w.grid_ms for w in self.windows}))
+        self.cells: dict[tuple[int, int, str], BucketCell] = {}
+
+    def add(self, at: int, measure: Measure) -> None:
+        """One event (event time ``at``)."""
+        cells, group = self.cells, measure.group
+        for grid in self.grids:
+            key = (grid, at - at % grid, group)
+            cell = cells.get(key)
+            if cell is None:
+                cell = cells[key] = BucketCell()
+            cell.add(measure)
+
+    def delta(self, retention_ms: int) -> WindowDelta:
+        """What the events add to the buckets, and the timers they set."""
+        on_grid = {g: [w for w in self.windows if w.grid_ms == g] for g in self.grids}
+        delta = WindowDelta()
+        for (grid, at, group), cell in self.cells.items():
+            for window in on_grid[grid]:
+                delta.add_cell(window, at, group, cell, retention_ms)
+        return delta

@@ -1,9 +1,6 @@
 """Window buckets in Redis: the writes of one transaction, and the closer that emits results.
 
-:func:`write_windows` queues, inside the envelope's MULTI, what a :class:`WindowDelta` adds:
-HINCRBY for counts and sums, one Lua call for minimum and maximum, PFADD for distinct values,
-and the close and expiry timers (sorted sets scored by event time). Every one of these commutes,
-so the tasks of several partitions add to one bucket, each under its own partition's guard.
+A transaction's window writes are :func:`~refold.processors.runtime.window_writes.write_windows`.
 
 :class:`WindowCloser` runs on the driver after each micro-batch (one per processor query, so one
 at a time): it fires the close timers the processor's watermark has passed, emitting each
@@ -24,7 +21,6 @@ from typing import Any, cast
 
 import redis
 from confluent_kafka import Producer
-from redis.client import Pipeline
 
 from refold.contracts.kafka.outputs import Deliveries, output_producer
 from refold.contracts.layout import (
@@ -33,16 +29,14 @@ from refold.contracts.layout import (
     position_field,
 )
 from refold.contracts.origin import ORIGIN_ID, sender_headers
-from refold.contracts.store.connect import pipelined_eval, pipelined_pfcount, redis_client
+from refold.contracts.store.connect import pipelined_pfcount, redis_client
 from refold.contracts.store.positions import GenerationPositions
 from refold.contracts.windows import WINDOW_RESULT, result_record, watermark_of
 from refold.processors.fold.projection import output_codec
-from refold.processors.fold.timers import TimerQueue
 from refold.processors.fold.windows import (
     CLOSE_TIMERS,
     EXPIRE_TIMERS,
     Window,
-    WindowDelta,
     WindowFold,
     combine,
     decode_timer,
@@ -55,25 +49,10 @@ from refold.processors.runtime.background import DriverTask
 __all__ = [
     "WindowCloser",
     "generation_watermark",
-    "timers_key",
-    "write_timers",
-    "write_windows",
 ]
 
 logger = logging.getLogger(__name__)
 
-# KEYS: bucket hashes; ARGV: triples (index into KEYS, field, value), "min:" and "max:" fields.
-_MIN_MAX = """
-for i = 1, #ARGV, 3 do
-  local key, f, v = KEYS[tonumber(ARGV[i])], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local cur = redis.call('HGET', key, f)
-  if not cur or (string.sub(f, 1, 4) == 'min:' and v < tonumber(cur))
-      or (string.sub(f, 1, 4) == 'max:' and v > tonumber(cur)) then
-    redis.call('HSET', key, f, v)
-  end
-end
-return 0
-"""
 # KEYS[1]: the close timers; KEYS[2..]: buckets. ARGV: n, the n buckets' counts as read, then
 # per timer: member, k, and its k bucket indices (into KEYS). A timer is removed when none of
 # its buckets' counts moved since the read.
@@ -98,54 +77,6 @@ return removed
 """
 _DUE_CHUNK = 2_000  # timers fired per round
 _Due = tuple[str, int, str]  # (window, end or start, group)
-
-
-def write_windows(pipe: Pipeline, keys: GenerationKeys, delta: WindowDelta) -> None:
-    """Queue (inside MULTI) the bucket increments, extremes, sketches and timers of ``delta``."""
-    for (window, start, group), counts in delta.adds.items():
-        bucket = keys.window_bucket(window, start, group)
-        for name, amount in counts.items():
-            pipe.hincrby(bucket, name, amount)
-    extremes = {**delta.lows, **delta.highs}
-    if extremes:
-        names: dict[str, int] = {}
-        argv: list[str | int] = []
-        for (window, start, group, name), value in extremes.items():
-            bucket = keys.window_bucket(window, start, group)
-            index = names.setdefault(bucket, len(names) + 1)
-            argv += [index, name, value]
-        pipelined_eval(pipe, _MIN_MAX, len(names), *names, *argv)
-    for (window, measure, start, group), values in delta.distinct.items():
-        pipe.pfadd(keys.window_distinct(window, measure, start, group), *sorted(values))
-    if delta.closes:
-        pipe.zadd(keys.timers(CLOSE_TIMERS), delta.closes)
-    if delta.expiries:
-        pipe.zadd(keys.timers(EXPIRE_TIMERS), delta.expiries)
-
-
-def write_timers(
-    pipe: Pipeline, keys: GenerationKeys, queue: TimerQueue, slot: int | None = None
-) -> None:
-    """Queue (inside MULTI) the entity timers that changed: ZADD the due ones, ZREM the rest.
-
-    Per partition id, or re-keyed in the writer ``slot``'s one set (its group is ``0``).
-    """
-    due: dict[int, dict[str, int]] = {}
-    gone: dict[int, list[str]] = {}
-    for (partition, entity), at in queue.changed.items():
-        if at is None:
-            gone.setdefault(partition, []).append(entity)
-        else:
-            due.setdefault(partition, {})[entity] = at
-    for partition, members in sorted(gone.items()):
-        pipe.zrem(timers_key(keys, partition, slot), *members)
-    for partition, mapping in sorted(due.items()):
-        pipe.zadd(timers_key(keys, partition, slot), mapping)
-
-
-def timers_key(keys: GenerationKeys, group: int, slot: int | None) -> str:
-    """The sorted set of a timer group: a partition id's, or re-keyed the writer slot's."""
-    return keys.entity_timers(group) if slot is None else keys.slot_timers(slot)
 
 
 def generation_watermark(client: redis.Redis, keys: GenerationKeys, lateness_ms: int) -> int | None:

@@ -54,7 +54,7 @@ from refold.processors.order_state.projection import OrderStateProjection
 from refold.processors.runtime.archive_sink import ArchivePlan, archive_ranges
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.kafka_ranges import read_log
-from refold.processors.runtime.window_store import write_windows
+from refold.processors.runtime.window_writes import write_windows
 from refold.processors.unique_visitors.projection import UniqueVisitors
 from refold.services.api.config import HttpSettings, ServeSettings
 from refold.services.api.context import ServiceContext

@@ -26,7 +26,7 @@ from refold.contracts.windows import window_meta
 from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.oracle import WindowOracle, fold_windows
 from refold.processors.fold.windows import Window, WindowDelta, WindowFold
-from refold.processors.runtime.window_store import write_windows
+from refold.processors.runtime.window_writes import write_windows
 from refold.processors.sales_windows.config import SALES_WINDOWS
 from refold.processors.sales_windows.projection import SalesWindows
 from refold.processors.unique_visitors.projection import ALL, HOUR_MS, UniqueVisitors

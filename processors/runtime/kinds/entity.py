@@ -51,7 +51,7 @@ from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.fold_target import BatchOutcome, PendingRecord
 from refold.processors.runtime.kinds.base import FoldContext
 from refold.processors.runtime.output_transactions import Outbox
-from refold.processors.runtime.window_store import timers_key, write_timers
+from refold.processors.runtime.window_writes import timers_key, write_timers
 
 __all__ = ["EntityKind"]
 

@@ -2,7 +2,7 @@
 
 The fold says what one event counts for (:meth:`WindowFold.measure`); the buckets of every
 window it falls in get the increments, extremes and sketch entries, and their timers, in the
-transaction (:func:`~refold.processors.runtime.window_store.write_windows`).
+transaction (:func:`~refold.processors.runtime.window_writes.write_windows`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,18 @@ from redis.client import Pipeline
 from refold.contracts.processors import EventTime
 from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.projection import EventRejectedError, Projection
-from refold.processors.fold.windows import WindowDelta, WindowFold, scaled, scales_of
+from refold.processors.fold.windows import (
+    WindowCells,
+    WindowDelta,
+    WindowFold,
+    scaled,
+    scales_of,
+)
 from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.fold_target import BatchOutcome, PendingRecord
 from refold.processors.runtime.kinds.base import FoldContext
 from refold.processors.runtime.output_transactions import Outbox
-from refold.processors.runtime.window_store import write_windows
+from refold.processors.runtime.window_writes import write_windows
 
 __all__ = ["WindowKind", "is_window_fold"]
 
@@ -65,7 +71,8 @@ class WindowKind:
     ) -> _StagedWindows:
         """Add each record's measures to its buckets, in memory."""
         event_time = cast("EventTime", self.context.target.event_time)
-        delta = WindowDelta()
+        cells = WindowCells(self.fold.windows)
+        fields: dict[str, str] = {}  # event type -> its event-time field
         for record, event_type, data, _entity in pending:
             try:
                 measures = [scaled(m, self.scales) for m in self.fold.measure(event_type, data)]
@@ -75,8 +82,11 @@ class WindowKind:
             except Exception as exc:  # user code: one record's failure must not stop the stream
                 dead.append(DeadLetter(record, "fold-error", f"measure() raised {exc!r}"))
                 continue
-            at = event_time_ms(data, event_time.field_of(event_type))
+            field_name = fields.get(event_type)
+            if field_name is None:
+                field_name = fields[event_type] = event_time.field_of(event_type)
+            at = event_time_ms(data, field_name)
             for measure in measures:
-                delta.add(self.fold.windows, at, measure, event_time.retention_ms)
+                cells.add(at, measure)
             outcome.applied += 1
-        return _StagedWindows(self.context, delta)
+        return _StagedWindows(self.context, cells.delta(event_time.retention_ms))

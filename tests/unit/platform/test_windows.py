@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 
@@ -14,6 +15,7 @@ from refold.processors.fold.windows import (
     Measure,
     Sliding,
     Tumbling,
+    WindowCells,
     WindowDelta,
     combine,
     decode_timer,
@@ -288,6 +290,29 @@ def test_one_event_adds_to_every_declared_window():
         ("sliding", 90_000, "EUR"),
     }
     assert set(delta.closes.values()) == {120_000, 180_000, 150_000}
+
+
+@st.composite
+def _measured(draw):
+    """An event: its time, group, values (any sign, some absent) and distinct values."""
+    return draw(st.integers(min_value=-(10**7), max_value=10**7)), Measure(
+        group=draw(st.sampled_from(["EUR", "USD"])),
+        values=draw(st.dictionaries(st.sampled_from(["a", "b"]), st.integers(-(2**62), 2**62))),
+        distinct=draw(st.dictionaries(st.sampled_from(["m"]), st.sampled_from(["x", "y", "z"]))),
+    )
+
+
+@PROPERTY
+@given(st.lists(windows(), min_size=1, max_size=3), st.lists(_measured(), max_size=40))
+def test_a_batch_aggregated_per_grid_cell_adds_what_its_events_add_one_by_one(declared, events):
+    declared = [
+        dataclasses.replace(w, name=f"w{i}", emit=i % 2 == 0) for i, w in enumerate(declared)
+    ]
+    one_by_one, cells = WindowDelta(), WindowCells(declared)
+    for at, measure in events:
+        one_by_one.add(declared, at, measure, retention_ms=7)
+        cells.add(at, measure)
+    assert cells.delta(retention_ms=7) == one_by_one
 
 
 def test_timers_are_set_for_a_bucket_once_however_many_events_it_takes():
