@@ -148,19 +148,21 @@ def shard_tag(processor: str, generation: int, shard: int, shards: int) -> str:
 
     A shard is a Kafka partition id (a co-partitioned processor) or a writer slot (re-keyed):
     everything one transaction writes. Its tag is ``<proc>.g<N>.s<shard>``, with a suffix
-    ``.<n>`` (the first n that fits) that puts its Redis Cluster slot in the shard's share of
-    the 16,384 slots: shard i of k lands in ``[i * 16384 / k, (i + 1) * 16384 / k)``. A
-    cluster gives each master a contiguous run of slots, so the shards spread over the masters
-    as evenly as their count allows, where tags hashed at random put 5 of 8 on one master now
-    and then. Pure, so every reader computes the same tag.
+    ``.<n>`` (the first n that fits) that puts its Redis Cluster slot at the middle of the
+    shard's share of the 16,384 slots (within 1/128 of the share, and 8 slots, either side).
+    A cluster gives each of its M masters a contiguous run of slots, so shard i lands on
+    master ``floor((i + 1/2) * M / shards)``: each master holds the floor or the ceiling of
+    ``shards / M`` shards (8 on 3 masters: 3, 2 and 3), where tags hashed at random put 5 of
+    8 on one now and then. Pure, so every reader computes the same tag.
     """
-    low = shard * REDIS_CLUSTER_HASH_SLOTS // shards
-    high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
+    share = REDIS_CLUSTER_HASH_SLOTS / shards
+    middle = (shard + 0.5) * share
+    half = max(share / 128, min(share / 2, 8.0))
     base = f"{processor}.g{generation}.s{shard}"
     suffix = 0
     while True:
         tag = base if suffix == 0 else f"{base}.{suffix}"
-        if low <= key_slot(tag.encode()) < high:
+        if abs(key_slot(tag.encode()) + 0.5 - middle) <= half:
             return tag
         suffix += 1
 

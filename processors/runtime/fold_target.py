@@ -8,6 +8,7 @@ below all of them, so that none imports another engine to name them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,15 @@ def add_outcome(into: Any, other: Any) -> None:
         else:
             for key, count in theirs.items():
                 mine[key] = mine.get(key, 0) + count
+
+
+@functools.lru_cache(maxsize=1024)
+def _keys(
+    prefix: str, processor: str, generation: int, shards: int, shard: int | None
+) -> GenerationKeys:
+    """The keys a target names, made once: the fold asks for them per entity."""
+    keys = StateLayout(processor, prefix).generation(generation, shards)
+    return keys if shard is None else keys.for_shard(shard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +136,8 @@ class FoldTarget:
 
     @property
     def keys(self) -> GenerationKeys:
-        """The generation's Redis keys."""
-        keys = self.layout.generation(self.generation, self.shards)
-        return keys if self.shard is None else keys.for_shard(self.shard)
+        """The generation's Redis keys (of its shard, when a writer of a sharded one)."""
+        return _keys(self.key_prefix, self.processor, self.generation, self.shards, self.shard)
 
     def positions(self, client: redis.Redis) -> GenerationPositions:
         """The generation's applied positions, read and written through ``client``."""

@@ -36,19 +36,24 @@ def test_kafkas_murmur2_vectors():
     assert key_partition("21", 8) == key_partition(b"21", 8) == (-973932308 & 0x7FFFFFFF) % 8
 
 
-def test_each_shard_tag_lands_in_its_share_of_the_slots():
-    for shards in (1, 3, 8, 64):
+def test_each_shard_tag_lands_in_the_middle_of_its_share_of_the_slots():
+    for shards in (1, 3, 8, 64, 1024):
         tags = [shard_tag("order_state", 4, s, shards) for s in range(shards)]
         assert len(set(tags)) == shards
+        share = REDIS_CLUSTER_HASH_SLOTS / shards
         for shard, tag in enumerate(tags):
-            low = shard * REDIS_CLUSTER_HASH_SLOTS // shards
-            assert low <= key_slot(tag.encode()) < (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
+            assert shard * share <= key_slot(tag.encode()) < (shard + 1) * share
             assert tag.startswith(f"order_state.g4.s{shard}")
-    # 8 shards over 3 masters: 3, 3 and 2, never 5 on one.
-    per_master = Counter(
-        _master(key_slot(shard_tag("order_state", 4, s, 8).encode())) for s in range(8)
-    )
-    assert sorted(per_master.values()) == [2, 3, 3]
+    # On M masters of contiguous slot ranges, each holds the floor or ceiling of shards / M,
+    # whatever the processor and generation: 8 shards on 3 masters are 3, 2 and 3.
+    for processor, generation in (("order_state", 1), ("order_state", 4), ("customer_stats", 9)):
+        for shards, masters in ((8, 3), (4, 3), (12, 3), (16, 5)):
+            per_master = Counter(
+                _master(key_slot(shard_tag(processor, generation, s, shards).encode()), masters)
+                for s in range(shards)
+            )
+            assert max(per_master.values()) - min(per_master.values()) <= 1
+            assert len(per_master) == min(masters, shards)
 
 
 def test_keys_of_a_million_orders_spread_over_the_masters_near_evenly():
