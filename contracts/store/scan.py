@@ -20,8 +20,9 @@ __all__ = ["SCAN_COUNT", "scan_batches", "scan_names", "scan_page", "unlink_matc
 
 SCAN_COUNT = 1000  # keys per SCAN round trip, and per MGET or UNLINK that follows it
 # Tries of a SCAN on a cluster node that refuses the connection (its slot failed over), with
-# the cluster's slot map read again between them: ~2.5 s in all.
-_ATTEMPTS = 5
+# the cluster's slot map read again between them: ~9 s in all, as the nodes that answer may
+# still name the dead master for a few seconds after its replica took over.
+_ATTEMPTS = 8
 
 
 def _tag_node(client: redis.Redis, pattern: str) -> object | None:
