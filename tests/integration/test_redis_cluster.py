@@ -14,14 +14,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from refold.contracts.commerce import ORDERS
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import SHARDS_FIELD, GenerationRegistry
-from refold.deploy.redis_cluster import LocalRedisCluster, free_port_run
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_all
 from refold.processors.order_state.projection import OrderStateProjection
@@ -92,22 +90,13 @@ from tests.integration.test_window_writer import (  # noqa: F401
     test_after_a_flip_the_new_generation_emits_only_the_windows_the_old_one_did_not,
     test_buckets_equal_the_oracle_whatever_the_chunks_and_interleaving,
 )
+from tests.support import redis_cluster as cluster_fixtures
 from tests.support.topics import publish, source_records
 
 P = OrderStateProjection()
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
-    home = tmp_path_factory.mktemp("redis-cluster")
-    with LocalRedisCluster(home, free_port_run(6), persistent=False) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_cluster: LocalRedisCluster) -> str:
-    """Every fixture and scenario of this module reaches Redis through the cluster."""
-    return redis_cluster.url
+# This module's Redis is a local cluster (tests/support/redis_cluster.py).
+redis_cluster = cluster_fixtures.redis_cluster
+redis_url = cluster_fixtures.redis_url
 
 
 def test_the_cluster_spreads_processors_and_keeps_each_flip_in_one_slot(redis_url, unique):

@@ -10,33 +10,20 @@ transactions write under the shard's own hash tag, on the master that owns it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from refold.contracts.store.generations import SHARDS_FIELD, GenerationRegistry
-from refold.deploy.redis_cluster import LocalRedisCluster, free_port_run
 from refold.deploy.simulators.orders import OrderSimulator
 from tests.spark.test_order_state_e2e import (  # noqa: F401 - run here on the cluster
     test_processor_survives_kill_9_three_times_and_ends_exactly_at_the_oracle,
     test_replay_rebuilds_a_new_generation_while_readers_stay_on_the_old_one,
     test_undecodable_records_go_to_the_dead_letter_topic_and_the_stream_goes_on,
 )
+from tests.support import redis_cluster as cluster_fixtures
 
 from .conftest import oracle
 
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
-    home = tmp_path_factory.mktemp("redis-cluster")
-    with LocalRedisCluster(home, free_port_run(6), persistent=False) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_cluster: LocalRedisCluster) -> str:
-    """Every fixture and scenario of this module reaches Redis through the cluster."""
-    return redis_cluster.url
+# This module's Redis is a local cluster (tests/support/redis_cluster.py).
+redis_cluster = cluster_fixtures.redis_cluster
+redis_url = cluster_fixtures.redis_url
 
 
 def test_a_generation_on_the_cluster_is_sharded_over_every_master(spark, world):
