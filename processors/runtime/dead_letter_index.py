@@ -38,7 +38,7 @@ from refold.contracts.layout import (
     parse_position_field,
     position_field,
 )
-from refold.contracts.store.generations import SHARDS_FIELD
+from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.positions import GenerationPositions
 from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
 from refold.processors.runtime.fold_target import FoldTarget
@@ -143,9 +143,8 @@ def _live_letters(
 
 
 def _keys(client: redis.Redis | Pipeline, layout: StateLayout, generation: int) -> GenerationKeys:
-    """A generation's keys, sharded as it was created (its meta says)."""
-    raw = client.hget(layout.generation(generation).meta, SHARDS_FIELD)
-    return layout.generation(generation, int(cast("bytes | None", raw) or 0))
+    """A generation's keys, sharded as its meta records (the registry's reading of it)."""
+    return GenerationRegistry(client, layout).keys(generation)
 
 
 @dataclass(slots=True)
