@@ -47,6 +47,9 @@ key                                         type    content
 ``<p>:{<proc>.g<N>}:dl:letters``            hash    ``<topic>/<p>@<offset>.<n>`` -> reason of
                                                     each dead letter (and late record) it
                                                     decided: a rebuild sends each once
+``<p>:{<proc>.g<N>}:scratch:<i>``           string  a script's scratch keys: it counts the union
+                                                    of a sharded window processor's sketches;
+                                                    gone when it returns (``store.sketches``)
 ``<p>:{<proc>.g<N>}:stats``                 hash    what its micro-batches did (not state):
                                                     ``batches``, ``events``, ``duplicates``,
                                                     ``effects``, ``dead:<reason>``,
@@ -60,9 +63,11 @@ Window buckets are named by window, start (epoch ms) and group, the group last: 
 and may hold any character.
 
 A generation sharded by partition id (``GenerationKeys.shards``) names the keys its
-transactions write (positions, guards, ``t:``, ``dd:``, ``a:``, ``tm:p:``, ``wm:``, ``om:``,
-``dl:``, stats) with its shard's tag, ``{<proc>.g<N>.s<partition>[.<n>]}`` (:func:`shard_tag`),
-in place of ``{<proc>.g<N>}``; meta and the leases keep the generation's tag.
+transactions write (positions, guards, ``t:``, ``dd:``, ``a:``, ``tm:``, ``w:``, ``wd:``, ``wm:``,
+``om:``, ``dl:``, stats) with its shard's tag, ``{<proc>.g<N>.s<partition>[.<n>]}``
+(:func:`shard_tag`), in place of ``{<proc>.g<N>}``; meta and the leases keep the generation's
+tag. A sharded window processor's shard holds its partition id's share of each bucket, sketch
+and close timer: readers and the closer merge the shards.
 
 Keys that are no processor's state (replay, snapshots and gc never touch them):
 
@@ -347,6 +352,10 @@ class GenerationKeys:
         if len(parts) != 4 or not parts[2].lstrip("-").isdigit():
             return None
         return parts[0], parts[1], int(parts[2]), parts[3]
+
+    def scratch(self, name: str) -> str:
+        """Prefix of a script's scratch keys, in the generation's own slot (never state)."""
+        return f"{self.home}:scratch:{name}"
 
     def namespace_pattern(self, namespace: str) -> str:
         """SCAN pattern matching every key of one of :data:`STATE_NAMESPACES`."""

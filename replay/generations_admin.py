@@ -18,7 +18,6 @@ from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.layout import GenerationKeys, StateLayout
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.settings import SparkSettings
-from refold.contracts.store.connect import pipelined_pfcount
 from refold.contracts.store.generations import (
     GenerationInfo,
     GenerationRegistry,
@@ -28,6 +27,8 @@ from refold.contracts.store.generations import (
     starting_positions,
 )
 from refold.contracts.store.scan import scan_batches, unlink_matching
+from refold.contracts.store.sketches import union_counts
+from refold.contracts.windows import combine
 from refold.processors.runtime.checkpoints import remove_generation_checkpoints
 from refold.processors.runtime.kinds import kind_diffs
 from refold.replay.errors import ReplayError
@@ -365,34 +366,44 @@ def _window_keys(
     client: redis.Redis,
     keys: GenerationKeys,
     namespace: str,
-    load: Callable[[redis.Redis, list[str]], list[Any]],
+    load: Callable[[redis.Redis, GenerationKeys, dict[str, list[str]]], dict[str, Any]],
 ) -> dict[str, Any]:
     """Every key of one namespace of a generation, named without its base (its shard's).
 
-    Windows are not sharded (the fold writer refuses them, their buckets take several
-    partitions' records): a sharded generation's shards hold none.
+    A sharded window processor keeps each partition id's share of a bucket or sketch in its
+    shard: ``load`` gets every shard's keys of each name and merges them.
     """
-    found: dict[str, Any] = {}
+    names: dict[str, list[str]] = {}
     for shard in keys.each_shard():
         head = len(shard.base) + 1
         for batch in scan_batches(client, shard.namespace_pattern(namespace)):
-            found.update(zip((n[head:] for n in batch), load(client, batch), strict=True))
-    return found
+            for name in batch:
+                names.setdefault(name[head:], []).append(name)
+    return load(client, keys, names)
 
 
-def _bucket_values(client: redis.Redis, names: list[str]) -> list[dict[str, int]]:
+def _bucket_values(
+    client: redis.Redis, _keys: GenerationKeys, names: dict[str, list[str]]
+) -> dict[str, dict[str, int]]:
+    """Each bucket: its shards' shares combined (counts and sums add, extremes combine)."""
     with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.hgetall(name)
-        raws = cast("list[dict[bytes, bytes]]", pipe.execute())
-    return [{k.decode(): int(v) for k, v in raw.items()} for raw in raws]
+        for shares in names.values():
+            for name in shares:
+                pipe.hgetall(name)
+        raws = iter(cast("list[dict[bytes, bytes]]", pipe.execute()))
+    out = {}
+    for bucket, shares in names.items():
+        parts = [next(raws) for _ in shares]
+        out[bucket] = combine({k.decode(): int(v) for k, v in raw.items()} for raw in parts)
+    return out
 
 
-def _sketch_counts(client: redis.Redis, names: list[str]) -> list[int]:
-    with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipelined_pfcount(pipe, name)
-        return [int(n) for n in pipe.execute()]
+def _sketch_counts(
+    client: redis.Redis, keys: GenerationKeys, names: dict[str, list[str]]
+) -> dict[str, int]:
+    """Each sketch's estimate: of the union of its shards' sketches (sharded)."""
+    counts = union_counts(client, list(names.values()), keys.scratch("pf"))
+    return dict(zip(names, counts, strict=True))
 
 
 def _counters(client: redis.Redis, keys: GenerationKeys, name: str) -> dict[str, int]:

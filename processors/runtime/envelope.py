@@ -76,7 +76,7 @@ from refold.processors.runtime.lateness import (
     write_clocks,
 )
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
-from refold.processors.runtime.shards import split_by_shard
+from refold.processors.runtime.shards import SHARDABLE_KINDS, split_by_shard
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]  # the first two re-exported
 
@@ -175,10 +175,10 @@ class FoldWriter:
         kind_name, make_kind = kind_of(projection)
         self._kind: BatchKind = make_kind(self)
         keyless = not self._kind.keyed
-        if target.shards and (target.slots or kind_name != "entity"):
-            # Windows, lookups and added kinds keep aggregates several partitions add to, and
-            # re-keyed slots share links: neither is split by partition id yet.
-            msg = f"{target.processor}: only a co-partitioned entity fold is sharded"
+        if target.shards and (target.slots or kind_name not in SHARDABLE_KINDS):
+            # Lookups and added kinds keep state several partitions share, and re-keyed slots
+            # share links: neither is split by partition id.
+            msg = f"{target.processor}: only a co-partitioned entity or window fold is sharded"
             raise ValueError(msg)
         self._intake = Intake(target, projection, self.codec, slot, keyed=not keyless)
         # A sharded generation: one writer per shard (partition id), sharing this one's Redis

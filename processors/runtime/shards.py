@@ -20,7 +20,16 @@ from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.rekey import Keying
 from refold.processors.runtime.kinds import kind_of
 
-__all__ = ["ShardPart", "split_by_shard", "wanted_shards"]
+__all__ = ["SHARDABLE_KINDS", "SHARDED_KINDS", "ShardPart", "split_by_shard", "wanted_shards"]
+
+# The kinds of state a generation sharded by partition id can hold: entities (each on one
+# partition) and windows (each partition id keeps its share of every bucket, sketch and close
+# timer; readers and the closer merge the shards). Lookups and kinds added as modules keep
+# state several partitions share.
+SHARDABLE_KINDS = frozenset({"entity", "windows"})
+# The kinds a new generation is sharded for (``auto`` on a cluster, or ``on``), chosen by
+# measurement (docs/state-layout.md, "On a Redis Cluster").
+SHARDED_KINDS = frozenset({"entity", "windows"})
 
 # One shard's part of a transaction: the shard, its records (each partition's in offset order)
 # and the ranges it covers.
@@ -53,17 +62,17 @@ def wanted_shards(
 ) -> int:
     """How many shards a new generation of ``projection`` gets: its partition count, or 0.
 
-    Sharded (``mode`` ``on``, or ``auto`` on a Redis Cluster): a co-partitioned entity fold,
-    whose transactions each write one partition id's entities. Not the other kinds (windows,
-    lookups, kinds added as modules keep aggregates several partitions add to), re-keyed
-    processors (their slots share links), DataFrame and archive processors (written by the
-    driver or as files).
+    Sharded (``mode`` ``on``, or ``auto`` on a Redis Cluster): a co-partitioned fold of one of
+    :data:`SHARDED_KINDS`, whose transactions each write one partition id's entities or share
+    of the window buckets. Not the other kinds (lookups, kinds added as modules keep state
+    several partitions share), re-keyed processors (their slots share links), DataFrame and
+    archive processors (written by the driver or as files).
     """
     if mode == "off" or (mode == "auto" and not cluster) or not topics:
         return 0
     if is_dataframe_processor(projection) or is_archive_processor(projection):
         return 0
-    if (keying is not None and keying.slots) or kind_of(projection)[0] != "entity":
+    if (keying is not None and keying.slots) or kind_of(projection)[0] not in SHARDED_KINDS:
         return 0
     counts = {t.partitions for t in topics}
     return counts.pop() if len(counts) == 1 else 0

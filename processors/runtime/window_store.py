@@ -29,8 +29,10 @@ from refold.contracts.layout import (
     position_field,
 )
 from refold.contracts.origin import ORIGIN_ID, sender_headers
-from refold.contracts.store.connect import pipelined_pfcount, redis_client
+from refold.contracts.store.connect import redis_client
+from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.positions import GenerationPositions
+from refold.contracts.store.sketches import UnionCounts
 from refold.contracts.windows import WINDOW_RESULT, result_record, watermark_of
 from refold.processors.fold.projection import output_codec
 from refold.processors.fold.windows import (
@@ -75,8 +77,9 @@ while i <= #ARGV do
 end
 return removed
 """
-_DUE_CHUNK = 2_000  # timers fired per round
+_DUE_CHUNK = 2_000  # timers fired per round (per shard: each shard holds its own)
 _Due = tuple[str, int, str]  # (window, end or start, group)
+_Buckets = dict[tuple[str, int, str], dict[str, int]]
 
 
 def generation_watermark(client: redis.Redis, keys: GenerationKeys, lateness_ms: int) -> int | None:
@@ -126,7 +129,7 @@ class WindowCloser(DriverTask):
     ) -> None:
         super().__init__()
         self.layout = layout
-        self.keys = layout.generation(generation)
+        self.generation = generation
         self.fold = fold
         self.lateness_ms = lateness_ms
         self.redis_url = redis_url
@@ -135,6 +138,7 @@ class WindowCloser(DriverTask):
         self._windows = {w.name: w for w in fold.windows}
         self._scales = scales_of(fold)
         self._redis: redis.Redis | None = None
+        self._registry: GenerationRegistry | None = None
         self._producer: Producer | None = None
         self.suppressed = 0
         self.label = f"window closer of {layout.processor}"
@@ -149,6 +153,18 @@ class WindowCloser(DriverTask):
         if self._redis is None:
             self._redis = redis_client(self.redis_url)
         return self._redis
+
+    @property
+    def registry(self) -> GenerationRegistry:
+        """The processor's generation registry (created on first use)."""
+        if self._registry is None:
+            self._registry = GenerationRegistry(self.redis, self.layout)
+        return self._registry
+
+    @property
+    def keys(self) -> GenerationKeys:
+        """The generation's keys, sharded as its registry records (each shard its own timers)."""
+        return self.registry.keys(self.generation)
 
     def watermark(self) -> int | None:
         """The processor's watermark: its partitions' clocks' minimum minus the lateness."""
@@ -177,13 +193,13 @@ class WindowCloser(DriverTask):
         replaced, except those whose close timer that one still holds (it never emitted them);
         its closer may have been ahead of this one's at the flip.
         """
-        generation = self.keys.generation
+        generation = self.generation
         status = self.redis.hget(self.layout.generations, str(generation))
         if status in (b"building", "building"):
             raw_live = self.redis.get(self.layout.alias)
             if raw_live is None or int(cast("bytes", raw_live)) == generation:
                 return None
-            live = self.layout.generation(int(cast("bytes", raw_live)))
+            live = self.registry.keys(int(cast("bytes", raw_live)))
             watermark = generation_watermark(self.redis, live, self.lateness_ms)
             return None if watermark is None else (watermark, None)
         raw = cast("bytes | None", self.redis.hget(self.keys.meta, "replay_of"))
@@ -191,7 +207,7 @@ class WindowCloser(DriverTask):
             return None
         if self.redis.hget(self.layout.generations, raw) is None:  # gone (gc)
             return None
-        replaced = self.layout.generation(int(raw))
+        replaced = self.registry.keys(int(raw))
         watermark = generation_watermark(self.redis, replaced, self.lateness_ms)
         return None if watermark is None else (watermark, replaced)
 
@@ -204,22 +220,29 @@ class WindowCloser(DriverTask):
         timers are settled: at least once. A timer is settled only if none of its buckets'
         counts moved since they were read (one Lua call): a late record that ``accept`` folded
         into a window meanwhile leaves its timer, which fires again with the correction.
+
+        Sharded, each shard holds a close timer for each window its partition id added to: the
+        due timers of every shard are grouped by window, each window is read from every shard
+        and emitted once, and then every shard's timer of it is settled.
         """
-        timers = self.keys.timers(CLOSE_TIMERS)
-        due = cast(
-            "list[bytes]",
-            self.redis.zrangebyscore(timers, "-inf", watermark, start=0, num=_DUE_CHUNK),
-        )
+        keys = self.keys
+        with self.redis.pipeline(transaction=False) as pipe:
+            for shard in keys.each_shard():
+                pipe.zrangebyscore(
+                    shard.timers(CLOSE_TIMERS), "-inf", watermark, start=0, num=_DUE_CHUNK
+                )
+            fetched = cast("list[list[bytes]]", pipe.execute())
+        due = list(dict.fromkeys(m for members in fetched for m in members))
         if not due:
             return None
         windows = [decode_timer(m) for m in due]
-        buckets, distinct = self._read(windows)
+        buckets, distinct, read = self._read(windows)
         results = self._results(windows, buckets, distinct)
         send = results if suppress is None else self._not_emitted(results, due, windows, suppress)
         self.suppressed += len(results) - len(send)
         if send:
             self._emit(send)
-        self._settle(timers, due, windows, buckets)
+        self._settle(due, windows, read)
         self.done += len(send)
         return len(send)
 
@@ -230,26 +253,40 @@ class WindowCloser(DriverTask):
         windows: list[tuple[str, int, str]],
         suppress: tuple[int, GenerationKeys | None],
     ) -> list[dict[str, Any]]:
-        """The results another generation has not emitted (see :meth:`_suppression`)."""
+        """The results another generation has not emitted (see :meth:`_suppression`).
+
+        It has not emitted a window while any of its shards holds the window's close timer.
+        """
         until, other = suppress
         pending: set[tuple[str, int, str]] = set()
         if other is not None:
             candidates = [(m, w) for m, w in zip(due, windows, strict=True) if w[1] <= until]
             if candidates:
                 members: list[Any] = [m for m, _w in candidates]  # bytes, as stored
-                scores = self.redis.zmscore(other.timers(CLOSE_TIMERS), members)
-                held = zip(candidates, scores, strict=True)
-                pending = {w for (_m, w), score in held if score is not None}
+                with self.redis.pipeline(transaction=False) as pipe:
+                    for shard in other.each_shard():
+                        pipe.zmscore(shard.timers(CLOSE_TIMERS), members)
+                    held = cast("list[list[float | None]]", pipe.execute())
+                for scores in held:
+                    held_here = zip(candidates, scores, strict=True)
+                    pending |= {w for (_m, w), score in held_here if score is not None}
         return [
             r for r in results if r["end"] > until or (r["window"], r["end"], r["group"]) in pending
         ]
 
     def _read(
         self, windows: Sequence[tuple[str, int, str]]
-    ) -> tuple[
-        dict[tuple[str, int, str], dict[str, int]], dict[tuple[str, int, str], dict[str, int]]
-    ]:
-        """Every bucket of the due windows, and their distinct counts, in one round trip."""
+    ) -> tuple[_Buckets, _Buckets, list[_Buckets]]:
+        """Every bucket of the due windows (merged over the shards), and their distinct counts.
+
+        Returns:
+            The buckets, each the combination of every shard's share (``combine``); per due
+            window its distinct counts (of the union of every shard's sketches of its
+            buckets); and each shard's buckets as read (:meth:`_settle` compares their counts).
+            One round trip (two on a cluster with shards: the sketches are merged apart).
+        """
+        keys = self.keys
+        shards = keys.each_shard()
         wanted: dict[tuple[str, int, str], None] = {}
         for name, end, group in windows:
             window = self._windows.get(name)
@@ -258,28 +295,39 @@ class WindowCloser(DriverTask):
                     wanted[(name, start, group)] = None
         buckets = list(wanted)
         counted = [(w, m) for w in windows if w[0] in self._windows for m in self.fold.distinct]
-        sketch_keys: dict[tuple[str, str, int, str], str] = {}  # built once per bucket
+        union = UnionCounts(
+            self.redis,
+            [
+                [
+                    shard.window_distinct(name, measure, start, group)
+                    for start in self._windows[name].bucket_starts(end)
+                    for shard in shards
+                ]
+                for (name, end, group), measure in counted
+            ],
+            keys.scratch("pf"),
+        )
         with self.redis.pipeline(transaction=False) as pipe:
-            for bucket in buckets:
-                pipe.hgetall(self.keys.window_bucket(*bucket))
-            for (name, end, group), measure in counted:
-                names = []
-                for start in self._windows[name].bucket_starts(end):
-                    sketch = (name, measure, start, group)
-                    key = sketch_keys.get(sketch)
-                    if key is None:
-                        key = sketch_keys[sketch] = self.keys.window_distinct(*sketch)
-                    names.append(key)
-                pipelined_pfcount(pipe, *names)
+            for shard in shards:
+                for bucket in buckets:
+                    pipe.hgetall(shard.window_bucket(*bucket))
+            union.queue(pipe)
             replies = pipe.execute()
-        stored = {
-            b: {k.decode(): int(v) for k, v in cast("dict[bytes, bytes]", r).items()}
-            for b, r in zip(buckets, replies, strict=False)
-        }
-        distinct: dict[tuple[str, int, str], dict[str, int]] = {}
-        for (due, measure), count in zip(counted, replies[len(buckets) :], strict=True):
-            distinct.setdefault(due, {})[measure] = int(count)
-        return stored, distinct
+        read: list[_Buckets] = []
+        for i in range(len(shards)):
+            part = replies[i * len(buckets) : (i + 1) * len(buckets)]
+            read.append(
+                {
+                    b: {k.decode(): int(v) for k, v in cast("dict[bytes, bytes]", r).items()}
+                    for b, r in zip(buckets, part, strict=True)
+                }
+            )
+        stored = {b: combine(shard[b] for shard in read) for b in buckets}
+        distinct: _Buckets = {}
+        counts = union.counts(replies[len(shards) * len(buckets) :])
+        for (due, measure), count in zip(counted, counts, strict=True):
+            distinct.setdefault(due, {})[measure] = count
+        return stored, distinct, read
 
     def _results(
         self,
@@ -324,28 +372,32 @@ class WindowCloser(DriverTask):
 
     def _settle(
         self,
-        timers: str,
         due: Sequence[bytes],
         windows: Sequence[tuple[str, int, str]],
-        stored: Mapping[tuple[str, int, str], Mapping[str, int]],
+        read: Sequence[Mapping[tuple[str, int, str], Mapping[str, int]]],
     ) -> None:
-        """Remove the fired timers whose buckets did not change since they were read."""
-        index: dict[tuple[str, int, str], int] = {}
-        argv: list[bytes | str | int] = []
-        members: list[bytes | str | int] = []
-        for member, (name, end, group) in zip(due, windows, strict=True):
-            window = self._windows.get(name)
-            starts = window.bucket_starts(end) if window is not None else []
-            positions = []
-            for start in starts:
-                bucket = (name, start, group)
-                if bucket not in index:
-                    index[bucket] = len(index) + 2  # KEYS[1] is the timers
-                    argv.append(stored.get(bucket, {}).get("count", 0))
-                positions.append(index[bucket])
-            members += [member, len(positions), *positions]
-        keys = [timers, *(self.keys.window_bucket(*b) for b in index)]
-        self.redis.eval(_SETTLE, len(keys), *keys, len(index), *argv, *members)
+        """Remove the fired timers whose buckets did not change since they were read.
+
+        Per shard (``read``: each shard's buckets as :meth:`_read` read them), one script in
+        the shard's slot: its timer of a window goes unless its own share of a bucket moved.
+        """
+        for shard, stored in zip(self.keys.each_shard(), read, strict=True):
+            index: dict[tuple[str, int, str], int] = {}
+            argv: list[bytes | str | int] = []
+            members: list[bytes | str | int] = []
+            for member, (name, end, group) in zip(due, windows, strict=True):
+                window = self._windows.get(name)
+                starts = window.bucket_starts(end) if window is not None else []
+                positions = []
+                for start in starts:
+                    bucket = (name, start, group)
+                    if bucket not in index:
+                        index[bucket] = len(index) + 2  # KEYS[1] is the timers
+                        argv.append(stored.get(bucket, {}).get("count", 0))
+                    positions.append(index[bucket])
+                members += [member, len(positions), *positions]
+            keys = [shard.timers(CLOSE_TIMERS), *(shard.window_bucket(*b) for b in index)]
+            self.redis.eval(_SETTLE, len(keys), *keys, len(index), *argv, *members)
 
     def _emit(self, results: Sequence[Mapping[str, Any]]) -> None:
         """Produce the results and wait for every acknowledgement (their timers stay if not)."""
@@ -376,26 +428,30 @@ class WindowCloser(DriverTask):
         sent.wait()
 
     def _expire(self, watermark: int) -> None:
-        """Delete the buckets (and sketches) whose retention the watermark has passed."""
-        timers = self.keys.timers(EXPIRE_TIMERS)
-        while True:
-            due = cast(
-                "list[bytes]",
-                self.redis.zrangebyscore(timers, "-inf", watermark, start=0, num=_DUE_CHUNK),
-            )
-            if not due:
-                return
-            doomed: list[str] = []
-            for member in due:
-                name, start, group = decode_timer(member)
-                doomed.append(self.keys.window_bucket(name, start, group))
-                doomed += [
-                    self.keys.window_distinct(name, m, start, group) for m in self.fold.distinct
-                ]
-            with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(*doomed)
-                pipe.zrem(timers, *due)
-                pipe.execute()
+        """Delete the buckets (and sketches) whose retention the watermark has passed.
+
+        Sharded, each shard's, with its own expiry timers (one transaction in its slot).
+        """
+        for shard in self.keys.each_shard():
+            timers = shard.timers(EXPIRE_TIMERS)
+            while True:
+                due = cast(
+                    "list[bytes]",
+                    self.redis.zrangebyscore(timers, "-inf", watermark, start=0, num=_DUE_CHUNK),
+                )
+                if not due:
+                    break
+                doomed: list[str] = []
+                for member in due:
+                    name, start, group = decode_timer(member)
+                    doomed.append(shard.window_bucket(name, start, group))
+                    doomed += [
+                        shard.window_distinct(name, m, start, group) for m in self.fold.distinct
+                    ]
+                with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.delete(*doomed)
+                    pipe.zrem(timers, *due)
+                    pipe.execute()
 
 
 class _Extremes:

@@ -4,7 +4,11 @@ A window processor's buckets (see :mod:`refold.processors.fold.windows`) are rea
 the closer computes a window's result: a tumbling or hopping window is one bucket, a sliding window
 is its fine buckets combined, and a distinct count is one PFCOUNT over the window's sketches
 (several keys: the count of their union). So a reader sees, before a window closes, the result it
-would emit now, and after, the result it emitted (or a corrected one, after late records).
+would emit now, and after, the result it emitted (or a corrected one, after late records). A
+generation sharded by partition id keeps each partition id's share of every bucket and sketch in
+its shard: a read combines the shards' buckets and counts the union of their sketches
+(:class:`~refold.contracts.store.sketches.UnionCounts`); on a cluster the shards are in several
+slots, so each is read as it is (no transaction spans them).
 
 Like :class:`~refold.services.reader.state_reader.StateReader`, every call resolves the alias once
 and reads that generation only: a replay's cutover switches readers between two calls, never within
@@ -16,13 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol
 
 import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
-from refold.contracts.store.connect import is_cluster, pipelined_pfcount
+from refold.contracts.store.connect import is_cluster
 from refold.contracts.store.scan import scan_names
+from refold.contracts.store.sketches import UnionCounts
 from refold.contracts.windows import (
     Hopping,
     Sliding,
@@ -173,19 +178,22 @@ class WindowReader:
         keys = self.registry.keys(gen)
         applied = self.registry.positions_of(gen)
         starts = window.bucket_starts(end)
-        with self.client.pipeline(transaction=True) as pipe:
-            for start in starts:
-                pipe.hgetall(keys.window_bucket(name, start, group))
-            for measure in self.distinct_measures:
-                pipelined_pfcount(
-                    pipe, *(keys.window_distinct(name, measure, s, group) for s in starts)
-                )
+        shards = keys.each_shard()
+        union = self._union(keys, [(name, m, group, starts) for m in self.distinct_measures])
+        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+            for shard in shards:
+                for start in starts:
+                    pipe.hgetall(shard.window_bucket(name, start, group))
+            counted = union.queue(pipe)
             applied.queue(pipe)
-            *replies, raw_positions = pipe.execute()
-        buckets = [_ints(r) for r in replies[: len(starts)]]
-        distinct = dict(zip(self.distinct_measures, replies[len(starts) :], strict=True))
+            replies = pipe.execute()
+        read = len(shards) * len(starts)
+        buckets = [_ints(r) for r in replies[:read]]
+        counts = union.counts(replies[read : read + counted])
+        distinct = dict(zip(self.distinct_measures, counts, strict=True))
         value = result_of(window, end, group, combine(buckets), distinct, self.scales)
-        return StateView(gen, value, applied.parse(raw_positions).positions)
+        positions = applied.parse_replies(replies[read + counted :]).positions
+        return StateView(gen, value, positions)
 
     def range(
         self, name: str, group: str, start: int, end: int, generation: int | None = None
@@ -211,12 +219,16 @@ class WindowReader:
         if not ends:
             return StateView(gen, [], applied.read().positions)
         starts = sorted({s for e in ends for s in window.bucket_starts(e)})
-        with self.client.pipeline(transaction=True) as pipe:
-            for s in starts:
-                pipe.hgetall(keys.window_bucket(name, s, group))
+        shards = keys.each_shard()
+        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+            for shard in shards:
+                for s in starts:
+                    pipe.hgetall(shard.window_bucket(name, s, group))
             applied.queue(pipe)
-            *replies, raw_positions = pipe.execute()
-        stored = {s: _ints(r) for s, r in zip(starts, replies, strict=True)}
+            replies = pipe.execute()
+        read = len(shards) * len(starts)
+        parts = [_ints(r) for r in replies[:read]]
+        stored = {s: combine(parts[i :: len(starts)]) for i, s in enumerate(starts)}
         found = []
         for e in ends:
             aggregates = combine(stored[s] for s in window.bucket_starts(e))
@@ -227,7 +239,7 @@ class WindowReader:
             result_of(window, e, group, aggregates, counts, self.scales)
             for (e, aggregates), counts in zip(found, distinct, strict=True)
         ]
-        return StateView(gen, results, applied.parse(raw_positions).positions)
+        return StateView(gen, results, applied.parse_replies(replies[read:]).positions)
 
     def distinct(
         self,
@@ -263,13 +275,13 @@ class WindowReader:
         applied = self.registry.positions_of(gen)
         if not starts:
             return StateView(gen, 0, applied.read().positions)
-        with self.client.pipeline(transaction=True) as pipe:
-            pipelined_pfcount(
-                pipe, *(keys.window_distinct(name, measure, s, group) for s in starts)
-            )
+        union = self._union(keys, [(name, measure, group, starts)])
+        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+            counted = union.queue(pipe)
             applied.queue(pipe)
-            count, raw_positions = pipe.execute()
-        return StateView(gen, int(count), applied.parse(raw_positions).positions)
+            replies = pipe.execute()
+        (count,) = union.counts(replies[:counted])
+        return StateView(gen, count, applied.parse_replies(replies[counted:]).positions)
 
     def groups(self, name: str, generation: int | None = None) -> StateView:
         """The groups that have buckets of window ``name`` (``value``: sorted list)."""
@@ -286,9 +298,7 @@ class WindowReader:
         keys = self.registry.keys(gen)
         applied = self.registry.positions_of(gen)
         shards = keys.each_shard()  # sharded: each partition's clock is in its shard's hash
-        # A cluster's transaction spans one slot: there each shard is read as it is.
-        atomic = not (keys.shards and is_cluster(self.client))
-        with self.client.pipeline(transaction=atomic) as pipe:
+        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
             for shard in shards:
                 pipe.hgetall(shard.clocks)
             applied.queue(pipe)
@@ -340,14 +350,15 @@ class WindowReader:
         if not self.distinct_measures or not ends:
             return [{} for _ in ends]
         window = self.windows[name]
-        with self.client.pipeline(transaction=True) as pipe:
-            for e in ends:
-                starts = window.bucket_starts(e)
-                for measure in self.distinct_measures:
-                    pipelined_pfcount(
-                        pipe, *(keys.window_distinct(name, measure, s, group) for s in starts)
-                    )
-            counts = cast("list[int]", pipe.execute())
+        sketches = [
+            (name, measure, group, window.bucket_starts(e))
+            for e in ends
+            for measure in self.distinct_measures
+        ]
+        union = self._union(keys, sketches)
+        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+            union.queue(pipe)
+            counts = union.counts(pipe.execute())
         n = len(self.distinct_measures)
         return [
             dict(zip(self.distinct_measures, counts[i * n : (i + 1) * n], strict=True))
@@ -355,8 +366,31 @@ class WindowReader:
         ]
 
     def _buckets(self, keys: GenerationKeys, name: str) -> Iterator[tuple[int, str]]:
-        """``(start, group)`` of every bucket of window ``name`` (SCAN, in no order)."""
-        for key in scan_names(self.client, keys.window_pattern(name)):
-            parsed = keys.parse_window_bucket(key)
-            if parsed is not None and parsed[0] == name:
-                yield parsed[1], parsed[2]
+        """``(start, group)`` of every bucket of window ``name`` (SCAN, in no order).
+
+        Sharded, of every shard (a bucket several partition ids added to: once per shard).
+        """
+        for shard in keys.each_shard():
+            for key in scan_names(self.client, shard.window_pattern(name)):
+                parsed = shard.parse_window_bucket(key)
+                if parsed is not None and parsed[0] == name:
+                    yield parsed[1], parsed[2]
+
+    def _atomic(self, keys: GenerationKeys) -> bool:
+        """Whether one transaction can read the generation: not a cluster's shards (slots)."""
+        return not (keys.shards and is_cluster(self.client))
+
+    def _union(
+        self, keys: GenerationKeys, sketches: Sequence[tuple[str, str, str, Sequence[int]]]
+    ) -> UnionCounts:
+        """The distinct counts of ``(window, measure, group, bucket starts)`` each.
+
+        Each is the count of the union of its buckets' sketches, every shard's (sharded: each
+        partition id keeps its own), merged where a cluster keeps them in several slots.
+        """
+        shards = keys.each_shard()
+        groups = [
+            [shard.window_distinct(name, measure, s, group) for s in starts for shard in shards]
+            for name, measure, group, starts in sketches
+        ]
+        return UnionCounts(self.client, groups, keys.scratch("pf"))

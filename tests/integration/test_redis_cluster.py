@@ -4,9 +4,10 @@ This module's ``redis_url`` is the cluster's, so the exactly-once scenarios impo
 here a second time, with the session's broker: the fold writer against the oracle (re-executed
 and overlapping batches, concurrent writers, a reader across a flip), re-keyed writer slots,
 windows and their closer across a flip, snapshots taken while batches commit, seeds, diffs,
-in-place resets, rollback and gc, every state kind's lifecycle, a kind added as a module, and
-the HTTP query paging through a cutover (over a sharded generation too). Then a master is
-killed under traffic.
+in-place resets, rollback and gc, every state kind's lifecycle, a kind added as a module, a
+window processor sharded by partition id (its shards' buckets and sketches merged by the reader,
+the closer and diff), and the HTTP query paging through a cutover (over a sharded generation
+too). Then a master is killed under traffic.
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ from tests.integration.test_sharded_serving import (  # noqa: F401
     test_monitor_metrics_and_dlq_list_gather_the_shards,
     test_pages_over_the_shards_are_complete_without_duplicates_while_a_flip_happens,
     test_the_watermark_gathers_every_shards_clocks,
+)
+from tests.integration.test_sharded_windows import (  # noqa: F401
+    test_sharded_windows_read_as_the_oracle_and_as_one_slot,
+    test_snapshots_diff_reset_and_gc_take_every_shard_of_a_window_processor,
+    test_the_closer_emits_each_window_once_merged_over_the_shards_as_one_slot_would,
 )
 from tests.integration.test_sharded_writer import (  # noqa: F401
     sharded,

@@ -9,8 +9,13 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from refold.contracts.kafka.partitioner import key_partition, murmur2
 from refold.contracts.layout import StateLayout, shard_tag
 from refold.contracts.store.positions import Applied, GenerationPositions
+from refold.contracts.topics import TopicSpec
+from refold.processors.enriched_clicks.projection import EnrichedClicksProjection
 from refold.processors.fold.records import SourceRecord
-from refold.processors.runtime.shards import split_by_shard
+from refold.processors.fold.rekey import Keying
+from refold.processors.order_state.projection import OrderStateProjection
+from refold.processors.runtime.shards import split_by_shard, wanted_shards
+from refold.processors.sales_windows.projection import SalesWindows
 
 SHARDED = StateLayout("order_state", "p").generation(4, shards=8)
 
@@ -122,3 +127,16 @@ def test_a_transaction_is_split_by_partition_id_in_shard_order():
         (1, [("b", 0), ("a", 7)], {"b/1": (0, 1)}),
         (2, [], {"a/2": (0, 5)}),
     ]
+
+
+def test_new_generations_of_entity_and_window_folds_are_sharded_on_a_cluster_only():
+    orders = [TopicSpec("orders", 8, "order_id", ("OrderPaid",))]
+    for fold in (OrderStateProjection(), SalesWindows()):
+        assert wanted_shards(fold, orders, None, "auto", cluster=True) == 8
+        assert wanted_shards(fold, orders, None, "auto", cluster=False) == 0
+        assert wanted_shards(fold, orders, None, "on", cluster=False) == 8
+        assert wanted_shards(fold, orders, None, "off", cluster=True) == 0
+    rekeyed = Keying(4, "currency", (), (("orders", "order_id"),), "keyed by currency")
+    assert wanted_shards(SalesWindows(), orders, rekeyed, "on", cluster=True) == 0
+    # A lookup join keeps state several partitions share: one slot.
+    assert wanted_shards(EnrichedClicksProjection(), orders, None, "on", cluster=True) == 0
