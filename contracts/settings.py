@@ -71,7 +71,7 @@ class RedisSettings(BaseModel):
         shard_state: Whether a processor's new generations are sharded by partition id
             (docs/state-layout.md, "On a Redis Cluster"): ``auto`` (the default) on a Redis
             Cluster, ``on`` on a single Redis too, ``off`` never. Only co-partitioned entity
-            and window folds are sharded; a generation keeps what it was created with.
+            folds are sharded; a generation keeps what it was created with.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

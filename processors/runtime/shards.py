@@ -28,8 +28,12 @@ __all__ = ["SHARDABLE_KINDS", "SHARDED_KINDS", "ShardPart", "split_by_shard", "w
 # state several partitions share.
 SHARDABLE_KINDS = frozenset({"entity", "windows"})
 # The kinds a new generation is sharded for (``auto`` on a cluster, or ``on``), chosen by
-# measurement (docs/state-layout.md, "On a Redis Cluster").
-SHARDED_KINDS = frozenset({"entity", "windows"})
+# measurement (``python -m bench cluster [--windows]``, docs/state-layout.md "On a Redis
+# Cluster"): entities. Windows sharded 8 ways wrote at 60-80% of one slot's rate (each shard
+# writes its own copy of the hot buckets) and read 5-15x slower (every bucket and sketch from
+# 8 shards), so a window processor stays in one slot; a generation recorded as sharded is
+# still written, read and closed as such.
+SHARDED_KINDS = frozenset({"entity"})
 
 # One shard's part of a transaction: the shard, its records (each partition's in offset order)
 # and the ranges it covers.
@@ -63,10 +67,11 @@ def wanted_shards(
     """How many shards a new generation of ``projection`` gets: its partition count, or 0.
 
     Sharded (``mode`` ``on``, or ``auto`` on a Redis Cluster): a co-partitioned fold of one of
-    :data:`SHARDED_KINDS`, whose transactions each write one partition id's entities or share
-    of the window buckets. Not the other kinds (lookups, kinds added as modules keep state
-    several partitions share), re-keyed processors (their slots share links), DataFrame and
-    archive processors (written by the driver or as files).
+    :data:`SHARDED_KINDS`, whose transactions each write one partition id's entities. Not
+    window processors (measured: one slot is faster, see :data:`SHARDED_KINDS`), lookups and
+    kinds added as modules (they keep state several partitions share), re-keyed processors
+    (their slots share links), DataFrame and archive processors (written by the driver or as
+    files).
     """
     if mode == "off" or (mode == "auto" and not cluster) or not topics:
         return 0
