@@ -70,8 +70,9 @@ class RedisSettings(BaseModel):
         password: AUTH password, if any.
         shard_state: Whether a processor's new generations are sharded by partition id
             (docs/state-layout.md, "On a Redis Cluster"): ``auto`` (the default) on a Redis
-            Cluster, ``on`` on a single Redis too, ``off`` never. Only co-partitioned entity
-            folds are sharded; a generation keeps what it was created with.
+            Cluster (entity folds), ``on`` window processors too and on a single Redis too,
+            ``off`` never. Only co-partitioned folds are sharded; a generation keeps what it
+            was created with.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

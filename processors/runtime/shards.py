@@ -27,12 +27,12 @@ __all__ = ["SHARDABLE_KINDS", "SHARDED_KINDS", "ShardPart", "split_by_shard", "w
 # timer; readers and the closer merge the shards). Lookups and kinds added as modules keep
 # state several partitions share.
 SHARDABLE_KINDS = frozenset({"entity", "windows"})
-# The kinds a new generation is sharded for (``auto`` on a cluster, or ``on``), chosen by
-# measurement (``python -m bench cluster [--windows]``, docs/state-layout.md "On a Redis
-# Cluster"): entities. Windows sharded 8 ways wrote at 60-80% of one slot's rate (each shard
-# writes its own copy of the hot buckets) and read 5-15x slower (every bucket and sketch from
-# 8 shards), so a window processor stays in one slot; a generation recorded as sharded is
-# still written, read and closed as such.
+# The kinds a new generation is sharded for by ``auto`` (on a cluster), chosen by measurement
+# (``python -m bench cluster [--windows]``, docs/state-layout.md "On a Redis Cluster"):
+# entities. Windows sharded 8 ways wrote at 60-80% of one slot's rate (each shard writes its
+# own copy of the hot buckets) and read 5-15x slower (every bucket and sketch from 8 shards),
+# so ``auto`` keeps a window processor in one slot; ``on`` shards every kind of
+# :data:`SHARDABLE_KINDS`, for a window processor whose state outgrows one master.
 SHARDED_KINDS = frozenset({"entity"})
 
 # One shard's part of a transaction: the shard, its records (each partition's in offset order)
@@ -66,9 +66,10 @@ def wanted_shards(
 ) -> int:
     """How many shards a new generation of ``projection`` gets: its partition count, or 0.
 
-    Sharded (``mode`` ``on``, or ``auto`` on a Redis Cluster): a co-partitioned fold of one of
-    :data:`SHARDED_KINDS`, whose transactions each write one partition id's entities. Not
-    window processors (measured: one slot is faster, see :data:`SHARDED_KINDS`), lookups and
+    Sharded: a co-partitioned fold of one of :data:`SHARDED_KINDS` with ``mode`` ``auto`` on
+    a Redis Cluster (entities: each transaction writes one partition id's), or of one of
+    :data:`SHARDABLE_KINDS` with ``mode`` ``on`` (window processors too, which ``auto`` keeps
+    in one slot: measured, one slot is faster; see :data:`SHARDED_KINDS`). Never lookups and
     kinds added as modules (they keep state several partitions share), re-keyed processors
     (their slots share links), DataFrame and archive processors (written by the driver or as
     files).
@@ -77,7 +78,8 @@ def wanted_shards(
         return 0
     if is_dataframe_processor(projection) or is_archive_processor(projection):
         return 0
-    if (keying is not None and keying.slots) or kind_of(projection)[0] not in SHARDED_KINDS:
+    kinds = SHARDABLE_KINDS if mode == "on" else SHARDED_KINDS
+    if (keying is not None and keying.slots) or kind_of(projection)[0] not in kinds:
         return 0
     counts = {t.partitions for t in topics}
     return counts.pop() if len(counts) == 1 else 0
