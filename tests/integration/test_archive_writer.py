@@ -30,7 +30,7 @@ from refold.processors.archive.projection import DATES
 from refold.processors.errors import SinkConflictError
 from refold.processors.fold.archive import ArchiveProcessor, Coverage
 from refold.processors.runtime import archive_sink
-from refold.processors.runtime.archive_cli import archive_status, backfill, compact
+from refold.processors.runtime.archive_maintenance import archive_status, backfill, compact
 from refold.processors.runtime.archive_sink import ArchivePlan, archive_ranges
 from refold.processors.runtime.archive_store import ArchiveOwnerError, ArchiveStore
 from refold.processors.runtime.envelope import FoldTarget
