@@ -15,7 +15,7 @@ from pathlib import Path
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.registry import default_registry, with_fallback
 from refold.replay.errors import PlanError
-from refold.replay.plan import (
+from refold.replay.reset_specs import (
     ByDuration,
     FromFile,
     FromOffset,
@@ -145,7 +145,7 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _add_reset_specs(plan: argparse.ArgumentParser) -> None:
-    """Where the rebuild starts: exactly one reset spec (:mod:`refold.replay.plan`)."""
+    """Where the rebuild starts: exactly one reset spec (:mod:`refold.replay.reset_specs`)."""
     spec = plan.add_mutually_exclusive_group(required=True)
     spec.add_argument(
         "--to-earliest",

@@ -16,8 +16,9 @@ from refold.contracts.store.generations import GenerationRegistry
 from refold.replay.arguments import reset_spec
 from refold.replay.config import ReplaySettings
 from refold.replay.in_place import reset_in_place
-from refold.replay.plan import ReplayPlan, parse_scope
+from refold.replay.plan import ReplayPlan
 from refold.replay.rebuild import RebuildProgress, plan_replay, run_rebuild
+from refold.replay.reset_specs import parse_scope
 
 __all__ = ["cmd_plan"]
 
