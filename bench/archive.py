@@ -38,7 +38,7 @@ from refold.deploy.local_stack import LocalStack, free_port
 from refold.processors.archive.config import ArchiveOptions
 from refold.processors.archive.projection import DATES
 from refold.processors.fold.archive import ArchiveProcessor
-from refold.processors.runtime.archive_cli import archive_status, compact
+from refold.processors.runtime.archive_maintenance import archive_status, compact
 from refold.processors.runtime.archive_sink import ArchivePlan
 from refold.processors.runtime.envelope import FoldTarget
 

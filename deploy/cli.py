@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "stays a cluster); clients reach it as redis+cluster://127.0.0.1:<port>",
             )
     # `refold cluster up|down|status`: a local Spark standalone master + worker.
-    from refold.deploy.cluster import add_cluster_commands
+    from refold.deploy.cluster_cli import add_cluster_commands
 
     add_cluster_commands(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on a private local stack")

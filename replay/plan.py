@@ -2,22 +2,37 @@
 
 A plan never touches a broker or Redis: :mod:`refold.replay.rebuild` gathers the log bounds, the
 live generation's positions and (for time specs) the offsets at a time, and passes them in. The
-reset specs are those of Kafka's ``kafka-consumer-groups --reset-offsets``.
+reset specs are those of Kafka's ``kafka-consumer-groups --reset-offsets``; they and their
+parsers are :mod:`refold.replay.reset_specs`, imported here too (the path callers use).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
 
 from refold.contracts.kafka.offsets_json import to_offsets_json
 from refold.replay.errors import PlanError
+from refold.replay.reset_specs import (
+    TIME_SPECS,
+    ByDuration,
+    FromFile,
+    FromOffset,
+    ResetSpec,
+    ShiftBy,
+    ToCurrent,
+    ToDatetime,
+    ToEarliest,
+    ToLatest,
+    TopicPartition,
+    parse_datetime,
+    parse_duration,
+    parse_offsets_csv,
+    parse_scope,
+    requested_offset,
+)
 
 __all__ = [
     "TIME_SPECS",
@@ -40,179 +55,6 @@ __all__ = [
     "parse_offsets_csv",
     "parse_scope",
 ]
-
-TopicPartition = tuple[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class ToEarliest:
-    """Rebuild from the first retained offset of every partition."""
-
-    def describe(self) -> str:
-        """For the plan's header."""
-        return "--to-earliest"
-
-
-@dataclass(frozen=True, slots=True)
-class ToLatest:
-    """Start at the log end: the new generation folds only what arrives from now on."""
-
-    def describe(self) -> str:
-        """For the plan's header."""
-        return "--to-latest"
-
-
-@dataclass(frozen=True, slots=True)
-class ToCurrent:
-    """Start where the live generation is now."""
-
-    def describe(self) -> str:
-        """For the plan's header."""
-        return "--to-current"
-
-
-@dataclass(frozen=True, slots=True)
-class FromOffset:
-    """Rebuild from one offset on every partition in scope."""
-
-    offset: int
-
-    def describe(self) -> str:
-        """For the plan's header."""
-        return f"--from-offset {self.offset}"
-
-
-@dataclass(frozen=True, slots=True)
-class ShiftBy:
-    """Move the live generation's position by ``shift`` records (negative: back)."""
-
-    shift: int
-
-    def describe(self) -> str:
-        """For the plan's header."""
-        return f"--shift-by {self.shift:+d}"
-
-
-@dataclass(frozen=True, slots=True)
-class ToDatetime:
-    """Start at the first record at or after ``when`` (time-zone aware)."""
-
-    when: datetime
-
-    def describe(self) -> str:
-        """For the plan's header."""
-        return f"--to-datetime {self.when.isoformat()}"
-
-
-@dataclass(frozen=True, slots=True)
-class ByDuration:
-    """Start at the first record at or after ``now - duration``."""
-
-    duration: timedelta
-    now: datetime
-
-    @property
-    def when(self) -> datetime:
-        """The instant the duration points back to."""
-        return self.now - self.duration
-
-    def describe(self) -> str:
-        """For the plan's header."""
-        return f"--by-duration {self.duration} (from {self.when.isoformat()})"
-
-
-@dataclass(frozen=True, slots=True)
-class FromFile:
-    """Explicit offsets per partition (Kafka's reset-offsets CSV)."""
-
-    offsets: Mapping[TopicPartition, int] = field(hash=False)
-    source: str = "file"
-
-    def describe(self) -> str:
-        """For the plan's header."""
-        return f"--from-file {self.source}"
-
-
-ResetSpec = (
-    ToEarliest | ToLatest | ToCurrent | FromOffset | ShiftBy | ToDatetime | ByDuration | (FromFile)
-)
-TIME_SPECS = (ToDatetime, ByDuration)
-
-
-def parse_datetime(text: str) -> datetime:
-    """Parse ISO-8601 with a required time zone.
-
-    Raises:
-        PlanError: Not ISO-8601, or no time zone (Kafka's tool silently reads those as UTC;
-            refold refuses to guess).
-    """
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        msg = f"--to-datetime {text!r} is not ISO-8601 (e.g. 2026-11-22T09:30:00+01:00)"
-        raise PlanError(msg) from None
-    if when.tzinfo is None:
-        msg = (
-            f"--to-datetime {text!r} has no time zone. Add one (e.g. {text}Z or "
-            f"{text}+01:00): a naive time is ambiguous, and Kafka's tool would silently "
-            "read it as UTC."
-        )
-        raise PlanError(msg)
-    return when
-
-
-_DURATION = re.compile(
-    r"^P(?:(?P<days>\d+(?:\.\d+)?)D)?(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?"
-    r"(?:(?P<minutes>\d+(?:\.\d+)?)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
-)
-
-
-def parse_duration(text: str) -> timedelta:
-    """Parse an ISO-8601 duration ``PnDTnHnMnS`` (as Kafka's ``--by-duration``).
-
-    Raises:
-        PlanError: Not of that form, or zero.
-    """
-    match = _DURATION.match(text.strip().upper())
-    if match is None or not any(match.groupdict().values()) or text.strip().upper().endswith("T"):
-        msg = f"--by-duration {text!r} is not PnDTnHnMnS (e.g. PT30M, P1DT12H)"
-        raise PlanError(msg)
-    parts = {k: float(v) for k, v in match.groupdict().items() if v}
-    duration = timedelta(**parts)
-    if duration <= timedelta(0):
-        msg = f"--by-duration {text!r} is zero"
-        raise PlanError(msg)
-    return duration
-
-
-def parse_offsets_csv(text: str) -> dict[TopicPartition, int]:
-    """Read ``topic,partition,offset`` lines (also ``group,topic,partition,offset``).
-
-    Raises:
-        PlanError: A line that is not of either form, with its number.
-    """
-    offsets: dict[TopicPartition, int] = {}
-    for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        cells = [c.strip() for c in row]
-        if not cells or not any(cells) or cells[0].startswith("#"):
-            continue
-        if len(cells) == 4:
-            cells = cells[1:]
-        if len(cells) != 3:
-            msg = f"line {number}: expected topic,partition,offset, got {','.join(row)!r}"
-            raise PlanError(msg)
-        topic, partition, offset = cells
-        if number == 1 and not partition.lstrip("-").isdigit():
-            continue  # a header row
-        try:
-            offsets[(topic, int(partition))] = int(offset)
-        except ValueError:
-            msg = f"line {number}: partition and offset must be integers: {','.join(row)!r}"
-            raise PlanError(msg) from None
-    if not offsets:
-        msg = "the offsets file has no topic,partition,offset lines"
-        raise PlanError(msg)
-    return offsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,55 +239,6 @@ class ReplayPlan:
         return "\n".join(lines)
 
 
-def parse_scope(values: list[str] | None) -> dict[str, set[int] | None] | None:
-    """Parse ``--topic t`` / ``--topic t:0,1,2`` options into ``{topic: partitions or None}``.
-
-    Raises:
-        PlanError: A partition list is not comma-separated integers.
-    """
-    if not values:
-        return None
-    scope: dict[str, set[int] | None] = {}
-    for value in values:
-        topic, sep, parts = value.partition(":")
-        if not sep:
-            scope[topic] = None
-            continue
-        try:
-            partitions = {int(p) for p in parts.split(",") if p.strip()}
-        except ValueError:
-            msg = f"--topic {value}: expected topic or topic:0,1,2"
-            raise PlanError(msg) from None
-        if topic in scope and scope[topic] is None:
-            continue  # the whole topic is in scope already
-        scope[topic] = (scope.get(topic) or set()) | partitions
-    return scope
-
-
-def _requested(
-    spec: ResetSpec,
-    tp: TopicPartition,
-    bounds: tuple[int, int],
-    current: Mapping[TopicPartition, int],
-    at_time: Mapping[TopicPartition, int],
-) -> int | None:
-    """The offset a spec asks for on one partition; None when the spec does not cover it."""
-    log_start, log_end = bounds
-    if isinstance(spec, ToEarliest):
-        return log_start
-    if isinstance(spec, ToLatest):
-        return log_end
-    if isinstance(spec, ToCurrent):
-        return current.get(tp, log_start)
-    if isinstance(spec, ShiftBy):
-        return current.get(tp, log_start) + spec.shift
-    if isinstance(spec, FromOffset):
-        return spec.offset
-    if isinstance(spec, FromFile):
-        return spec.offsets.get(tp)
-    return at_time[tp]
-
-
 def build_plan(
     processor: str,
     spec: ResetSpec,
@@ -481,21 +274,7 @@ def build_plan(
             the processor does not read, or a target lies below the log start (records gone)
             without ``allow_data_loss``.
     """
-    topics = {t for t, _ in bounds}
-    for topic, partitions in (scope or {}).items():
-        if topic not in topics:
-            msg = f"{processor} does not read topic {topic}; it reads {', '.join(sorted(topics))}"
-            raise PlanError(msg)
-        missing = sorted((partitions or set()) - {p for t, p in bounds if t == topic})
-        if missing:
-            msg = f"topic {topic} has no partition {', '.join(map(str, missing))}"
-            raise PlanError(msg)
-    if isinstance(spec, FromFile):
-        unknown = sorted(set(spec.offsets) - set(bounds))
-        if unknown:
-            names = ", ".join(f"{t}/{p}" for t, p in unknown)
-            msg = f"the offsets file names partitions {processor} does not read: {names}"
-            raise PlanError(msg)
+    _check_scope(processor, spec, bounds, scope)
     rows = []
     lost = []
     for tp, (log_start, log_end) in sorted(bounds.items()):
@@ -504,7 +283,7 @@ def build_plan(
             topic in scope and (scope[topic] is None or partition in (scope[topic] or set()))
         )
         wanted = (
-            _requested(spec, tp, (log_start, log_end), current, at_time or {})
+            requested_offset(spec, tp, (log_start, log_end), current, at_time or {})
             if (in_scope)
             else None
         )
@@ -534,3 +313,27 @@ def build_plan(
         )
         raise PlanError(msg)
     return ReplayPlan(processor, spec.describe(), live_generation, tuple(rows))
+
+
+def _check_scope(
+    processor: str,
+    spec: ResetSpec,
+    bounds: Mapping[TopicPartition, tuple[int, int]],
+    scope: dict[str, set[int] | None] | None,
+) -> None:
+    """Refuse a scope or an offsets file naming topics or partitions the processor lacks."""
+    topics = {t for t, _ in bounds}
+    for topic, partitions in (scope or {}).items():
+        if topic not in topics:
+            msg = f"{processor} does not read topic {topic}; it reads {', '.join(sorted(topics))}"
+            raise PlanError(msg)
+        missing = sorted((partitions or set()) - {p for t, p in bounds if t == topic})
+        if missing:
+            msg = f"topic {topic} has no partition {', '.join(map(str, missing))}"
+            raise PlanError(msg)
+    if isinstance(spec, FromFile):
+        unknown = sorted(set(spec.offsets) - set(bounds))
+        if unknown:
+            names = ", ".join(f"{t}/{p}" for t, p in unknown)
+            msg = f"the offsets file names partitions {processor} does not read: {names}"
+            raise PlanError(msg)

@@ -19,6 +19,9 @@ lease; what is left of its group after a grace period is killed. A ``kill -9`` o
 runs none of that: the processor notices that its parent is gone (``REFOLD_STOP_WITH_PARENT``)
 and stops as on SIGTERM, and the replay's builder lease on the generation lapses, so status
 shows the generation abandoned and ``replay gc`` removes it.
+
+The shadow processor, the wait until it is caught up and the flip are
+:mod:`refold.replay.shadow`.
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ import redis
 from refold.contracts.codec import EventCodec
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.process_group import GroupProcess
-from refold.contracts.processors import STOP_WITH_PARENT_ENV, ProcessLauncher, ProcessorSpec
+from refold.contracts.processors import ProcessLauncher, ProcessorSpec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import (
@@ -53,10 +54,17 @@ from refold.processors.runtime.checkpoints import (
     checkpoint_root,
     remove_stale_checkpoint,
 )
-from refold.replay.errors import PlanError, RebuildError, ReplayInterruptedError
+from refold.replay.errors import PlanError, ReplayInterruptedError
 from refold.replay.interrupts import InterruptedBySignalError, InterruptGuard
 from refold.replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan
-from refold.replay.snapshots import SnapshotStore
+from refold.replay.shadow import (
+    Rebuilding,
+    RebuildProgress,
+    interrupted_message,
+    log_path_of,
+    start_processor,
+)
+from refold.replay.snapshots import Snapshot, SnapshotStore
 from refold.replay.validate import (
     REBUILD_STARTUP_S,
     decode_check,
@@ -70,7 +78,6 @@ __all__ = ["RebuildProgress", "RebuildResult", "plan_replay", "processor_topics"
 
 logger = logging.getLogger(__name__)
 
-_POLL_S = 0.5  # progress refresh while the shadow processor runs
 _STOP_GRACE_S = 30.0  # the processor finishes its micro-batch and releases its lease
 
 
@@ -197,61 +204,6 @@ def _measured_rate(registry: GenerationRegistry) -> tuple[float | None, str]:
     return None, ""
 
 
-@dataclass(frozen=True, slots=True)
-class RebuildProgress:
-    """Where a rebuild is, for progress bars.
-
-    Attributes:
-        done: Records folded since the plan's starting points.
-        total: Records from the starting points to the log end taken at the start.
-        lag: Per partition, records between the shadow's position and the log end now.
-        caught_up: The shadow reached the rebuild's target; the flip is being attempted.
-    """
-
-    done: int
-    total: int
-    lag: dict[tuple[str, int], int]
-    caught_up: bool = False
-
-
-def _done(positions: Positions, starts: Positions, ends: Positions) -> int:
-    """Records applied since the plan's starting points, up to ``ends``."""
-    return sum(
-        max(0, min(positions.get(tp, start), ends[tp]) - start) for tp, start in starts.items()
-    )
-
-
-def _interrupted_message(
-    signal_number: int,
-    generation: int,
-    process: GroupProcess | None,
-    live_generation: int | None,
-    *,
-    cut_over: bool,
-) -> str:
-    """What an interrupted rebuild did and left, for :class:`ReplayInterruptedError`."""
-    stopped = (
-        f"stopped the rebuild processor of g{generation} (pid {process.pid} and its process group)"
-        if process is not None
-        else f"no processor had been started for g{generation}"
-    )
-    if cut_over:
-        left = (
-            f"the cutover had already happened: readers see g{generation} (`replay rollback` "
-            "flips back)"
-        )
-        action = "none needed"
-    else:
-        readers = "no generation" if live_generation is None else f"g{live_generation}"
-        left = (
-            f"readers stay on {readers}; g{generation} is left building; a later replay "
-            "creates a new generation"
-        )
-        action = "rerun the replay when it can run to the end"
-    name = signal.Signals(signal_number).name
-    return f"interrupted by {name}: {stopped}; {left}. Operator action: {action}."
-
-
 def run_rebuild(
     plan: ReplayPlan,
     spec: ProcessorSpec,
@@ -302,22 +254,12 @@ def run_rebuild(
     starts = {(r.topic, r.partition): r.begin for r in plan.partitions}
     tps = list(starts)
     process: GroupProcess | None = None
-    rebuilding: _Rebuilding | None = None
+    rebuilding: Rebuilding | None = None
     # SIGTERM and SIGINT raise from here on, so that the processor is stopped (below) before
     # replay exits; the alias is only ever changed by the flip, so readers stay where they were.
     with InterruptGuard() as guard:
         with guard.held():
-            generation = registry.create(
-                {
-                    "replay_of": plan.live_generation if plan.live_generation is not None else "",
-                    "reset": plan.spec,
-                    "topics": topics,
-                    "starting_offsets": plan.starting_offsets(),
-                    "seeded_from": plan.seed.name if plan.seed is not None else "",
-                    # Undecided: its processor's first run shards it or not (run_plan).
-                    SHARDS_FIELD: "",
-                }
-            )
+            generation = _new_generation(registry, plan, topics)
             # Held until the flip or failure: a kill -9 of this replay leaves the generation
             # abandoned (status and gc tell), and its processor stops with this process.
             builder = BuilderLease(registry, generation)
@@ -328,19 +270,11 @@ def run_rebuild(
             launcher = launcher or ProcessLauncher(
                 kafka, redis_settings, SparkSettings(), state_dir
             )
-            root = checkpoint_root(
-                launcher.state_dir, launcher.spark, key_prefix=launcher.redis.key_prefix
-            )
-            remove_stale_checkpoint(
-                checkpoint_location(root, spec.name, generation), launcher.spark
-            )
-            if seed is not None:
-                copied = store.seed(seed, generation)
-                logger.info("g%d seeded from %s (%d keys)", generation, seed.name, copied)
-            log_path = _log_path(state_dir, spec.name, generation)
+            _prepare(spec, generation, launcher, store, seed)
+            log_path = log_path_of(state_dir, spec.name, generation)
             started = time.monotonic()
             with guard.held():
-                process = _start_processor(
+                process = start_processor(
                     spec,
                     plan,
                     generation,
@@ -358,7 +292,7 @@ def run_rebuild(
                 process.pid,
                 extra={"generation": generation},
             )
-            rebuilding = _Rebuilding(
+            rebuilding = Rebuilding(
                 registry, generation, plan, process, log_path, offsets, starts, target, total
             )
             rebuilding.until_flipped(guard, started, timeout_s, lag_threshold, on_progress)
@@ -373,7 +307,7 @@ def run_rebuild(
             with contextlib.suppress(redis.RedisError):  # an unrenewed lease expires
                 builder.release()
     if guard.signal_number is not None:
-        msg = _interrupted_message(
+        msg = interrupted_message(
             guard.signal_number,
             generation,
             process,
@@ -384,7 +318,7 @@ def run_rebuild(
     seconds = cutover_at - started
     applied = _record_rate(registry, generation, starts, seconds)
     # It flipped: nothing else leaves the block above without raising.
-    flipped = cast("_Rebuilding", rebuilding)
+    flipped = cast("Rebuilding", rebuilding)
     return RebuildResult(generation, flipped.previous, applied, seconds, flipped.flip_ms)
 
 
@@ -422,109 +356,31 @@ def _refuse_unready(plan: ReplayPlan) -> None:
         raise PlanError(msg)
 
 
-@dataclass(slots=True)
-class _Rebuilding:
-    """The shadow generation while its processor catches up, up to the flip.
-
-    ``cut_over``, ``previous`` and ``flip_ms`` are set by the flip; the caller reads
-    ``cut_over`` even when a signal interrupted it, to say whether readers moved.
-    """
-
-    registry: GenerationRegistry
-    generation: int
-    plan: ReplayPlan
-    process: GroupProcess
-    log_path: Path
-    offsets: LogOffsets
-    starts: Positions
-    target: Positions  # the log end when the rebuild began
-    total: int
-    cut_over: bool = False
-    previous: int | None = None
-    flip_ms: float = 0.0
-
-    def until_flipped(
-        self,
-        guard: InterruptGuard,
-        started: float,
-        timeout_s: float,
-        lag_threshold: int,
-        on_progress: Callable[[RebuildProgress], None] | None,
-    ) -> None:
-        """Report progress until the generation is caught up, then flip readers to it.
-
-        Raises:
-            RebuildError: The processor exited, or did not catch up within ``timeout_s``.
-        """
-        tps = list(self.starts)
-        ends, ends_at = dict(self.target), time.monotonic()
-        while True:
-            self._check_running(started, timeout_s)
-            positions = {
-                tp: o
-                for tp, o in self.registry.positions(self.generation)[0].items()
-                if tp in self.starts
-            }
-            if time.monotonic() - ends_at > 2.0:
-                ends, ends_at = self.offsets.end_offsets(tps), time.monotonic()
-            at = {tp: positions.get(tp, self.starts[tp]) for tp in tps}
-            reached = all(at[tp] + lag_threshold >= e for tp, e in self.target.items())
-            if on_progress is not None:
-                lag = {tp: max(0, ends[tp] - at[tp]) for tp in tps}
-                done = _done(positions, self.starts, self.target)
-                on_progress(RebuildProgress(done, self.total, lag, reached))
-            if reached:
-                flip_started = time.perf_counter()
-                with guard.held():  # a signal now waits for the transaction's answer
-                    self.cut_over, self.previous, _behind = self.registry.flip_if_caught_up(
-                        self.generation, self.target, lag_threshold, starts=self.starts
-                    )
-                if self.cut_over:
-                    self.flip_ms = (time.perf_counter() - flip_started) * 1000
-                    return
-                guard.check()
-            time.sleep(_POLL_S)
-
-    def _check_running(self, started: float, timeout_s: float) -> None:
-        live = self.plan.live_generation
-        if not self.process.alive():
-            lines = self.log_path.read_text(errors="replace").splitlines()[-20:]
-            msg = (
-                f"the processor building g{self.generation} exited with "
-                f"{self.process.returncode}; readers stay on g{live}. "
-                f"Log {self.log_path} ends with:\n" + "\n".join(lines)
-            )
-            raise RebuildError(msg)
-        if time.monotonic() - started > timeout_s:
-            msg = (
-                f"g{self.generation} did not catch up within {timeout_s:.0f}s; readers stay "
-                f"on g{live}. Operator action: raise REFOLD_REPLAY_TIMEOUT_S or "
-                "REFOLD_LAG_THRESHOLD, or rerun when traffic is lower."
-            )
-            raise RebuildError(msg)
+def _new_generation(registry: GenerationRegistry, plan: ReplayPlan, topics: list[str]) -> int:
+    """Create the generation the rebuild builds (``building``), with what it is made from."""
+    return registry.create(
+        {
+            "replay_of": plan.live_generation if plan.live_generation is not None else "",
+            "reset": plan.spec,
+            "topics": topics,
+            "starting_offsets": plan.starting_offsets(),
+            "seeded_from": plan.seed.name if plan.seed is not None else "",
+            # Undecided: its processor's first run shards it or not (run_plan).
+            SHARDS_FIELD: "",
+        }
+    )
 
 
-def _log_path(state_dir: Path, processor: str, generation: int) -> Path:
-    logs = state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    return logs / f"{processor}-g{generation}.log"
-
-
-def _start_processor(
+def _prepare(
     spec: ProcessorSpec,
-    plan: ReplayPlan,
     generation: int,
     launcher: ProcessLauncher,
-    log_path: Path,
-) -> GroupProcess:
-    """Start ``python -m refold.processors NAME --generation N`` in a session and group of its own.
-
-    Its own group: a Ctrl-C in replay's terminal reaches replay only, which stops the
-    processor in order, and :meth:`GroupProcess.stop` ends the processor's JVM and workers.
-    """
-    # The processor stops when this replay is gone, even after a kill -9 (no finally here).
-    env = {**launcher.env(), STOP_WITH_PARENT_ENV: str(os.getpid())}
-    command = launcher.argv(
-        [spec.name], generation=generation, starting_offsets=plan.starting_offsets()
-    )
-    return GroupProcess(command, env, log_path).start()
+    store: SnapshotStore,
+    seed: Snapshot | None,
+) -> None:
+    """Remove a stale checkpoint of the generation, and seed it from the snapshot if any."""
+    root = checkpoint_root(launcher.state_dir, launcher.spark, key_prefix=launcher.redis.key_prefix)
+    remove_stale_checkpoint(checkpoint_location(root, spec.name, generation), launcher.spark)
+    if seed is not None:
+        copied = store.seed(seed, generation)
+        logger.info("g%d seeded from %s (%d keys)", generation, seed.name, copied)

@@ -20,20 +20,18 @@ retried.
 
 Lifecycle: one client per process is enough; its ``httpx.Client`` pools connections and may be
 shared between threads. Close it (or use it as a context manager) when done; a client given
-in ``http_client`` is left open for its owner.
+in ``http_client`` is left open for its owner. How it talks HTTP (URLs, parameters, the
+request, the retry rule): :mod:`refold.services.client_transport`.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 import httpx
-import orjson
 import tenacity
 
 from refold.services.client_errors import (
@@ -50,7 +48,6 @@ from refold.services.client_errors import (
     ServiceUnavailableError,
     UnauthenticatedError,
     UnreachableError,
-    error_of,
 )
 from refold.services.client_results import (
     Aggregate,
@@ -61,6 +58,15 @@ from refold.services.client_results import (
     Page,
     Windows,
     delivery_of,
+)
+from refold.services.client_transport import (
+    DEFAULT_TIMEOUT_S,
+    consistency_params,
+    freshness_of,
+    path_segment,
+    retried,
+    retry_wait,
+    send,
 )
 
 __all__ = [
@@ -87,67 +93,6 @@ __all__ = [
     "Windows",
 ]
 
-# Seconds a request may take by default; a query that asks the server to wait (``wait_ms``)
-# gets that wait on top, so a slow consistency wait is the server's 504, not a client timeout.
-_DEFAULT_TIMEOUT_S = 10.0
-_JSON = {"Content-Type": "application/json", "Accept": "application/json"}
-
-
-# --- the client -------------------------------------------------------------------------------
-
-
-@dataclass
-class _Freshness:
-    processor: str
-    generation: int
-    positions: dict[str, int] = field(default_factory=dict)
-
-
-def _freshness(body: Mapping[str, Any]) -> _Freshness:
-    return _Freshness(
-        str(body.get("processor", "")),
-        int(body.get("generation", 0)),
-        {str(k): int(v) for k, v in (body.get("positions") or {}).items()},
-    )
-
-
-def _segment(value: str) -> str:
-    """One path segment, every reserved character escaped (keys may hold ``/``, ``?``...)."""
-    return quote(value, safe="")
-
-
-def _consistency(
-    consistency_token: str | None,
-    min_positions: Mapping[str, int] | None,
-    wait_ms: int | None,
-) -> dict[str, str]:
-    params: dict[str, str] = {}
-    if consistency_token is not None:
-        params["consistency_token"] = consistency_token
-    if min_positions:
-        params["min_positions"] = ",".join(f"{tp}:{o}" for tp, o in min_positions.items())
-    if wait_ms is not None:
-        params["wait_ms"] = str(wait_ms)
-    return params
-
-
-def _retried(exc: BaseException) -> bool:
-    """An ingest failure its retry with the same key may cure."""
-    if isinstance(exc, IdempotencyConflictError):
-        return exc.code == "IDEMPOTENCY_KEY_IN_USE"
-    return isinstance(exc, ServiceUnavailableError | UnreachableError)
-
-
-def _retry_wait(state: tenacity.RetryCallState) -> float:
-    """``Retry-After`` when the service gave one (at most 30 s), else 0.5 s, 1 s, 2 s... (5 s)."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    after = exc.retry_after if isinstance(exc, ServiceUnavailableError) else None
-    if after is None and isinstance(exc, IdempotencyConflictError):
-        after = 1.0
-    if after is not None:
-        return min(after, 30.0)
-    return float(min(0.5 * 2 ** (state.attempt_number - 1), 5.0))
-
 
 class RefoldClient:
     """Ingest events into refold and read the state its processors keep, over HTTP.
@@ -166,7 +111,7 @@ class RefoldClient:
         base_url: str,
         api_key: str | None = None,
         *,
-        timeout: float = _DEFAULT_TIMEOUT_S,
+        timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
         headers: Mapping[str, str] | None = None,
@@ -233,8 +178,8 @@ class RefoldClient:
         key = idempotency_key or uuid.uuid4().hex
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(max(1, attempts)),
-            retry=tenacity.retry_if_exception(_retried),
-            wait=_retry_wait,
+            retry=tenacity.retry_if_exception(retried),
+            wait=retry_wait,
             reraise=True,
         )
         for attempt in retrying:
@@ -284,12 +229,12 @@ class RefoldClient:
             ClientError: Any other failure.
         """
         path = (
-            f"/v1/processors/{_segment(processor)}/tables/{_segment(table)}"
-            f"/entities/{_segment(key)}"
+            f"/v1/processors/{path_segment(processor)}/tables/{path_segment(table)}"
+            f"/entities/{path_segment(key)}"
         )
-        params = _consistency(consistency_token, min_positions, wait_ms)
+        params = consistency_params(consistency_token, min_positions, wait_ms)
         body, response = self._call("GET", path, params=params, wait_ms=wait_ms)
-        fresh = _freshness(body)
+        fresh = freshness_of(body)
         return Entity(
             str(body.get("key", key)),
             body.get("value"),
@@ -317,12 +262,15 @@ class RefoldClient:
             ConsistencyTimeoutError: The writes were not applied in time.
             ClientError: Any other failure.
         """
-        path = f"/v1/processors/{_segment(processor)}/tables/{_segment(table)}/entities:batch-get"
-        params = _consistency(consistency_token, min_positions, wait_ms)
+        path = (
+            f"/v1/processors/{path_segment(processor)}/tables/{path_segment(table)}"
+            "/entities:batch-get"
+        )
+        params = consistency_params(consistency_token, min_positions, wait_ms)
         body, response = self._call(
             "POST", path, params=params, payload={"keys": list(keys)}, wait_ms=wait_ms
         )
-        fresh = _freshness(body)
+        fresh = freshness_of(body)
         return Entities(
             dict(body.get("values") or {}),
             fresh.processor,
@@ -353,14 +301,14 @@ class RefoldClient:
             ConsistencyTimeoutError: The writes were not applied in time.
             ClientError: Any other failure.
         """
-        path = f"/v1/processors/{_segment(processor)}/tables/{_segment(table)}/entities"
-        params = _consistency(consistency_token, min_positions, wait_ms)
+        path = f"/v1/processors/{path_segment(processor)}/tables/{path_segment(table)}/entities"
+        params = consistency_params(consistency_token, min_positions, wait_ms)
         if limit is not None:
             params["limit"] = str(limit)
         if cursor is not None:
             params["cursor"] = cursor
         body, response = self._call("GET", path, params=params, wait_ms=wait_ms)
-        fresh = _freshness(body)
+        fresh = freshness_of(body)
         items = tuple((str(item["key"]), item.get("value")) for item in body.get("items", ()))
         next_cursor = body.get("next_cursor")
         return Page(
@@ -436,10 +384,10 @@ class RefoldClient:
             ConsistencyTimeoutError: The writes were not applied in time.
             ClientError: Any other failure.
         """
-        path = f"/v1/processors/{_segment(processor)}/aggregates/{_segment(name)}"
-        params = _consistency(consistency_token, min_positions, wait_ms)
+        path = f"/v1/processors/{path_segment(processor)}/aggregates/{path_segment(name)}"
+        params = consistency_params(consistency_token, min_positions, wait_ms)
         body, response = self._call("GET", path, params=params, wait_ms=wait_ms)
-        fresh = _freshness(body)
+        fresh = freshness_of(body)
         return Aggregate(
             name,
             {str(k): int(v) for k, v in (body.get("counters") or {}).items()},
@@ -456,7 +404,7 @@ class RefoldClient:
             NotFoundError: No such processor or window.
             ClientError: Any other failure.
         """
-        path = f"/v1/processors/{_segment(processor)}/windows/{_segment(window)}/groups"
+        path = f"/v1/processors/{path_segment(processor)}/windows/{path_segment(window)}/groups"
         body, _ = self._call("GET", path)
         return tuple(str(g) for g in body.get("groups") or ())
 
@@ -481,13 +429,13 @@ class RefoldClient:
             ClientError: Any other failure.
         """
         path = (
-            f"/v1/processors/{_segment(processor)}/windows/{_segment(window)}"
-            f"/groups/{_segment(group)}"
+            f"/v1/processors/{path_segment(processor)}/windows/{path_segment(window)}"
+            f"/groups/{path_segment(group)}"
         )
-        params = _consistency(consistency_token, min_positions, wait_ms)
+        params = consistency_params(consistency_token, min_positions, wait_ms)
         params.update(start=str(start), end=str(end))
         body, response = self._call("GET", path, params=params, wait_ms=wait_ms)
-        fresh = _freshness(body)
+        fresh = freshness_of(body)
         return Windows(
             window,
             group,
@@ -497,8 +445,6 @@ class RefoldClient:
             fresh.positions,
             response.headers.get("ETag"),
         )
-
-    # --- transport -----------------------------------------------------------------------------
 
     def _call(
         self,
@@ -511,32 +457,15 @@ class RefoldClient:
         invalid: type[InvalidRequestError] = InvalidRequestError,
         headers: Mapping[str, str] | None = None,
     ) -> tuple[dict[str, Any], httpx.Response]:
-        """Send a request; the decoded JSON object of a 2xx answer, else its error raised."""
-        url = f"{self.base_url}{path}"
-        timeout = self.timeout + (wait_ms or 0) / 1000
-        try:
-            response = self._http.request(
-                method,
-                url,
-                params=params or None,
-                content=None if payload is None else orjson.dumps(payload),
-                headers={**_JSON, **self._headers, **(headers or {})},
-                timeout=timeout,
-            )
-        except httpx.TimeoutException as exc:
-            msg = f"{method} {url}: no answer within {timeout:g} s ({exc})"
-            raise UnreachableError(msg, status=0, code="TIMEOUT") from exc
-        except httpx.TransportError as exc:
-            msg = f"{method} {url}: {str(exc) or type(exc).__name__}"
-            raise UnreachableError(msg, status=0, code="UNREACHABLE") from exc
-        if not response.is_success:
-            raise error_of(response, invalid)
-        try:
-            body = orjson.loads(response.content)
-        except orjson.JSONDecodeError as exc:
-            msg = f"{method} {url}: the answer is not JSON ({response.text[:200]!r})"
-            raise ServerError(msg, status=response.status_code, code="NOT_JSON") from exc
-        if not isinstance(body, dict):
-            msg = f"{method} {url}: expected a JSON object, got {type(body).__name__}"
-            raise ServerError(msg, status=response.status_code, code="NOT_AN_OBJECT", body=body)
-        return body, response
+        """Send a request to the service (:func:`~refold.services.client_transport.send`)."""
+        return send(
+            self._http,
+            method,
+            f"{self.base_url}{path}",
+            timeout=self.timeout,
+            headers={**self._headers, **(headers or {})},
+            params=params,
+            payload=payload,
+            wait_ms=wait_ms,
+            invalid=invalid,
+        )

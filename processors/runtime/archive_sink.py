@@ -25,6 +25,9 @@ So a batch's files are committed exactly when its positions move: a re-run batch
 positions moved and writes nothing; a crash between 4 and 6 leaves files the next attempt
 deletes (or rewrites under the same names) before it writes its own. Readers never see an
 event twice; they may see a batch's files a moment before its positions move.
+
+The worker's Redis client, producer and tables, and the guarded commit of step 6, are
+:mod:`refold.processors.runtime.archive_writer`.
 """
 
 from __future__ import annotations
@@ -33,28 +36,19 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import redis
-from confluent_kafka import Producer
-from redis.typing import EncodableT, FieldT
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import DeserializationError
-from refold.contracts.kafka.outputs import output_producer
-from refold.contracts.layout import BATCH_ID_FIELD, position_field
-from refold.contracts.store.connect import redis_client
-from refold.contracts.store.outage import wait_out_redis
-from refold.contracts.store.stats import count_outcome
+from refold.contracts.layout import position_field
 from refold.contracts.watermarks import is_marker
 from refold.processors.errors import (
     ProcessorConfigError,
-    SinkConflictError,
-    StateStoreUnavailableError,
 )
 from refold.processors.fold.archive import (
     ArchiveProcessor,
@@ -65,6 +59,7 @@ from refold.processors.fold.archive import (
 )
 from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.archive_store import ArchiveStore, Intent
+from refold.processors.runtime.archive_writer import ArchiveWriter, redis_call, writer_of
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
 from refold.processors.runtime.dead_letter_index import send_once
 from refold.processors.runtime.dead_letters import DeadLetter
@@ -94,11 +89,6 @@ logger = logging.getLogger(__name__)
 # Rows of one (event type, date) group kept as Python dicts before they become an Arrow batch:
 # Arrow holds a row in ~5x less memory than a decoded dict.
 _ROWS_PER_BATCH = 5_000
-# As the fold envelope: a few WATCH conflicts are a transient overlap, more mean two processes
-# write one generation.
-_MAX_ATTEMPTS = 5
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,121 +136,6 @@ class ArchiveOutcome:
         )
 
 
-def _redis_call(target: FoldTarget, client: redis.Redis, call: Callable[[], _T]) -> _T:
-    """Run ``call``, waiting out an unreachable Redis (:func:`wait_out_redis`)."""
-
-    def give_up(waited: float, exc: Exception) -> StateStoreUnavailableError:
-        return StateStoreUnavailableError(
-            f"{target.processor} g{target.generation}: Redis unreachable for {waited:.0f}s "
-            f"({exc}); the batch's positions did not move and nothing is lost. Operator "
-            "action: bring Redis back; a restart archives the batch."
-        )
-
-    return wait_out_redis(call, f"the archive processor {target.processor}", client, give_up)
-
-
-class _Writer:
-    """Per Python worker (Spark reuses them): the Redis client, the producer, the tables."""
-
-    def __init__(self, plan: ArchivePlan) -> None:
-        self.plan = plan
-        self.redis = redis_client(plan.target.redis_url)
-        self.producer: Producer = output_producer(dict(plan.target.kafka))
-        self._tables: dict[str, ArchiveTable] = {}
-
-    def table(self, event_type: str) -> ArchiveTable:
-        table = self._tables.get(event_type)
-        if table is None:
-            reader = self.plan.codec.reader_for(event_type)
-            table = self.plan.archive.table(reader.raw, reader.fingerprint_hex)
-            self._tables[event_type] = table
-        return table
-
-    def applied(self, fields: list[str]) -> dict[str, int]:
-        applied = self.plan.target.positions(self.redis)
-        return _redis_call(self.plan.target, self.redis, lambda: applied.read_fields(fields))
-
-    def commit(
-        self,
-        moves: Mapping[str, tuple[int | None, int]],
-        batch_id: int,
-        outcome: ArchiveOutcome | None = None,
-        letters: Mapping[str, str] | None = None,
-    ) -> None:
-        """Move each position from its expected value to its end, in one guarded transaction.
-
-        ``outcome``'s counts (archived, dead letters) are counted in the same transaction, and
-        ``letters`` (the dead-letter index's entries it decided) written.
-
-        Raises:
-            SinkConflictError: A position is neither where this task found it nor at its end
-                (another writer archives the same generation), or kept changing.
-        """
-        keys = self.plan.target.keys
-        applied = self.plan.target.positions(self.redis)
-        fields = sorted(moves)
-        for _attempt in range(_MAX_ATTEMPTS):
-            with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(*(keys.guard(f) for f in fields))  # type: ignore[no-untyped-call]
-                    found = applied.read_fields(fields, via=pipe)
-                    now = {f: found.get(f) for f in fields}
-                    if all(now[f] == end for f, (_exp, end) in moves.items()):
-                        pipe.unwatch()
-                        return  # an attempt with the same plan committed these very files
-                    moved = [f for f, (expected, _end) in moves.items() if now[f] != expected]
-                    if moved:
-                        msg = (
-                            f"{self.plan.target.processor} g{self.plan.target.generation}: "
-                            f"positions {', '.join(moved)} moved while batch {batch_id} was "
-                            "archived: another process writes this generation. Operator "
-                            "action: make sure only one archive processor runs it."
-                        )
-                        raise SinkConflictError(msg)
-                    pipe.multi()
-                    pipe.hset(
-                        applied.writer_key(),
-                        mapping={
-                            **{f: end for f, (_e, end) in moves.items()},
-                            BATCH_ID_FIELD: batch_id,
-                        },
-                    )
-                    for name, (_expected, end) in moves.items():
-                        pipe.set(keys.guard(name), end)
-                    if letters:
-                        index: dict[FieldT, EncodableT] = dict(letters.items())
-                        pipe.hset(keys.dead_letters, mapping=index)
-                    if outcome is not None:
-                        count_outcome(
-                            pipe,
-                            keys.stats,
-                            events=outcome.archived,
-                            dead_letters=outcome.dead_letters,
-                        )
-                    pipe.execute()
-                    return
-                except redis.WatchError:
-                    logger.warning("positions changed during the commit; checking again")
-        msg = (
-            f"{self.plan.target.processor} g{self.plan.target.generation}: positions changed "
-            f"{_MAX_ATTEMPTS} times during one commit. Operator action: make sure only one "
-            "processor runs per generation."
-        )
-        raise SinkConflictError(msg)
-
-
-# One writer per plan per Python worker.
-_WRITERS: dict[tuple[FoldTarget, ArchiveProcessor], _Writer] = {}
-
-
-def _writer(plan: ArchivePlan) -> _Writer:
-    key = (plan.target, plan.archive)
-    writer = _WRITERS.get(key)
-    if writer is None:
-        writer = _WRITERS[key] = _Writer(plan)
-    return writer
-
-
 class _Group:
     """The rows of one (event type, date) of one partition, as Arrow batches."""
 
@@ -285,7 +160,7 @@ class _Group:
 
 
 def _decode_into(
-    writer: _Writer,
+    writer: ArchiveWriter,
     record: SourceRecord,
     groups: dict[tuple[str, str], _Group],
     dead: list[tuple[SourceRecord, DeserializationError]],
@@ -319,7 +194,7 @@ def _decode_into(
 
 
 def _send_dead_letters(
-    writer: _Writer,
+    writer: ArchiveWriter,
     dead: list[tuple[SourceRecord, DeserializationError]],
     batch_id: int,
     outcome: ArchiveOutcome,
@@ -331,7 +206,7 @@ def _send_dead_letters(
     """
     target = writer.plan.target
     letters = [DeadLetter(record, exc.reason, str(exc)) for record, exc in dead]
-    decision = _redis_call(
+    decision = redis_call(
         target,
         writer.redis,
         lambda: send_once(writer.redis, writer.producer, target, letters, batch_id),
@@ -364,7 +239,7 @@ def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) 
     outcome = ArchiveOutcome()
     if not ranges:
         return outcome
-    writer = _writer(plan)
+    writer = writer_of(plan)
     store = plan.store
     applied = writer.applied(sorted({position_field(t, p) for t, p, _s, _e in ranges}))
     todo: list[Range] = []
@@ -405,7 +280,7 @@ def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) 
         outcome.dead_letters = dict(Counter(exc.reason for _record, exc in dead))
         entries = _send_dead_letters(writer, dead, batch_id, outcome)
     moves = {position_field(t, p): (applied.get(position_field(t, p)), e) for t, p, _b, e in todo}
-    _redis_call(plan.target, writer.redis, lambda: writer.commit(moves, batch_id, outcome, entries))
+    redis_call(plan.target, writer.redis, lambda: writer.commit(moves, batch_id, outcome, entries))
     outcome.positions = {f: end for f, (_expected, end) in moves.items()}
     return outcome
 

@@ -10,8 +10,9 @@ See ``docs/webhooks.md``. ``refold webhooks run|log|redrive`` is the command lin
 """
 
 from refold.services.webhooks.config import WebhookServiceSettings, WebhookSettings, dlq_topic
-from refold.services.webhooks.dispatcher import DispatcherStats, DispatcherThread, WebhookDispatcher
+from refold.services.webhooks.dispatcher import DispatcherStats, WebhookDispatcher
 from refold.services.webhooks.store import LogEntry, WebhookStore, list_dispatchers
+from refold.services.webhooks.thread import DispatcherThread
 
 __all__ = [
     "DispatcherStats",

@@ -18,36 +18,30 @@ dead-letter topic once more (for a later redrive).
 
 Lifecycle: one dispatcher per thread; :meth:`WebhookDispatcher.run` blocks until stopped (or,
 with ``until_end``, until the topics' ends at start are delivered);
-:meth:`WebhookDispatcher.start` runs it in a background thread.
+:meth:`WebhookDispatcher.start` runs it in a background thread
+(:class:`~refold.services.webhooks.thread.DispatcherThread`). Where it reads and the copy of
+its positions in Kafka: :mod:`refold.services.webhooks.positions`.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 import redis
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.admin import ensure_topics
-from refold.contracts.kafka.consumers import passive_consumer
-from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 from refold.contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
 from refold.contracts.layout import WebhookKeys
 from refold.contracts.store.credentials import raise_if_refused
@@ -61,24 +55,23 @@ from refold.services.webhooks.errors import (
     WebhookStoreError,
 )
 from refold.services.webhooks.items import DeliveryItem, dead_letter_headers, item_from_message
+from refold.services.webhooks.positions import (
+    TP,
+    caught_up,
+    dispatcher_consumer,
+    lag,
+    mirror_positions,
+    start_positions,
+)
 from refold.services.webhooks.scheduling import AttemptScheduler, UncommittedWindow
 from refold.services.webhooks.store import DispatcherLease, LogEntry, WebhookStore
+from refold.services.webhooks.thread import DispatcherThread
 
-__all__ = ["DispatcherStats", "DispatcherThread", "Role", "WebhookDispatcher"]
+__all__ = ["DispatcherStats", "Role", "WebhookDispatcher"]
 
 logger = logging.getLogger(__name__)
 
 Role = Literal["dispatch", "redrive"]
-TP = tuple[str, int]
-
-# Consumer tuning (a caller's librdkafka settings may override these), each with its reason:
-_CONSUMER_TUNING: Mapping[str, Any] = {
-    # Low latency for a trickle of critical insights: an answer comes as soon as a record
-    # arrives; the long-poll only bounds an idle fetch.
-    "fetch.wait.max.ms": 250,
-    "fetch.queue.backoff.ms": 10,  # the 1 s default throttles catching up on a backlog
-    "queued.min.messages": 10_000,  # prefetch; a batch waiting out an outage holds little
-}
 _PROGRESS_S = 10.0  # progress log period
 _SCHEDULER_TICK_S = 0.2  # longest wait for answers when no new record could be read anyway
 _STEP_S = 0.05  # longest wait for answers while there is room to read new records
@@ -173,74 +166,32 @@ class WebhookDispatcher:
             raise WebhookConfigError(msg)
         if not settings.is_loopback and settings.url.startswith("http://"):
             logger.warning("%s: delivering to %s in clear text", settings.name, settings.url)
-        try:
-            verify = settings.tls_context()
-        except OSError as exc:  # ssl.SSLError is one
-            msg = (
-                f"{settings.name}: cannot load the TLS files ({exc}). Operator action: check "
-                "ca_bundle, client_cert and client_key."
-            )
-            raise WebhookConfigError(msg) from exc
-        lease = DispatcherLease(self._redis, self.keys, self.role)
-        try:
-            lease.acquire(_LEASE_WAIT_S)
-        except redis.RedisError as exc:
-            raise_if_refused(exc, f"the webhook dispatcher {settings.name}", self._redis)
-            msg = (
-                f"{settings.name}: Redis unreachable ({exc}). Operator action: check "
-                "REFOLD_REDIS__URL."
-            )
-            raise WebhookStoreError(msg) from exc
+        verify = self._tls_context()
+        lease = self._acquire_lease()
         consumer: Consumer | None = None
         sender: WebhookSender | None = None
         pool: ThreadPoolExecutor | None = None
         try:
             self._ensure_dlq_topic()
-            # The dispatcher assigns partitions itself and never joins a group: its positions
-            # live in Redis, and a leased role needs no rebalance. Auto-commit stays off (the
-            # passive keys win over any user setting); _mirror commits a copy of the positions
-            # to this group explicitly, for standard lag tools.
-            consumer = passive_consumer(
-                self.kafka,
-                self.group,
-                tuning=_CONSUMER_TUNING,
-                # Insights are a processor's outputs, written in Kafka transactions: the
-                # records of a batch that did not commit are never delivered.
-                isolation="read_committed",
-                # Only when the stored position is gone: below the log start (retention;
-                # logged at start) or past the end (the topic was recreated): start at what
-                # the log holds.
-                offset_reset="earliest",
-            )
+            consumer = dispatcher_consumer(self.kafka, self.group)
             try:
-                ends, positions = self._start_positions(lease, consumer)
+                ends, positions = start_positions(
+                    self.kafka,
+                    self._topics,
+                    self.store,
+                    lease,
+                    consumer,
+                    name=settings.name,
+                    from_end=settings.start == "end" and self.role == "dispatch",
+                    until_end=self.until_end,
+                )
             except redis.RedisError as exc:
                 msg = f"{settings.name}: cannot read positions from Redis ({exc})"
                 raise WebhookStoreError(msg) from exc
             consumer.assign([TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
-            sender = WebhookSender(
-                settings.url,
-                timeout_s=settings.timeout_s,
-                connect_timeout_s=settings.connect_timeout_s,
-                connections=settings.concurrency,
-                headers={k: v.get_secret_value() for k, v in settings.headers.items()},
-                signing_secret=None
-                if settings.signing_secret is None
-                else settings.signing_secret.get_secret_value(),
-                verify=verify,
-                transport=self._transport,
-            )
+            sender = self._sender(verify)
             pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="webhook")
-            logger.info(
-                "%s (%s): delivering %s to %s from %s; retry budget %.0f-%.0f s over %d attempts",
-                settings.name,
-                self.role,
-                ", ".join(self._topics),
-                settings.url,
-                ", ".join(f"{t}/{p}@{o}" for (t, p), o in sorted(positions.items())),
-                *self.policy.budget_bounds(),
-                settings.max_attempts,
-            )
+            self._log_start(positions)
             self.stats.committed = dict(positions)
             self.ready.set()
             running_sender = sender
@@ -266,6 +217,56 @@ class WebhookDispatcher:
 
     # -- start ----------------------------------------------------------------------------
 
+    def _tls_context(self) -> ssl.SSLContext | bool:
+        try:
+            return self.settings.tls_context()
+        except OSError as exc:  # ssl.SSLError is one
+            msg = (
+                f"{self.settings.name}: cannot load the TLS files ({exc}). Operator action: "
+                "check ca_bundle, client_cert and client_key."
+            )
+            raise WebhookConfigError(msg) from exc
+
+    def _acquire_lease(self) -> DispatcherLease:
+        lease = DispatcherLease(self._redis, self.keys, self.role)
+        try:
+            lease.acquire(_LEASE_WAIT_S)
+        except redis.RedisError as exc:
+            raise_if_refused(exc, f"the webhook dispatcher {self.settings.name}", self._redis)
+            msg = (
+                f"{self.settings.name}: Redis unreachable ({exc}). Operator action: check "
+                "REFOLD_REDIS__URL."
+            )
+            raise WebhookStoreError(msg) from exc
+        return lease
+
+    def _sender(self, verify: ssl.SSLContext | bool) -> WebhookSender:
+        settings = self.settings
+        return WebhookSender(
+            settings.url,
+            timeout_s=settings.timeout_s,
+            connect_timeout_s=settings.connect_timeout_s,
+            connections=settings.concurrency,
+            headers={k: v.get_secret_value() for k, v in settings.headers.items()},
+            signing_secret=None
+            if settings.signing_secret is None
+            else settings.signing_secret.get_secret_value(),
+            verify=verify,
+            transport=self._transport,
+        )
+
+    def _log_start(self, positions: Mapping[TP, int]) -> None:
+        logger.info(
+            "%s (%s): delivering %s to %s from %s; retry budget %.0f-%.0f s over %d attempts",
+            self.settings.name,
+            self.role,
+            ", ".join(self._topics),
+            self.settings.url,
+            ", ".join(f"{t}/{p}@{o}" for (t, p), o in sorted(positions.items())),
+            *self.policy.budget_bounds(),
+            self.settings.max_attempts,
+        )
+
     def _ensure_dlq_topic(self) -> None:
         spec = dead_letter_spec(self.settings.name, self.settings.dlq_topic)
         try:
@@ -276,76 +277,6 @@ class WebhookDispatcher:
                 "check the broker (REFOLD_KAFKA__BOOTSTRAP_SERVERS)."
             )
             raise WebhookConfigError(msg) from exc
-
-    def _start_positions(
-        self, lease: DispatcherLease, consumer: Consumer
-    ) -> tuple[dict[TP, int], dict[TP, int]]:
-        """The log ends (when running ``until_end``) and the position of every partition.
-
-        A position is the later of Redis' and its copy in the dispatcher's Kafka consumer
-        group: Redis restarted empty (or from an older state) must not deliver again what
-        was delivered (the copy is committed after each Redis commit).
-        """
-        with LogOffsets(self.kafka) as offsets:
-            try:
-                tps = [(t, p) for t in self._topics for p in offsets.partitions(t)]
-            except OffsetsError as exc:
-                msg = (
-                    f"{exc}. Operator action: check the topic names (a pattern processor "
-                    "creates <processor>.insights when it starts) and the broker address "
-                    "(REFOLD_KAFKA__BOOTSTRAP_SERVERS)."
-                )
-                raise WebhookConfigError(msg) from exc
-            stored = self.store.positions()
-            copied = self._mirrored(consumer, tps)
-            ahead = {tp: o for tp, o in copied.items() if o > stored.get(tp, -1)}
-            if ahead:
-                logger.warning(
-                    "%s: Redis lacks delivered positions (restarted empty or from an older "
-                    "state?); resuming %s from their copy in Kafka",
-                    self.settings.name,
-                    ", ".join(f"{t}/{p}@{o}" for (t, p), o in sorted(ahead.items())),
-                )
-                self.store.commit(lease, ahead, [], {})
-                stored = self.store.positions()
-            missing = [tp for tp in tps if tp not in stored]
-            if missing:
-                use_end = self.settings.start == "end" and self.role == "dispatch"
-                start = offsets.end_offsets(missing) if use_end else offsets.start_offsets(missing)
-                self.store.init_positions(lease, start)
-                stored = self.store.positions()
-            positions = {tp: stored[tp] for tp in tps}
-            log_start = offsets.start_offsets(tps)
-            ends = offsets.end_offsets(tps) if self.until_end else {}
-        for tp, position in positions.items():
-            if position < log_start[tp]:
-                logger.error(
-                    "%s: offsets %d-%d of %s/%d were deleted (retention) before delivery",
-                    self.settings.name,
-                    position,
-                    log_start[tp] - 1,
-                    *tp,
-                )
-        return ends, positions
-
-    def _mirrored(self, consumer: Consumer, tps: Sequence[TP]) -> dict[TP, int]:
-        """The copy of the positions in the consumer group (empty when the broker fails)."""
-        try:
-            found = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=10)
-        except KafkaException as exc:
-            logger.warning("%s: no copy of the positions from Kafka (%s)", self.settings.name, exc)
-            return {}
-        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
-
-    def _mirror(self, consumer: Consumer, positions: Mapping[TP, int]) -> None:
-        """Copy committed positions to the consumer group (Redis stays the source of truth)."""
-        if not positions:
-            return
-        offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())]
-        try:
-            consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:  # the next commit copies them again
-            logger.warning("%s: positions not copied to Kafka (%s)", self.settings.name, exc)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -368,7 +299,7 @@ class WebhookDispatcher:
             if time.monotonic() - last_unseen >= _COMMIT_INTERVAL_S:
                 self._commit_past_unseen(window, lease, consumer)
                 last_unseen = time.monotonic()
-            if self.until_end and not window.size and _caught_up(self.stats.committed, ends):
+            if self.until_end and not window.size and caught_up(self.stats.committed, ends):
                 logger.info("%s (%s): caught up", settings.name, self.role)
                 return
             room = settings.max_uncommitted - window.size
@@ -404,7 +335,7 @@ class WebhookDispatcher:
                     self.stats.retried,
                     self.stats.failed,
                     scheduler.pending,
-                    self._lag(consumer),
+                    lag(consumer, self.stats.committed),
                 )
                 last_report, reported = now, self.stats.delivered
         # Stopped: the attempts in flight finish; what was settled before the first unsettled
@@ -432,17 +363,6 @@ class WebhookDispatcher:
             self._settled += 1
         return item
 
-    def _lag(self, consumer: Consumer) -> int:
-        lag = 0
-        for (topic, partition), position in self.stats.committed.items():
-            # The fetch path's high watermark: no extra request.
-            _low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), cached=True
-            )
-            if high >= 0:
-                lag += max(0, high - position)
-        return lag
-
     # -- settling and committing --------------------------------------------------------
 
     def _commit(
@@ -450,7 +370,7 @@ class WebhookDispatcher:
     ) -> None:
         """Dead-letter and commit every partition's settled prefix (positions, log, counters).
 
-        Then copy the positions to the dispatcher's consumer group (:meth:`_mirror`).
+        Then copy the positions to the dispatcher's consumer group (:func:`mirror_positions`).
         """
         positions, settled = window.pop_settled()
         self._settled -= len(settled)
@@ -470,7 +390,7 @@ class WebhookDispatcher:
                 counts["failed"] += 1
                 counts[f"failed:{item.reason}"] += 1
         self.store.commit(lease, positions, [self._entry(i) for i in logged], counts)
-        self._mirror(consumer, positions)
+        mirror_positions(consumer, positions, self.settings.name)
         self.stats.delivered += counts["delivered"]
         self.stats.failed += counts["failed"]
         self.stats.skipped += counts["skipped"]
@@ -497,7 +417,7 @@ class WebhookDispatcher:
         }
         if moved:
             self.store.commit(lease, moved, [], {})
-            self._mirror(consumer, moved)
+            mirror_positions(consumer, moved, self.settings.name)
             self.stats.committed.update(moved)
 
     def _attempt(self, sender: WebhookSender, item: DeliveryItem) -> AttemptResult:
@@ -571,56 +491,3 @@ class WebhookDispatcher:
         if self._producer is None:  # lazily: most runs dead-letter nothing
             self._producer = output_producer(self.kafka)
         return self._producer
-
-
-def _caught_up(positions: Mapping[TP, int], ends: Mapping[TP, int]) -> bool:
-    return all(positions.get(tp, 0) >= end for tp, end in ends.items())
-
-
-class DispatcherThread:
-    """A dispatcher running in a background thread (the demo's and the tests' handle).
-
-    Args:
-        dispatcher: The dispatcher to run.
-    """
-
-    def __init__(self, dispatcher: WebhookDispatcher) -> None:
-        self.dispatcher = dispatcher
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"webhooks {dispatcher.settings.name}", daemon=True
-        )
-
-    def _run(self) -> None:
-        try:
-            self.dispatcher.run()
-        except BaseException as exc:  # kept for stop() / the caller to raise
-            self.error = exc
-            logger.exception("webhook dispatcher %s stopped", self.dispatcher.settings.name)
-
-    def start(self) -> DispatcherThread:
-        """Start the thread."""
-        self._thread.start()
-        return self
-
-    @property
-    def alive(self) -> bool:
-        """True while the dispatcher runs."""
-        return self._thread.is_alive()
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread to end (e.g. an ``until_end`` run); raise its error if any."""
-        self._thread.join(timeout)
-        if self.error is not None:
-            raise self.error
-
-    def stop(self, timeout: float | None = 60.0) -> None:
-        """Stop the dispatcher and wait for it; raise the error it stopped with, if any."""
-        self.dispatcher.stop()
-        self.join(timeout)
-
-    def __enter__(self) -> DispatcherThread:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -29,8 +29,8 @@ from refold.contracts.web import PAGEVIEWS
 from refold.processors.archive.projection import DATES
 from refold.processors.errors import SinkConflictError
 from refold.processors.fold.archive import ArchiveProcessor, Coverage
-from refold.processors.runtime import archive_sink
-from refold.processors.runtime.archive_cli import archive_status, backfill, compact
+from refold.processors.runtime import archive_writer
+from refold.processors.runtime.archive_maintenance import archive_status, backfill, compact
 from refold.processors.runtime.archive_sink import ArchivePlan, archive_ranges
 from refold.processors.runtime.archive_store import ArchiveOwnerError, ArchiveStore
 from refold.processors.runtime.envelope import FoldTarget
@@ -213,7 +213,7 @@ def test_a_crashed_attempt_leaves_files_that_the_next_attempt_removes(world, mon
         raise OSError(msg)
 
     with monkeypatch.context() as patch:
-        patch.setattr(archive_sink._Writer, "commit", crash)
+        patch.setattr(archive_writer.ArchiveWriter, "commit", crash)
         with pytest.raises(OSError, match="killed"):
             archive_ranges(world.plan, big, batch_id=0)
     assert world.applied() == dict.fromkeys(world.ends(), 0)  # nothing committed
@@ -422,6 +422,6 @@ def test_a_second_writer_of_the_generation_is_refused(world):
     first, _second = world.batches(0.5)
     t, p, _s, _e = first[0]
     # Another process moved one position between this task's read and its commit.
-    writer = archive_sink._writer(world.plan)
+    writer = archive_writer.writer_of(world.plan)
     with pytest.raises(SinkConflictError, match="another process"):
         writer.commit({position_field(t, p): (5, 9)}, 0)

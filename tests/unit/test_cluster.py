@@ -15,11 +15,11 @@ from refold.deploy.cli import build_parser
 from refold.deploy.cluster import (
     ClusterSpec,
     SparkCluster,
-    add_cluster_commands,
     daemon_command,
     daemon_env,
     parse_pid_file,
 )
+from refold.deploy.cluster_cli import add_cluster_commands
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.runtime.spark import is_local_master, package_archive, spark_conf
 
