@@ -63,8 +63,8 @@ run: $(DEPS) ## the demo: local stack, thirteen processors in one Spark app, ~13
 
 # Test files run in parallel workers (pytest-xdist, a file per worker at a time) that share the
 # run's one broker and Redis: the suite mostly waits on processes and servers, not the 2 cores.
-TEST_WORKERS ?= 2
-test: $(DEPS) ## unit + integration + spark tests (what CI runs; TEST_WORKERS=2 files at a time)
+TEST_WORKERS ?= 3
+test: $(DEPS) ## unit + integration + spark tests (what CI runs; TEST_WORKERS=3 files at a time)
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile tests/unit tests/integration tests/spark
 
 test-unit: $(DEPS) ## fast loop: pure logic only (and the pinned jars make setup fetched)
