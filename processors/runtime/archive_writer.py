@@ -3,7 +3,8 @@
 Executor side. :class:`ArchiveWriter` holds what a Python worker keeps between tasks (Spark
 reuses workers): the Redis client, the dead-letter producer and the Parquet tables; its
 :meth:`~ArchiveWriter.commit` moves a task's positions in one transaction guarded by ``WATCH``
-(step 6 of :mod:`refold.processors.runtime.archive_sink`, which runs the task).
+(:func:`~refold.processors.runtime.watched_commit.commit_watched`; step 6 of
+:mod:`refold.processors.runtime.archive_sink`, which runs the task).
 """
 
 from __future__ import annotations
@@ -24,17 +25,16 @@ from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import SinkConflictError, StateStoreUnavailableError
 from refold.processors.fold.archive import ArchiveProcessor, ArchiveTable
 from refold.processors.runtime.envelope import FoldTarget
+from refold.processors.runtime.watched_commit import commit_watched
 
 if TYPE_CHECKING:
+    from redis.client import Pipeline
+
     from refold.processors.runtime.archive_sink import ArchiveOutcome, ArchivePlan
 
 __all__ = ["ArchiveWriter", "redis_call", "writer_of"]
 
 logger = logging.getLogger(__name__)
-
-# As the fold envelope: a few WATCH conflicts are a transient overlap, more mean two processes
-# write one generation.
-_MAX_ATTEMPTS = 5
 
 _T = TypeVar("_T")
 
@@ -91,57 +91,47 @@ class ArchiveWriter:
             SinkConflictError: A position is neither where this task found it nor at its end
                 (another writer archives the same generation), or kept changing.
         """
-        keys = self.plan.target.keys
-        applied = self.plan.target.positions(self.redis)
+        target = self.plan.target
+        keys = target.keys
+        applied = target.positions(self.redis)
         fields = sorted(moves)
-        for _attempt in range(_MAX_ATTEMPTS):
-            with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(*(keys.guard(f) for f in fields))  # type: ignore[no-untyped-call]
-                    found = applied.read_fields(fields, via=pipe)
-                    now = {f: found.get(f) for f in fields}
-                    if all(now[f] == end for f, (_exp, end) in moves.items()):
-                        pipe.unwatch()
-                        return  # an attempt with the same plan committed these very files
-                    moved = [f for f, (expected, _end) in moves.items() if now[f] != expected]
-                    if moved:
-                        msg = (
-                            f"{self.plan.target.processor} g{self.plan.target.generation}: "
-                            f"positions {', '.join(moved)} moved while batch {batch_id} was "
-                            "archived: another process writes this generation. Operator "
-                            "action: make sure only one archive processor runs it."
-                        )
-                        raise SinkConflictError(msg)
-                    pipe.multi()
-                    pipe.hset(
-                        applied.writer_key(),
-                        mapping={
-                            **{f: end for f, (_e, end) in moves.items()},
-                            BATCH_ID_FIELD: batch_id,
-                        },
-                    )
-                    for name, (_expected, end) in moves.items():
-                        pipe.set(keys.guard(name), end)
-                    if letters:
-                        index: dict[FieldT, EncodableT] = dict(letters.items())
-                        pipe.hset(keys.dead_letters, mapping=index)
-                    if outcome is not None:
-                        count_outcome(
-                            pipe,
-                            keys.stats,
-                            events=outcome.archived,
-                            dead_letters=outcome.dead_letters,
-                        )
-                    pipe.execute()
-                    return
-                except redis.WatchError:
-                    logger.warning("positions changed during the commit; checking again")
-        msg = (
-            f"{self.plan.target.processor} g{self.plan.target.generation}: positions changed "
-            f"{_MAX_ATTEMPTS} times during one commit. Operator action: make sure only one "
-            "processor runs per generation."
+
+        def attempt(pipe: Pipeline) -> None:
+            found = applied.read_fields(fields, via=pipe)
+            now = {f: found.get(f) for f in fields}
+            if all(now[f] == end for f, (_exp, end) in moves.items()):
+                return  # an attempt with the same plan committed these very files
+            moved = [f for f, (expected, _end) in moves.items() if now[f] != expected]
+            if moved:
+                msg = (
+                    f"{target.processor} g{target.generation}: positions {', '.join(moved)} "
+                    f"moved while batch {batch_id} was archived: another process writes this "
+                    "generation. Operator action: make sure only one archive processor runs it."
+                )
+                raise SinkConflictError(msg)
+            pipe.multi()
+            pipe.hset(
+                applied.writer_key(),
+                mapping={**{f: end for f, (_e, end) in moves.items()}, BATCH_ID_FIELD: batch_id},
+            )
+            for name, (_expected, end) in moves.items():
+                pipe.set(keys.guard(name), end)
+            if letters:
+                index: dict[FieldT, EncodableT] = dict(letters.items())
+                pipe.hset(keys.dead_letters, mapping=index)
+            if outcome is not None:
+                count_outcome(
+                    pipe, keys.stats, events=outcome.archived, dead_letters=outcome.dead_letters
+                )
+            pipe.execute()
+
+        commit_watched(
+            self.redis,
+            [keys.guard(f) for f in fields],
+            attempt,
+            f"{target.processor} g{target.generation}",
+            {"batch_id": batch_id},
         )
-        raise SinkConflictError(msg)
 
 
 # One writer per plan per Python worker.

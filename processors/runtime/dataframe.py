@@ -12,10 +12,10 @@ The protocol is :mod:`refold.processors.fold.dataframe`. A DataFrame processor's
 :class:`DataFrameSink` runs on the driver: it collects the batch's rows and writes them, with
 the source offsets the batch reached (read from the checkpoint's offsets log, which Spark
 writes before it runs the batch) and the batch id, in ONE Redis ``MULTI/EXEC`` guarded by
-``WATCH`` on the generation's positions; a batch id at or below the stored one changes nothing
-(:class:`TableUpsert`). The rows of a batch are collected to the driver, which suits
-aggregates (a batch's rows are the groups it changed); a transform that emits a row per event
-at high rates is better written as a fold.
+``WATCH`` on the generation's positions (:mod:`.watched_commit`); a batch id at or below the
+stored one changes nothing (:class:`TableUpsert`). The rows of a batch are collected to the
+driver, which suits aggregates (a batch's rows are the groups it changed); a transform that
+emits a row per event at high rates is better written as a fold.
 
 Dead letters once: the decode task decides its letters as every engine does
 (:func:`~refold.processors.runtime.dead_letter_index.decide_letters`: a generation being rebuilt
@@ -55,7 +55,6 @@ from refold.contracts.watermarks import is_marker
 from refold.processors.errors import (
     REDIS_UNAVAILABLE,
     ProcessorConfigError,
-    SinkConflictError,
     StateStoreUnavailableError,
 )
 from refold.processors.fold.dataframe import (
@@ -74,10 +73,12 @@ from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.offset_log import batch_end_offsets
 from refold.processors.runtime.sink import ranges_of, records_of_ranges, records_of_rows
+from refold.processors.runtime.watched_commit import commit_watched
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
+    from redis.client import Pipeline
 
 __all__ = [
     "DataFrameSink",
@@ -98,11 +99,6 @@ _ARROW_ROWS = 10_000
 # The rows' values as JSON, in UTC whatever the JVM's time zone: readers get the same text
 # from every host, and a replay writes byte-identical values.
 _JSON_OPTIONS = {"timeZone": "UTC", "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"}
-# As the fold envelope: a few WATCH conflicts are a transient overlap, more mean two processes
-# write one generation (the lease should have prevented it).
-_MAX_ATTEMPTS = 5
-# As the fold envelope: how long a write waits for an unreachable Redis before failing the batch
-# (the processor exits; a restart runs the batch again, which nothing has applied).
 
 
 # -- decoding (executors) -----------------------------------------------------------------
@@ -276,19 +272,9 @@ class TableUpsert:
             StateStoreUnavailableError: Redis stayed unreachable for 10 minutes.
         """
         outage: RedisOutage | None = None
-        attempts = 0
         while True:
             try:
                 written = self._write_once(rows, positions, batch_id)
-            except redis.WatchError:
-                attempts += 1
-                if attempts >= _MAX_ATTEMPTS:
-                    msg = (
-                        f"{self.target.processor} g{self.target.generation}: the positions "
-                        f"changed under batch {batch_id} {attempts} times; another process "
-                        "writes this generation. Operator action: stop the other processor."
-                    )
-                    raise SinkConflictError(msg) from None
             except REDIS_UNAVAILABLE as exc:
                 outage = outage or RedisOutage(
                     f"the processor {self.target.processor}",
@@ -310,12 +296,11 @@ class TableUpsert:
     ) -> int | None:
         keys = self.target.keys
         moved = self.target.positions(self.redis)
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.watch(*moved.watch_keys())  # type: ignore[no-untyped-call]
+
+        def attempt(pipe: Pipeline) -> int | None:
             before = moved.read_fields([BATCH_ID_FIELD, *sorted(positions)], via=pipe)
             stored = before.pop(BATCH_ID_FIELD, None)
             if stored is not None and stored >= batch_id:
-                pipe.unwatch()
                 return None
             applied = sum(max(0, positions[f] - old) for f, old in before.items())
             pipe.multi()
@@ -326,7 +311,15 @@ class TableUpsert:
             )
             count_outcome(pipe, keys.stats, events=applied)
             pipe.execute()
-        return applied
+            return applied
+
+        return commit_watched(
+            self.redis,
+            moved.watch_keys(),
+            attempt,
+            f"{self.target.processor} g{self.target.generation}",
+            {"batch_id": batch_id},
+        )
 
 
 @dataclass(slots=True)
