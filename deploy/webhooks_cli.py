@@ -238,7 +238,7 @@ def _when(ms: int) -> str:
 
 
 def _log(args: argparse.Namespace, env: WebhookServiceSettings) -> int:
-    from refold.contracts.layout import WebhookKeys
+    from refold.contracts.service_keys import WebhookKeys
 
     client = _client(env)
     prefix = env.redis.key_prefix

@@ -29,24 +29,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
-from redis.typing import EncodableT, FieldT
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.layout import (
-    BATCH_ID_FIELD,
     parse_position_field,
     position_field,
 )
-from refold.contracts.origin import (
-    parse_origin_id,
-)
-from refold.contracts.store.connect import pipelined_eval, redis_client
+from refold.contracts.store.connect import redis_client
 from refold.contracts.store.outage import RedisOutage
 from refold.contracts.store.positions import parse_fields
 from refold.contracts.store.stats import count_outcome
@@ -59,12 +53,14 @@ from refold.processors.fold.projection import (
     Projection,
 )
 from refold.processors.fold.records import SourceRecord
-from refold.processors.fold.rekey import Link, encode_link
+from refold.processors.fold.rekey import Link
 from refold.processors.fold.timers import (
     has_timers,
 )
-from refold.processors.runtime.dead_letter_index import building_against, decide_letters
-from refold.processors.runtime.dead_letters import DeadLetter, letter_message, log_letters
+from refold.processors.runtime.applied_positions import HoleError, check_holes, write_positions
+from refold.processors.runtime.batch_letters import queue_letters
+from refold.processors.runtime.dead_letter_index import building_against
+from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.intake import Intake
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
@@ -73,8 +69,8 @@ from refold.processors.runtime.lateness import (
     ForeignTime,
     StreamMark,
     judge_lateness,
-    write_clocks,
 )
+from refold.processors.runtime.origin_marks import drop_resent
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
 from refold.processors.runtime.shards import SHARDABLE_KINDS, split_by_shard
 
@@ -88,59 +84,6 @@ _MAX_ATTEMPTS = 5
 # How long a write waits for an unreachable Redis before it fails its batch (the processor then
 # exits and a restart applies the batch again): long enough for a failover, or for a restart
 # that loads a large RDB. Positions only move with the state, so waiting never loses anything.
-# Re-keyed generations: the generation's positions are the minimum over its writer slots'
-# positions, recomputed atomically in the slot's transaction (KEYS[1] positions, KEYS[2..] the
-# slots' hashes, ARGV the fields). A slot without a position for a field leaves it alone.
-_MIN_POSITIONS = """
-for _, f in ipairs(ARGV) do
-  local low = nil
-  for i = 2, #KEYS do
-    local v = redis.call('HGET', KEYS[i], f)
-    if not v then low = nil break end
-    v = tonumber(v)
-    if low == nil or v < low then low = v end
-  end
-  if low ~= nil then redis.call('HSET', KEYS[1], f, low) end
-end
-return 0
-"""
-# Dead-letter reasons that mean the bytes did not decode (the rest: the record was refused).
-_DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "undecodable"})
-
-
-def _parse_seq(raw: bytes) -> tuple[int, int]:
-    offset, _dot, index = raw.decode().partition(".")
-    return int(offset), int(index or 0)
-
-
-class _HoleError(Exception):
-    """Records start above the applied position: the ranges in between must be folded first."""
-
-    def __init__(self, ranges: dict[str, tuple[int, int]]) -> None:
-        super().__init__(ranges)
-        self.ranges = ranges
-
-
-def _check_holes(
-    records: Sequence[SourceRecord],
-    applied: Mapping[str, int],
-    covered: Mapping[str, tuple[int, int]],
-) -> None:
-    """Raise :class:`_HoleError` where a partition's records start above its applied position.
-
-    A partition without an applied position has no hole: processors write the starting
-    positions of a generation before its first batch, so only a brand-new writer lacks them.
-    """
-    starts = {f: start for f, (start, _end) in covered.items()}
-    for record in records:
-        field_name = position_field(record.topic, record.partition)
-        if field_name not in starts:
-            starts[field_name] = record.offset
-    holes = {
-        f: (applied[f], start) for f, start in starts.items() if f in applied and applied[f] < start
-    }
-    if holes:
-        raise _HoleError(holes)
 
 
 class FoldWriter:
@@ -289,7 +232,7 @@ class FoldWriter:
                 if outage is not None:
                     outage.over()
                 return outcome
-            except _HoleError as hole:
+            except HoleError as hole:
                 outcome.merge(self._refill(hole.ranges, batch_id))
             except REDIS_UNAVAILABLE as exc:
                 outage = outage or RedisOutage(
@@ -378,7 +321,7 @@ class FoldWriter:
         outcome = BatchOutcome(records=len(records))
         positions_key = self.target.positions(pipe).writer_key(self.slot)
         applied_pos = parse_fields(fields, pipe.hmget(positions_key, fields))
-        _check_holes(records, applied_pos, covered)
+        check_holes(records, applied_pos, covered)
         outbox = Outbox()
         pending: list[tuple[SourceRecord, str, dict[str, Any], str]] = []
         dead: list[DeadLetter] = []
@@ -398,7 +341,7 @@ class FoldWriter:
                 new_pos[field_name] = end
         marks: dict[str, str] = {}
         if any(p[0].origin is not None for p in pending):
-            pending, marks = self._drop_resent(pipe, pending, outcome)
+            pending, marks = drop_resent(pipe, self.target, self.slot, pending, outcome)
         clocks: dict[str, int] = {}
         late_out: list[DeadLetter] = []
         watermarks: list[int | None] = []
@@ -410,12 +353,23 @@ class FoldWriter:
             dead += refused
             outcome.late += late
         staged = self._kind.stage(pipe, pending, watermarks, dead, outcome)
-        letters = self._send_records(pipe, dead, late_out, batch_id, outcome, outbox)
+        letters = queue_letters(self.redis, self.target, dead, late_out, batch_id, outcome, outbox)
         staged.send_effects(outbox)
         self._commit_outputs(outbox, new_pos)
         pipe.multi()
         staged.write(pipe)
-        self._write_positions(pipe, positions_key, new_pos, clocks, marks, links, batch_id, letters)
+        write_positions(
+            pipe,
+            self.target,
+            self.slot,
+            positions_key,
+            new_pos,
+            clocks,
+            marks,
+            links,
+            batch_id,
+            letters,
+        )
         self._count(pipe, outcome)
         pipe.execute()
         outcome.positions = new_pos
@@ -431,119 +385,6 @@ class FoldWriter:
             effects=outcome.effects,
             dead_letters=outcome.dead_letters,
         )
-
-    def _write_positions(
-        self,
-        pipe: Pipeline,
-        positions_key: str,
-        new_pos: Mapping[str, int],
-        clocks: Mapping[str, int],
-        marks: Mapping[str, str],
-        links: Sequence[tuple[str, str, Link]],
-        batch_id: int | None,
-        letters: Mapping[str, str] | None = None,
-    ) -> None:
-        """Queue (inside MULTI) the links, clocks, origin marks, letters, positions and guards."""
-        if letters:
-            pipe.hset(self.target.keys.dead_letters, mapping={f: r for f, r in letters.items()})
-        keys = self.target.keys
-        for via, value, link in links:
-            pipe.hsetnx(keys.links(via), value, encode_link(link))
-        write_clocks(pipe, keys, clocks, self.slot, self.target.slots)
-        if marks:
-            marks_update: dict[FieldT, EncodableT] = {f: m for f, m in marks.items()}
-            pipe.hset(keys.origin_marks, mapping=marks_update)
-        position_update: dict[FieldT, EncodableT] = {f: str(o) for f, o in new_pos.items()}
-        if batch_id is not None:
-            position_update[BATCH_ID_FIELD] = str(batch_id)
-        if position_update:
-            pipe.hset(positions_key, mapping=position_update)
-        if self.slot is None:
-            for field_name, offset in new_pos.items():
-                pipe.set(keys.guard(field_name), offset)
-        else:
-            pipe.incr(keys.slot_guard(self.slot))
-            if new_pos:
-                applied = self.target.positions(pipe)
-                slot_keys = applied.slot_keys()
-                pipelined_eval(
-                    pipe, _MIN_POSITIONS, 1 + len(slot_keys), applied.key, *slot_keys, *new_pos
-                )
-
-    def _drop_resent(
-        self,
-        pipe: Pipeline,
-        pending: list[tuple[SourceRecord, str, dict[str, Any], str]],
-        outcome: BatchOutcome,
-    ) -> tuple[list[tuple[SourceRecord, str, dict[str, Any], str]], dict[str, str]]:
-        """Skip the records another processor sent again; the origin marks to store.
-
-        An upstream processor's outputs carry an origin id: an ordered stream and a sequence
-        number in it (:mod:`refold.contracts.origin`). Per source partition (and writer slot), the
-        highest sequence applied of each stream is kept with the positions; a record at or
-        below it was applied already (a re-sent batch, a replay's cutover overlap).
-        """
-        scope = "" if self.slot is None else f"s{self.slot}|"
-        seqs = [parse_origin_id(p[0].origin) for p in pending]
-        fields = sorted(
-            {
-                f"{scope}{position_field(p[0].topic, p[0].partition)}|{o.stream}"
-                for p, o in zip(pending, seqs, strict=True)
-                if o is not None
-            }
-        )
-        raw = cast("list[bytes | None]", pipe.hmget(self.target.keys.origin_marks, fields))
-        marks: dict[str, tuple[int, int]] = {
-            f: _parse_seq(v) for f, v in zip(fields, raw, strict=True) if v is not None
-        }
-        kept = []
-        moved: dict[str, str] = {}
-        for entry, origin in zip(pending, seqs, strict=True):
-            if origin is not None:
-                record = entry[0]
-                name = f"{scope}{position_field(record.topic, record.partition)}|{origin.stream}"
-                mark = marks.get(name)
-                if mark is not None and origin.seq <= mark:
-                    outcome.duplicates += 1
-                    continue
-                marks[name] = origin.seq
-                moved[name] = f"{origin.offset}.{origin.nth}"
-            kept.append(entry)
-        return kept, moved
-
-    def _send_records(
-        self,
-        pipe: Pipeline,
-        dead: list[DeadLetter],
-        late_out: list[DeadLetter],
-        batch_id: int | None,
-        outcome: BatchOutcome,
-        outbox: Outbox,
-    ) -> dict[str, str]:
-        """Count the dead letters and queue them and the late side output in ``outbox``.
-
-        Returns:
-            The letters' entries of the generation's dead-letter index, to be written with
-            the positions. A building generation does not queue the letters the live one sent
-            already (:mod:`refold.processors.runtime.dead_letter_index`).
-        """
-        outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
-        outcome.rejected = sum(not d.timer for d in dead) - outcome.undecodable
-        outcome.dead_letters = dict(Counter(d.reason for d in dead))
-        letters = [*dead, *late_out]
-        if not letters:
-            return {}
-        target = self.target
-        decision = decide_letters(self.redis, target.layout, target.generation, letters)
-        outcome.suppressed_letters = decision.suppressed
-        chosen = set(decision.send)
-        to_dlq = [dead[i] for i in range(len(dead)) if i in chosen]
-        to_late = [late_out[i] for i in range(len(late_out)) if i + len(dead) in chosen]
-        if to_dlq:
-            self._send_dead_letters(to_dlq, batch_id, outbox)
-        if to_late:
-            self._send_dead_letters(to_late, batch_id, outbox, topic=self.target.late_topic)
-        return decision.entries
 
     def building_against(
         self, partitions: Iterable[tuple[str, int]]
@@ -567,19 +408,3 @@ class FoldWriter:
             ends[tp] = max(ends.get(tp, 0), reached, output.offset + 1)
         markers = outbox.markers(self.outputs.partitions, self.target.streams)
         self.outputs.send(outbox, ends, markers)
-
-    def _send_dead_letters(
-        self,
-        dead: Iterable[DeadLetter],
-        batch_id: int | None,
-        outbox: Outbox,
-        topic: str | None = None,
-    ) -> None:
-        """Queue records with their reason and origin headers in ``outbox``."""
-        topic = topic or self.target.dlq_topic
-        letters = list(dead)
-        target = self.target
-        for letter in letters:
-            value, key, headers = letter_message(letter, target.processor, target.generation)
-            outbox.add(letter.record[:3], topic, value, key, headers)
-        log_letters(letters, topic, target.processor, target.generation, batch_id)

@@ -2,9 +2,9 @@
 
 A key reads ``rfk_<id>_<secret>``: ``id`` (16 hex digits) names the key in listings, logs and
 ``refold keys revoke``; ``secret`` is 32 random bytes (``secrets.token_urlsafe``). Redis holds
-only the SHA-256 of the whole key, in one hash (:class:`refold.contracts.layout.ApiKeyKeys`), so
-every replica of the services sees a key added or revoked on its next request (or within
-``cache_s``), without a restart.
+only the SHA-256 of the whole key, in one hash
+(:class:`refold.contracts.service_keys.ApiKeyKeys`), so every replica of the services sees a key
+added or revoked on its next request (or within ``cache_s``), without a restart.
 
 Why SHA-256 and not bcrypt, scrypt or Argon2: those slow hashes exist to protect passwords,
 which are guessable; stretching makes each guess costly. A key here carries 256 bits from the
@@ -31,7 +31,8 @@ from typing import Any, Literal, cast
 import orjson
 import redis
 
-from refold.contracts.layout import DEFAULT_KEY_PREFIX, ApiKeyKeys
+from refold.contracts.layout import DEFAULT_KEY_PREFIX
+from refold.contracts.service_keys import ApiKeyKeys
 from refold.services.auth.errors import (
     ApiKeyNameTakenError,
     ApiKeySpecError,

@@ -29,7 +29,7 @@ import orjson
 import redis
 from redis.typing import EncodableT, FieldT
 
-from refold.contracts.layout import IngestKeys
+from refold.contracts.service_keys import IngestKeys
 
 __all__ = ["Claim", "IdempotencyStore", "body_sha256"]
 

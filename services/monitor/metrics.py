@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from refold.contracts.layout import WebhookKeys
+from refold.contracts.service_keys import WebhookKeys
 from refold.contracts.store.stats import BatchStats
 from refold.services.monitor.status import Monitor
 from refold.services.monitor.tracking import Progress

@@ -43,7 +43,7 @@ from refold.contracts.codec import EventCodec
 from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.outputs import DeadLetterError, Deliveries, output_producer
-from refold.contracts.layout import WebhookKeys
+from refold.contracts.service_keys import WebhookKeys
 from refold.contracts.store.credentials import raise_if_refused
 from refold.contracts.topics import dead_letter_spec
 from refold.services.webhooks.config import WebhookSettings, mirror_group

@@ -1,9 +1,9 @@
 """The dispatcher's Redis side: positions, the delivery log, counters, and its lease.
 
-Keys are :class:`refold.contracts.layout.WebhookKeys`. A batch's outcome is committed in one Lua
-call: it checks that this process still holds the lease, then writes the next offset per partition,
-one log entry per insight and the counters. A dispatcher that lost its lease (a zombie after a long
-pause) therefore never moves positions under the one that took over.
+Keys are :class:`refold.contracts.service_keys.WebhookKeys`. A batch's outcome is committed in
+one Lua call: it checks that this process still holds the lease, then writes the next offset per
+partition, one log entry per insight and the counters. A dispatcher that lost its lease (a zombie
+after a long pause) therefore never moves positions under the one that took over.
 
 Lifecycle: one :class:`WebhookStore` per dispatcher; the redis-py client it is given may be
 shared between threads (its connection pool is thread-safe).
@@ -19,7 +19,8 @@ from typing import Any, cast
 
 import redis
 
-from refold.contracts.layout import WebhookKeys, parse_position_field, position_field
+from refold.contracts.layout import parse_position_field, position_field
+from refold.contracts.service_keys import WebhookKeys
 from refold.contracts.store.lease import LEASE_TTL_MS, RedisLease
 from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.store.scan import scan_names

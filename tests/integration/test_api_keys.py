@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
 from refold.contracts.kafka.admin import delete_topics
-from refold.contracts.layout import ApiKeyKeys
+from refold.contracts.service_keys import ApiKeyKeys
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.connect import redis_client
 from refold.deploy.keys_cli import main as keys_main

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from refold.contracts.errors import RefoldError
-from refold.contracts.layout import WebhookKeys
+from refold.contracts.service_keys import WebhookKeys
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.lease import GenerationLease, LeaseHeldError, RedisLease

@@ -25,7 +25,7 @@ from refold.contracts.codec import EventCodec
 from refold.contracts.kafka.admin import delete_topics
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.kafka.outputs import Deliveries, output_producer
-from refold.contracts.layout import WebhookKeys
+from refold.contracts.service_keys import WebhookKeys
 from refold.contracts.store.connect import redis_client as open_redis
 from refold.deploy.simulators.insights import SimulatedInsight, insights, produce_insights
 from refold.deploy.simulators.webhook_receiver import WebhookReceiver

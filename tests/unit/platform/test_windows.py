@@ -23,7 +23,7 @@ from refold.processors.fold.windows import (
     result_of,
     windows_topic,
 )
-from refold.processors.runtime.window_store import _slide
+from refold.processors.runtime.window_results import _slide
 
 PROPERTY = settings(max_examples=200, derandomize=True, database=None, deadline=None)
 MINUTE = 60_000

@@ -11,7 +11,7 @@ import redis
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
-from refold.contracts.layout import ApiKeyKeys
+from refold.contracts.service_keys import ApiKeyKeys
 from refold.contracts.settings import RedisSettings
 from refold.deploy.cli import build_parser as refold_parser
 from refold.deploy.keys_cli import build_parser

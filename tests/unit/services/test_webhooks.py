@@ -17,7 +17,7 @@ from confluent_kafka import Message
 from pydantic import SecretStr, ValidationError
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.layout import WebhookKeys
+from refold.contracts.service_keys import WebhookKeys
 from refold.deploy.simulators.insights import insights
 from refold.deploy.webhooks_cli import build_parser, main as cli_main
 from refold.services.webhooks.config import WebhookSettings, mirror_group
