@@ -2,9 +2,9 @@
 
 :meth:`FoldWriter.apply` takes the records of one Kafka partition range (or several) and writes
 the changed entity states, the aggregate deltas and the new source positions in ONE MULTI/EXEC,
-guarded by WATCH on the guard keys of its partitions. Records below a partition's applied
-position are skipped,
-so a re-executed Spark batch, a crash between sink and checkpoint or an overlapping replay range
+guarded by WATCH on the guard keys of its partitions (:mod:`.watched_commit`, the commit every
+engine writes through). Records below a partition's applied position are skipped, so a
+re-executed Spark batch, a crash between sink and checkpoint or an overlapping replay range
 changes nothing. A concurrent writer (a zombie task) makes EXEC fail and the batch is re-planned.
 
 What the records become is the fold's kind of state (entities, windows, lookups, or a kind
@@ -46,7 +46,6 @@ from refold.contracts.store.positions import parse_fields
 from refold.contracts.store.stats import count_outcome
 from refold.processors.errors import (
     REDIS_UNAVAILABLE,
-    SinkConflictError,
     StateStoreUnavailableError,
 )
 from refold.processors.fold.projection import (
@@ -73,17 +72,11 @@ from refold.processors.runtime.lateness import (
 from refold.processors.runtime.origin_marks import drop_resent
 from refold.processors.runtime.output_transactions import Outbox, OutputTransactions, marker_group
 from refold.processors.runtime.shards import SHARDABLE_KINDS, split_by_shard
+from refold.processors.runtime.watched_commit import commit_watched
 
 __all__ = ["BatchOutcome", "FoldTarget", "FoldWriter"]  # the first two re-exported
 
 logger = logging.getLogger(__name__)
-
-# WATCH conflicts only happen with a concurrent writer of the same generation; a few re-plans
-# resolve a transient overlap, more means two live processors share a generation.
-_MAX_ATTEMPTS = 5
-# How long a write waits for an unreachable Redis before it fails its batch (the processor then
-# exits and a restart applies the batch again): long enough for a failover, or for a restart
-# that loads a large RDB. Positions only move with the state, so waiting never loses anything.
 
 
 class FoldWriter:
@@ -260,27 +253,16 @@ class FoldWriter:
         fields = sorted({position_field(r.topic, r.partition) for r in records} | set(covered))
         if not fields:
             return BatchOutcome()
-        for _attempt in range(_MAX_ATTEMPTS):
-            with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    guards = (
-                        [keys.guard(f) for f in fields]
-                        if self.slot is None
-                        else [keys.slot_guard(self.slot)]
-                    )
-                    pipe.watch(*guards)  # type: ignore[no-untyped-call]
-                    return self._apply_once(pipe, records, fields, batch_id, covered)
-                except redis.WatchError:
-                    logger.warning(
-                        "positions changed during the batch; re-planning",
-                        extra={"batch_id": batch_id, "generation": self.target.generation},
-                    )
-        msg = (
-            f"{self.target.processor} g{self.target.generation}: positions changed "
-            f"{_MAX_ATTEMPTS} times during one batch. Operator action: make sure only one "
-            "processor runs per generation."
+        guards = (
+            [keys.guard(f) for f in fields] if self.slot is None else [keys.slot_guard(self.slot)]
         )
-        raise SinkConflictError(msg)
+        return commit_watched(
+            self.redis,
+            guards,
+            lambda pipe: self._apply_once(pipe, records, fields, batch_id, covered),
+            f"{self.target.processor} g{self.target.generation}",
+            {"batch_id": batch_id, "generation": self.target.generation},
+        )
 
     def _refill(self, ranges: dict[str, tuple[int, int]], batch_id: int | None) -> BatchOutcome:
         """Read and fold the ranges Redis lost, chunk by chunk, before the records that follow."""
