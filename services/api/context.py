@@ -27,13 +27,13 @@ from refold.services.ingest.idempotency import IdempotencyStore
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
 
-__all__ = ["ServiceContext", "get_context"]
+__all__ = ["REDIS_TIMEOUT_S", "ServiceContext", "get_context"]
 
 # A broker that does not answer a lag probe within this is "unknown".
 _OFFSETS_TIMEOUT_S = 5.0
 # A Redis that does not answer within this fails the request (503), instead of holding a worker:
 # most query routes call Redis on the event loop, blocking (see services/query/routes.py).
-_REDIS_TIMEOUT_S = 2.0
+REDIS_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -80,7 +80,7 @@ class ServiceContext:
             ]
         url = settings.redis.client_url()
         client = redis_client(
-            url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S
+            url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
         )
         return cls(settings, client, topics, redis_url=url)
 
@@ -125,17 +125,17 @@ class ServiceContext:
 
         None on a Redis Cluster (the reads it serves are single-server scripts) and when the
         context was given no ``redis_url``. A new loop (a test harness's) gets a new client.
+        Its commands have no timeout of their own: bound each round trip with
+        :data:`REDIS_TIMEOUT_S`.
         """
         if self.redis_url is None or is_cluster(self.redis):
             return None
         loop = asyncio.get_running_loop()
         made = self._async_redis
         if made is None or made[0] is not loop:
-            client = async_redis_client(
-                self.redis_url,
-                socket_timeout=_REDIS_TIMEOUT_S,
-                socket_connect_timeout=_REDIS_TIMEOUT_S,
-            )
+            # No socket timeout: the reads bound each round trip with one asyncio.timeout of
+            # REDIS_TIMEOUT_S, cheaper than the client's (a task per write).
+            client = async_redis_client(self.redis_url, socket_connect_timeout=REDIS_TIMEOUT_S)
             made = self._async_redis = (loop, client)
         return made[1]
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.windows import scales_from_meta, windows_from_meta
-from refold.services.api.context import ServiceContext, get_context
+from refold.services.api.context import REDIS_TIMEOUT_S, ServiceContext, get_context
 from refold.services.api.errors import ApiError
 from refold.services.auth import require
 from refold.services.query.hot import NAME_PATTERN, HotEntityRoute
@@ -225,7 +225,7 @@ def query_router() -> APIRouter:
             wanted,
             (lambda: reader.get(table, key))
             if client is None
-            else (lambda: reader.get_async(client, table, key)),
+            else (lambda: reader.get_async(client, table, key, timeout_s=REDIS_TIMEOUT_S)),
         )
         if view.value is None:
             msg = f"{name} has no {table} entity {key!r} in generation {view.generation}"

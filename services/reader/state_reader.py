@@ -12,6 +12,7 @@ first, then reads the generation (two round trips).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -211,7 +212,9 @@ class StateReader:
         """
         return self._entity(self._read(generation, self._entity_plan(table, key)))
 
-    async def get_async(self, client: AsyncRedis, table: str, key: str) -> StateView:
+    async def get_async(
+        self, client: AsyncRedis, table: str, key: str, *, timeout_s: float | None = None
+    ) -> StateView:
         """:meth:`get` of the live generation, its round trip awaited on ``client``.
 
         For an event loop, which serves other requests meanwhile (a blocking call would hold
@@ -219,16 +222,31 @@ class StateReader:
         reader's. The read is :meth:`get`'s one script, with the same check of the alias; what
         the script cannot answer runs :meth:`get` itself, blocking: a process's first read
         (no generation remembered yet), a Redis Cluster, a Redis user without scripts.
+
+        Args:
+            client: The asyncio client.
+            table: The table.
+            key: The entity's key.
+            timeout_s: The longest a round trip may take (None: ``client``'s own timeouts).
+                One ``asyncio.timeout`` is cheaper than the client's socket timeout, which
+                wraps each write in a task of its own (``asyncio.wait_for``).
+
+        Raises:
+            redis.exceptions.TimeoutError: Redis did not answer within ``timeout_s``.
         """
         plan = self._entity_plan(table, key)
         while self._script is not None and self._live is not None:
             gen = self._live
             commands, keys, args = self._script_request(gen, plan)
             try:
-                reply = await _run_script(client, self._script, keys, args)
+                async with asyncio.timeout(timeout_s):
+                    reply = await _run_script(client, self._script, keys, args)
             except redis.exceptions.NoPermissionError:
                 self._script = None
                 break
+            except TimeoutError as exc:  # the client drops a connection cancelled mid-reply
+                msg = f"Redis did not answer a read within {timeout_s} s"
+                raise redis.exceptions.TimeoutError(msg) from exc
             replies = self._script_replies(gen, commands, reply)
             if replies is not None:
                 return self._entity((gen, replies))
