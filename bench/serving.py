@@ -3,8 +3,8 @@
 ``python -m bench serving [--orders 10000] [--seconds 10] [--workers 1,2] [--batches 500,1000]``. On
 a private local stack (Apache Kafka + redis-server), with ``refold serve``
 (``refold.deploy.serve_cli``, uvicorn with uvloop and httptools) in a process of its own, as users
-run it: API keys on (``--auth keys``, one key with the ingest and query scopes), log level info
-(uvicorn's access log on; ``--log-level warning`` turns it off). In one run:
+run it: API keys on (``--auth keys``, one key with the ingest and query scopes), log level info,
+uvicorn's access log off (its default; ``--access-log`` turns it on). In one run:
 
 1. **query**: ``GET /v1/processors/order_state/tables/orders/entities/{key}`` over keep-alive
    connections, against ``StateReader.get`` of the same keys with redis-py (one sequential loop
@@ -226,7 +226,7 @@ def bare_app() -> FastAPI:
 
 
 def _refold_serve(
-    stack: LocalStack, state: Path, workers: int, log_level: str
+    stack: LocalStack, state: Path, workers: int, log_options: Sequence[str]
 ) -> contextlib.AbstractContextManager[Server]:
     """``refold serve`` on the private stack, API keys on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_")}
@@ -238,7 +238,7 @@ def _refold_serve(
             "REFOLD_STATE_DIR": str(state),
         }
     )
-    target = ["refold.deploy.serve_cli", "--auth", "keys", "--log-level", log_level]
+    target = ["refold.deploy.serve_cli", "--auth", "keys", *log_options]
     return serve(target, env, workers, state / f"serve-{workers}.log")
 
 
@@ -457,7 +457,7 @@ class _Setup:
     stack: LocalStack
     state: Path
     seconds: float
-    log_level: str
+    log_options: tuple[str, ...]  # refold serve's --log-level and --access-log
     keys: list[str]
     reads: list[bytes]
     bodies: dict[int, list[bytes]]
@@ -472,8 +472,9 @@ def _setup(stack: LocalStack, state: Path, args: argparse.Namespace) -> _Setup:
     client = redis_client(stack.redis_url)
     api_key = ApiKeyStore(client, PREFIX).add("bench", ["ingest", "query"])
     client.close()
+    log_options = ("--log-level", args.log_level, *(["--access-log"] * args.access_log))
     # Checked once against the oracle: the benchmark reads the processor's real values.
-    with _refold_serve(stack, state, 1, args.log_level) as server:
+    with _refold_serve(stack, state, 1, log_options) as server:
         _check(server.port, api_key, keys[0], states[keys[0]])
     sizes = [int(b) for b in args.batches.split(",") if b.strip()]
     events = {size: _ingest_bodies(size, 8) for size in sizes}
@@ -481,7 +482,7 @@ def _setup(stack: LocalStack, state: Path, args: argparse.Namespace) -> _Setup:
         stack,
         state,
         args.seconds,
-        args.log_level,
+        log_options,
         keys,
         [
             get_request(f"/v1/processors/{PROCESSOR}/tables/{TABLE}/entities/{k}", api_key)
@@ -510,7 +511,7 @@ def _workers(setup: _Setup, workers: int, query: bool, ingest: bool) -> Iterator
     if ingest:
         for batches in setup.events.values():
             yield _sdk(setup.stack.bootstrap_servers, batches, workers, seconds)
-    with _refold_serve(setup.stack, setup.state, workers, setup.log_level) as server:
+    with _refold_serve(setup.stack, setup.state, workers, setup.log_options) as server:
         if query:
             connections = _QUERY_CONNECTIONS * workers
             label = f"HTTP GET entity, {named}, {connections} conns"
@@ -569,8 +570,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--log-level",
         default="info",
-        help="the server's uvicorn log level (default info, as `refold serve`: with the access "
-        "log, a line per request; warning: without)",
+        help="the server's uvicorn log level (default info, as `refold serve`)",
+    )
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="run refold serve with uvicorn's access log (a line per request; default off)",
     )
     parser.add_argument("--skip-query", action="store_true")
     parser.add_argument("--skip-ingest", action="store_true")
@@ -588,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
                 _progress(row)
     order = {"query": 0, "ingest": 1, "ceiling": 2}
     rows.sort(key=lambda r: (order[r.kind], r.batch, r.processes, r.connections))
-    table = _table(rows, len(setup.keys), args.log_level, load)
+    logging = f"{args.log_level}, access log {'on' if args.access_log else 'off'}"
+    table = _table(rows, len(setup.keys), logging, load)
     print("\n" + table)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(
@@ -598,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cores": os.cpu_count(),
                 "seconds": args.seconds,
                 "log_level": args.log_level,
+                "access_log": args.access_log,
                 "load_average_before": load,
                 "runs": [r.as_json() for r in rows],
             },

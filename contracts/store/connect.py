@@ -21,10 +21,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import redis
+import redis.asyncio
 from redis.cluster import ClusterNode, RedisCluster
 
 __all__ = [
     "CLUSTER_SCHEMES",
+    "async_redis_client",
     "is_cluster",
     "is_cluster_url",
     "pipelined_eval",
@@ -71,6 +73,21 @@ def redis_client(url: str, **options: Any) -> redis.Redis:
         url=f"{scheme}://{credentials}{at}{first}", startup_nodes=startup, **options
     )
     return cast("redis.Redis", client)
+
+
+def async_redis_client(url: str, **options: Any) -> redis.asyncio.Redis:
+    """An asyncio client (redis-py's ``redis.asyncio``) of the single server ``url`` names.
+
+    For code on an event loop, where a blocking call would hold the loop for its round trip.
+    Its connections belong to the loop that first uses them: one client per loop.
+
+    Raises:
+        ValueError: ``url`` names a cluster (refold's asyncio reads are single-server only).
+    """
+    if is_cluster_url(url):
+        msg = f"no asyncio client for a Redis Cluster ({url.partition('://')[0]}://)"
+        raise ValueError(msg)
+    return redis.asyncio.Redis.from_url(url, **options)
 
 
 def _host_port(node: str) -> tuple[str, int]:

@@ -54,6 +54,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         close_app(app)
+        await shared.close_async_redis()
         if context is None:
             shared.close()
 

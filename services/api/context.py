@@ -6,6 +6,7 @@ module-level singleton, so that tests build as many apps as they like.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
@@ -14,10 +15,11 @@ from dataclasses import dataclass, field
 
 import redis
 from fastapi import Request
+from redis.asyncio import Redis as AsyncRedis
 
 from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 from refold.contracts.registry import default_registry
-from refold.contracts.store.connect import redis_client
+from refold.contracts.store.connect import async_redis_client, is_cluster, redis_client
 from refold.contracts.topics import TopicSpec
 from refold.services.api.config import ServeSettings
 from refold.services.api.rate_limits import RateLimits
@@ -25,12 +27,13 @@ from refold.services.ingest.idempotency import IdempotencyStore
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
 
-__all__ = ["ServiceContext", "get_context"]
+__all__ = ["REDIS_TIMEOUT_S", "ServiceContext", "get_context"]
 
+# A broker that does not answer a lag probe within this is "unknown".
 _OFFSETS_TIMEOUT_S = 5.0
 # A Redis that does not answer within this fails the request (503), instead of holding a worker:
-# the query routes call Redis on the event loop (see services/query/routes.py).
-_REDIS_TIMEOUT_S = 2.0  # a broker that does not answer a lag probe within this is "unknown"
+# most query routes call Redis on the event loop, blocking (see services/query/routes.py).
+REDIS_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -42,11 +45,14 @@ class ServiceContext:
         redis: redis-py client (a connection pool; safe to share between threads).
         topics: Where ingest publishes each event type (default: the topics of the installed
             contract sets).
+        redis_url: The URL of ``redis``'s server, for an asyncio client of it (the entity
+            reads' round trip, :meth:`async_redis`); None: those reads block the loop instead.
     """
 
     settings: ServeSettings
     redis: redis.Redis
     topics: Sequence[TopicSpec] | None = None
+    redis_url: str | None = None
     _publisher: EventPublisher | None = field(default=None, init=False)
     _offsets: LogOffsets | None = field(default=None, init=False)
     # One publish call at a time: EventPublisher purges its whole queue when a call times
@@ -57,6 +63,10 @@ class ServiceContext:
     _rate_limits: RateLimits | None = field(default=None, init=False)
     _idempotency: IdempotencyStore | None = field(default=None, init=False)
     _readers: dict[str, StateReader] = field(default_factory=dict, init=False)
+    # The asyncio client and the loop it belongs to (uvicorn's worker has one loop for life).
+    _async_redis: tuple[asyncio.AbstractEventLoop, AsyncRedis] | None = field(
+        default=None, init=False
+    )
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> ServiceContext:
@@ -68,12 +78,11 @@ class ServiceContext:
                 dataclasses.replace(spec, name=renames.get(spec.name, spec.name))
                 for spec in default_registry().topics.values()
             ]
+        url = settings.redis.client_url()
         client = redis_client(
-            settings.redis.client_url(),
-            socket_timeout=_REDIS_TIMEOUT_S,
-            socket_connect_timeout=_REDIS_TIMEOUT_S,
+            url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
         )
-        return cls(settings, client, topics)
+        return cls(settings, client, topics, redis_url=url)
 
     @property
     def key_prefix(self) -> str:
@@ -110,6 +119,32 @@ class ServiceContext:
                 processor, StateReader(self.redis, processor, self.key_prefix)
             )
         return found
+
+    def async_redis(self) -> AsyncRedis | None:
+        """The asyncio client of the running loop (made on first use); None without one.
+
+        None on a Redis Cluster (the reads it serves are single-server scripts) and when the
+        context was given no ``redis_url``. A new loop (a test harness's) gets a new client.
+        Its commands have no timeout of their own: bound each round trip with
+        :data:`REDIS_TIMEOUT_S`.
+        """
+        if self.redis_url is None or is_cluster(self.redis):
+            return None
+        loop = asyncio.get_running_loop()
+        made = self._async_redis
+        if made is None or made[0] is not loop:
+            # No socket timeout: the reads bound each round trip with one asyncio.timeout of
+            # REDIS_TIMEOUT_S, cheaper than the client's (a task per write).
+            client = async_redis_client(self.redis_url, socket_connect_timeout=REDIS_TIMEOUT_S)
+            made = self._async_redis = (loop, client)
+        return made[1]
+
+    async def close_async_redis(self) -> None:
+        """Close the running loop's asyncio client, if it has one (the app's lifespan does)."""
+        made = self._async_redis
+        if made is not None and made[0] is asyncio.get_running_loop():
+            self._async_redis = None
+            await made[1].aclose()
 
     def rate_limits(self) -> RateLimits:
         """The per-key request limits (counted in Redis)."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -106,12 +107,13 @@ async def read_consistent(
     spec: ProcessorSpec,
     key_prefix: str,
     consistency: Consistency,
-    read: Callable[[], StateView],
+    read: Callable[[], StateView | Awaitable[StateView]],
 ) -> StateView:
     """``read()`` once its generation has applied ``consistency.needed`` (of its topics).
 
     The read's own positions (read with the value, in one transaction where the reader can)
     are what is checked, so the answer reflects every position asked for, even across a flip.
+    ``read`` may be a coroutine function (an asyncio client's round trip), awaited each time.
 
     Raises:
         ApiError: 409 (``wait_ms=0``) or 504 (waited in vain), with the positions applied.
@@ -121,7 +123,8 @@ async def read_consistent(
     registry = GenerationRegistry.of(client, spec.name, key_prefix)
     while True:
         try:
-            view = read()
+            answer = read()
+            view = await answer if inspect.isawaitable(answer) else answer
         except NoLiveGenerationError:
             # A token names writes the processor will apply: its first generation may be
             # about to appear (a processor just started). Wait for it like for positions.

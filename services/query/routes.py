@@ -5,8 +5,10 @@ Every answer carries its freshness (processor, generation, applied positions) an
 ingest), ``min_positions`` and ``wait_ms`` make a read wait until the live generation has
 applied the given positions (see :mod:`refold.services.query.reads`).
 
-The routes are ``async`` and call Redis synchronously: a read is one loopback round trip (two on
-a cluster; ~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield. The
+The routes are ``async``. The single-entity read, the hot one, awaits its round trip on the
+process's asyncio client (:meth:`ServiceContext.async_redis`), so the loop serves other requests
+meanwhile; the other routes call Redis synchronously: a read is one loopback round trip (two on a
+cluster; ~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield. The
 entity route's plain reads skip FastAPI's dependency solving (:mod:`refold.services.query.hot`).
 """
 
@@ -21,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.windows import scales_from_meta, windows_from_meta
-from refold.services.api.context import ServiceContext, get_context
+from refold.services.api.context import REDIS_TIMEOUT_S, ServiceContext, get_context
 from refold.services.api.errors import ApiError
 from refold.services.auth import require
 from refold.services.query.hot import NAME_PATTERN, HotEntityRoute
@@ -215,9 +217,15 @@ def query_router() -> APIRouter:
         """One entity's state (404 with the freshness when it does not exist)."""
         spec = processor(name)
         _table(spec, table)
-        reader = context.reader(name)
+        reader, client = context.reader(name), context.async_redis()
         view = await read_consistent(
-            context.redis, spec, context.key_prefix, wanted, lambda: reader.get(table, key)
+            context.redis,
+            spec,
+            context.key_prefix,
+            wanted,
+            (lambda: reader.get(table, key))
+            if client is None
+            else (lambda: reader.get_async(client, table, key, timeout_s=REDIS_TIMEOUT_S)),
         )
         if view.value is None:
             msg = f"{name} has no {table} entity {key!r} in generation {view.generation}"

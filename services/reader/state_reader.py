@@ -12,12 +12,15 @@ first, then reads the generation (two round trips).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.commands.core import Script
 
 from refold.contracts.kafka.partitioner import key_partition
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys
@@ -58,6 +61,18 @@ return out
 def _as_hash(flat: list[Any]) -> dict[Any, Any]:
     """HGETALL's reply as a script returns it (a flat list) as redis-py's dict."""
     return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+async def _run_script(
+    client: AsyncRedis, script: Script, keys: list[str], args: list[Any]
+) -> list[Any]:
+    """``script`` on an asyncio client by its SHA, loaded first if Redis does not know it."""
+    try:
+        reply = await client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        await client.script_load(script.script)
+        reply = await client.evalsha(script.sha, len(keys), *keys, *args)
+    return cast("list[Any]", reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,24 +155,16 @@ class StateReader:
         """
         while generation is None and self._script is not None and self._live is not None:
             gen = self._live
-            commands = plan(self.registry.keys(gen))
-            keys = [self.registry.layout.alias, *(k for _, names in commands for k in names)]
-            args = [gen, *(a for name, names in commands for a in (name, len(names)))]
+            commands, keys, args = self._script_request(gen, plan)
             try:
-                raw_live, *replies = self._script(keys=keys, args=args)
+                reply = self._script(keys=keys, args=args)
             except redis.exceptions.NoPermissionError:
                 # A Redis user that may read but not run scripts: two round trips, below.
                 self._script = None
                 break
-            if raw_live is None:
-                raise self._no_live()
-            live = int(raw_live)
-            if live == gen:
-                return gen, [
-                    _as_hash(reply) if name == "HGETALL" else reply
-                    for (name, _), reply in zip(commands, replies, strict=True)
-                ]
-            self._live = live  # flipped since the last read: read that one
+            replies = self._script_replies(gen, commands, reply)
+            if replies is not None:
+                return gen, replies
         gen = self.live_generation() if generation is None else generation
         gen_keys = self.registry.keys(gen)
         # A sharded generation's reads span its shards' slots, which no cluster transaction
@@ -168,18 +175,95 @@ class StateReader:
                 pipe.execute_command(name, *names)  # type: ignore[no-untyped-call]
             return gen, pipe.execute()
 
+    def _script_request(
+        self, gen: int, plan: Callable[[GenerationKeys], list[_Command]]
+    ) -> tuple[list[_Command], list[str], list[Any]]:
+        """``plan``'s reads of generation ``gen``, and the script's keys and arguments."""
+        commands = plan(self.registry.keys(gen))
+        keys = [self.registry.layout.alias, *(k for _, names in commands for k in names)]
+        args = [gen, *(a for name, names in commands for a in (name, len(names)))]
+        return commands, keys, args
+
+    def _script_replies(
+        self, gen: int, commands: list[_Command], reply: list[Any]
+    ) -> list[Any] | None:
+        """The script's replies to ``commands``; None when the alias names another generation.
+
+        Raises:
+            NoLiveGenerationError: The alias names none.
+        """
+        raw_live, *replies = reply
+        if raw_live is None:
+            raise self._no_live()
+        live = int(raw_live)
+        if live != gen:
+            self._live = live  # flipped since the last read: the caller reads that one
+            return None
+        return [
+            _as_hash(reply) if name == "HGETALL" else reply
+            for (name, _), reply in zip(commands, replies, strict=True)
+        ]
+
     def get(self, table: str, key: str, generation: int | None = None) -> StateView:
         """One entity's state and the positions it reflects (read in one transaction).
 
         Of a sharded generation, the positions of the entity's shard: its partition id's, on
         which every event of the entity is (``GenerationKeys.shards``).
         """
+        return self._entity(self._read(generation, self._entity_plan(table, key)))
+
+    async def get_async(
+        self, client: AsyncRedis, table: str, key: str, *, timeout_s: float | None = None
+    ) -> StateView:
+        """:meth:`get` of the live generation, its round trip awaited on ``client``.
+
+        For an event loop, which serves other requests meanwhile (a blocking call would hold
+        it for the round trip). ``client`` is an asyncio client of the same Redis as this
+        reader's. The read is :meth:`get`'s one script, with the same check of the alias; what
+        the script cannot answer runs :meth:`get` itself, blocking: a process's first read
+        (no generation remembered yet), a Redis Cluster, a Redis user without scripts.
+
+        Args:
+            client: The asyncio client.
+            table: The table.
+            key: The entity's key.
+            timeout_s: The longest a round trip may take (None: ``client``'s own timeouts).
+                One ``asyncio.timeout`` is cheaper than the client's socket timeout, which
+                wraps each write in a task of its own (``asyncio.wait_for``).
+
+        Raises:
+            redis.exceptions.TimeoutError: Redis did not answer within ``timeout_s``.
+        """
+        plan = self._entity_plan(table, key)
+        while self._script is not None and self._live is not None:
+            gen = self._live
+            commands, keys, args = self._script_request(gen, plan)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    reply = await _run_script(client, self._script, keys, args)
+            except redis.exceptions.NoPermissionError:
+                self._script = None
+                break
+            except TimeoutError as exc:  # the client drops a connection cancelled mid-reply
+                msg = f"Redis did not answer a read within {timeout_s} s"
+                raise redis.exceptions.TimeoutError(msg) from exc
+            replies = self._script_replies(gen, commands, reply)
+            if replies is not None:
+                return self._entity((gen, replies))
+        return self.get(table, key)
+
+    def _entity_plan(self, table: str, key: str) -> Callable[[GenerationKeys], list[_Command]]:
+        """The reads of one entity: its value, and its shard's positions."""
 
         def plan(gen_keys: GenerationKeys) -> list[_Command]:
             shard = self._shard_of(gen_keys, key)
             return [("GET", [shard.table(table, key)]), *self._positions_reads(shard)]
 
-        gen, (raw, *raw_positions) = self._read(generation, plan)
+        return plan
+
+    def _entity(self, read: tuple[int, list[Any]]) -> StateView:
+        """The view of an entity's reads (:meth:`_entity_plan`)."""
+        gen, (raw, *raw_positions) = read
         value = None if raw is None else json.loads(raw)
         return StateView(gen, value, self._positions(raw_positions))
 

@@ -56,7 +56,7 @@ def api_schema(redis_url, kafka_bootstrap, make_topic, unique, tmp_path):
     for key, state in folded.states.items():
         client.set(keys.table("orders", key), orjson.dumps(state))
     registry.set_positions(live, {f"{topic}/0": 3})
-    context = ServiceContext(stack, client, [dataclasses.replace(ORDERS, name=topic)])
+    context = ServiceContext(stack, client, [dataclasses.replace(ORDERS, name=topic)], redis_url)
     app = build_app(stack, context)
     yield schemathesis.openapi.from_asgi("/openapi.json", app).exclude(
         method="POST", path_regex=r"^/v1/processors/\{name\}/replays$"

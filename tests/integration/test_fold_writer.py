@@ -1,5 +1,6 @@
 """FoldWriter against real Redis and a real broker (for dead letters), without Spark."""
 
+import asyncio
 import threading
 import zlib
 
@@ -8,7 +9,7 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.store.connect import redis_client
+from refold.contracts.store.connect import async_redis_client, redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.stats import ProcessorStats
 from refold.deploy.simulators.orders import OrderSimulator
@@ -206,6 +207,43 @@ def test_reader_follows_the_alias_flip(target, redis_url):
     assert (totals.generation, totals.value) == (first, dict(oracle.aggregate))
 
 
+def test_an_async_read_is_the_read_and_follows_the_alias_flip(target, redis_url):
+    client = redis_client(redis_url)
+    registry = GenerationRegistry.of(client, "order_state", target.key_prefix)
+    first = registry.create({}, live=True)
+    events = list(OrderSimulator(20, seed=5, anomaly_rate=0))
+    FoldWriter(target, P).apply(records_for(events))
+    oracle = fold_all(P, events)
+    key = sorted(oracle.states)[0]
+    reader = StateReader(client, "order_state", target.key_prefix)
+
+    async def reads() -> list[tuple[int, object, dict]]:
+        aclient = async_redis_client(redis_url)
+        try:
+            seen = []
+            # The first read resolves the alias (blocking); the next ones are the script,
+            # awaited, loaded again if Redis forgot it (SCRIPT FLUSH), and follow each flip.
+            for step in ("first", "script", "flushed", "flipped", "back"):
+                if step == "flushed":
+                    await aclient.script_flush()
+                if step == "flipped":
+                    registry.flip(registry.create({}))
+                if step == "back":
+                    registry.flip(first, record_replaced=False)
+                view = await reader.get_async(aclient, "orders", key)
+                seen.append((view.generation, view.value, view.positions))
+            return seen
+        finally:
+            await aclient.aclose()
+
+    seen = asyncio.run(reads())
+    positions = registry.positions(first)[0]
+    assert positions != {}
+    mine = (first, oracle.states[key], positions)
+    assert seen == [mine, mine, mine, (first + 1, None, {}), mine]
+    assert seen[0][1:] == (reader.get("orders", key).value, reader.get("orders", key).positions)
+
+
 def test_a_reader_whose_redis_user_may_not_run_scripts_reads_the_same(target, redis_url, unique):
     client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", target.key_prefix)
@@ -237,6 +275,22 @@ def test_a_reader_whose_redis_user_may_not_run_scripts_reads_the_same(target, re
         second = registry.create({})
         registry.flip(second)
         assert reader.get("orders", key).generation == second
+        registry.flip(first, record_replaced=False)
+        # An async read by that user: its script is refused too, and it reads as get does.
+        url = f"redis://{user}:{password}@{host_port}"
+        fresh = StateReader.from_url(url, "order_state", target.key_prefix)
+        assert fresh.get("orders", key).generation == first  # resolves the alias
+
+        async def read_async():
+            aclient = async_redis_client(url)
+            try:
+                return [await fresh.get_async(aclient, "orders", key) for _ in range(2)]
+            finally:
+                await aclient.aclose()
+
+        for view in asyncio.run(read_async()):
+            assert (view.generation, view.value) == (first, oracle.states[key])
+            assert view.positions == registry.positions(first)[0]
     finally:
         client.acl_deluser(user)
 

@@ -74,7 +74,9 @@ def stack(redis_url, kafka_bootstrap, make_topic, unique) -> Iterator[Stack]:
     client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     registry.create({"topics": f'["{topic}"]'}, live=True)
-    context = ServiceContext(settings, client, topics=[dataclasses.replace(ORDERS, name=topic)])
+    context = ServiceContext(
+        settings, client, topics=[dataclasses.replace(ORDERS, name=topic)], redis_url=redis_url
+    )
     kafka = {"bootstrap.servers": kafka_bootstrap}
     target = FoldTarget(
         "order_state", 1, redis_url, prefix, tuple(kafka.items()), make_topic(1, prefix="dlq")

@@ -60,7 +60,9 @@ def sharded_stack(redis_url, kafka_bootstrap, make_topic, unique) -> Iterator[St
     client = redis_client(redis_url)
     registry = GenerationRegistry.of(client, "order_state", prefix)
     registry.create({"topics": f'["{topic}"]', SHARDS_FIELD: SHARDS}, live=True)
-    context = ServiceContext(settings, client, topics=[dataclasses.replace(ORDERS, name=topic)])
+    context = ServiceContext(
+        settings, client, topics=[dataclasses.replace(ORDERS, name=topic)], redis_url=redis_url
+    )
     kafka = {"bootstrap.servers": kafka_bootstrap}
     target = FoldTarget(
         "order_state",
