@@ -10,6 +10,7 @@ multi-key command or transaction there may cross two slots.
 
 import dataclasses
 import threading
+import time
 import types
 
 import pytest
@@ -162,7 +163,16 @@ def test_sharded_snapshots_taken_while_batches_commit_are_consistent_per_shard(s
     def commit():
         try:
             for batch, chunk in enumerate(chunks):  # each chunk: a transaction per shard
+                taken = len(snapshots)
                 writer.apply(chunk, batch_id=batch)
+                time.sleep(0.01)  # spread the commits so that snapshots land between them
+                # Every other commit waits (bounded) for a snapshot after it, as in
+                # test_replay_execution: a snapshot lists a shard's keys with SCAN inside its
+                # WATCH, which on the suite's shared Redis walks every test's keys, so
+                # back-to-back commits overtook all of its 50 attempts once (CI, 3 workers).
+                deadline = time.monotonic() + 5
+                while batch % 2 == 0 and len(snapshots) == taken and time.monotonic() < deadline:
+                    time.sleep(0.001)
         finally:
             done.set()
 
