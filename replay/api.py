@@ -33,7 +33,8 @@ from refold.contracts.settings import StackSettings
 from refold.contracts.store.connect import redis_client
 from refold.processors.runtime.checkpoints import checkpoint_root
 from refold.replay.generations_admin import collect_garbage, rollback
-from refold.replay.plan import (
+from refold.replay.rebuild import plan_replay
+from refold.replay.reset_specs import (
     ByDuration,
     FromOffset,
     ResetSpec,
@@ -46,7 +47,6 @@ from refold.replay.plan import (
     parse_duration,
     parse_scope,
 )
-from refold.replay.rebuild import plan_replay
 
 __all__ = ["PlanRequest", "admin_router", "plan_router"]
 

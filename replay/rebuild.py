@@ -56,7 +56,8 @@ from refold.processors.runtime.checkpoints import (
 )
 from refold.replay.errors import PlanError, ReplayInterruptedError
 from refold.replay.interrupts import InterruptedBySignalError, InterruptGuard
-from refold.replay.plan import TIME_SPECS, ReplayPlan, ResetSpec, SeedPoint, build_plan
+from refold.replay.plan import ReplayPlan, SeedPoint, build_plan
+from refold.replay.reset_specs import TIME_SPECS, ResetSpec
 from refold.replay.shadow import (
     Rebuilding,
     RebuildProgress,
