@@ -232,6 +232,15 @@ class GenerationRegistry:
                 self._shards[generation] = shards
         return self.layout.generation(generation, shards)
 
+    def one_transaction(self, keys: GenerationKeys) -> bool:
+        """Whether one MULTI/EXEC can read every key of ``keys``' generation.
+
+        Not a sharded generation on a Redis Cluster: its shards are in several slots, which no
+        cluster transaction spans, so each shard's reads are a snapshot of that shard (its
+        positions with its state).
+        """
+        return not (keys.shards and is_cluster(self.client))
+
     def decide_shards(self, generation: int, shards: int) -> int:
         """Record a generation's shards unless they are recorded; the recorded count.
 

@@ -167,10 +167,7 @@ class StateReader:
                 return gen, replies
         gen = self.live_generation() if generation is None else generation
         gen_keys = self.registry.keys(gen)
-        # A sharded generation's reads span its shards' slots, which no cluster transaction
-        # spans: each shard's reads are a snapshot of that shard (its positions with its state).
-        atomic = not (gen_keys.shards and is_cluster(self.client))
-        with self.client.pipeline(transaction=atomic) as pipe:
+        with self.client.pipeline(transaction=self.registry.one_transaction(gen_keys)) as pipe:
             for name, names in plan(gen_keys):
                 pipe.execute_command(name, *names)  # type: ignore[no-untyped-call]
             return gen, pipe.execute()

@@ -25,7 +25,6 @@ from typing import Protocol
 import redis
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys, position_field
-from refold.contracts.store.connect import is_cluster
 from refold.contracts.store.scan import scan_names
 from refold.contracts.store.sketches import UnionCounts
 from refold.contracts.windows import (
@@ -180,7 +179,7 @@ class WindowReader:
         starts = window.bucket_starts(end)
         shards = keys.each_shard()
         union = self._union(keys, [(name, m, group, starts) for m in self.distinct_measures])
-        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+        with self.client.pipeline(transaction=self.registry.one_transaction(keys)) as pipe:
             for shard in shards:
                 for start in starts:
                     pipe.hgetall(shard.window_bucket(name, start, group))
@@ -220,7 +219,7 @@ class WindowReader:
             return StateView(gen, [], applied.read().positions)
         starts = sorted({s for e in ends for s in window.bucket_starts(e)})
         shards = keys.each_shard()
-        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+        with self.client.pipeline(transaction=self.registry.one_transaction(keys)) as pipe:
             for shard in shards:
                 for s in starts:
                     pipe.hgetall(shard.window_bucket(name, s, group))
@@ -276,7 +275,7 @@ class WindowReader:
         if not starts:
             return StateView(gen, 0, applied.read().positions)
         union = self._union(keys, [(name, measure, group, starts)])
-        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+        with self.client.pipeline(transaction=self.registry.one_transaction(keys)) as pipe:
             counted = union.queue(pipe)
             applied.queue(pipe)
             replies = pipe.execute()
@@ -298,7 +297,7 @@ class WindowReader:
         keys = self.registry.keys(gen)
         applied = self.registry.positions_of(gen)
         shards = keys.each_shard()  # sharded: each partition's clock is in its shard's hash
-        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+        with self.client.pipeline(transaction=self.registry.one_transaction(keys)) as pipe:
             for shard in shards:
                 pipe.hgetall(shard.clocks)
             applied.queue(pipe)
@@ -356,7 +355,7 @@ class WindowReader:
             for measure in self.distinct_measures
         ]
         union = self._union(keys, sketches)
-        with self.client.pipeline(transaction=self._atomic(keys)) as pipe:
+        with self.client.pipeline(transaction=self.registry.one_transaction(keys)) as pipe:
             union.queue(pipe)
             counts = union.counts(pipe.execute())
         n = len(self.distinct_measures)
@@ -375,10 +374,6 @@ class WindowReader:
                 parsed = shard.parse_window_bucket(key)
                 if parsed is not None and parsed[0] == name:
                     yield parsed[1], parsed[2]
-
-    def _atomic(self, keys: GenerationKeys) -> bool:
-        """Whether one transaction can read the generation: not a cluster's shards (slots)."""
-        return not (keys.shards and is_cluster(self.client))
 
     def _union(
         self, keys: GenerationKeys, sketches: Sequence[tuple[str, str, str, Sequence[int]]]
