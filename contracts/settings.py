@@ -117,6 +117,9 @@ class SparkSettings(BaseModel):
         jars_dir: A folder whose jars go on ``spark.jars``: Spark's Kafka connector, for a
             processor whose ``source_format`` is ``kafka``. Default: ``.jars/spark`` of the
             checkout (``make setup`` fills it with mvn).
+        class_archive: The driver JVM's class archive (JDK class data sharing: Spark starts on
+            about half the CPU). Default: ``.jars/jvm/spark-<pyspark version>.jsa`` of the
+            checkout, which ``make setup`` builds; none there, none used.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -127,6 +130,7 @@ class SparkSettings(BaseModel):
     driver_memory: str = "2g"
     checkpoint_url: str | None = None
     jars_dir: Path | None = None
+    class_archive: Path | None = None
 
 
 class StackSettings(BaseSettings):

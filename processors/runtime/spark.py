@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from refold.contracts.settings import SparkSettings
 from refold.processors.errors import ProcessorConfigError
+from refold.processors.runtime.class_archive import driver_java_options
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -59,12 +60,14 @@ def is_local_master(master: str) -> bool:
     return master.startswith("local")
 
 
-def spark_conf(app_name: str, spark: SparkSettings) -> dict[str, str]:
-    """The Spark configuration refold applies to its sessions (pure; no JVM).
+def spark_conf(app_name: str, spark: SparkSettings, java_options: str = "") -> dict[str, str]:
+    """The Spark configuration refold applies to its sessions (no JVM).
 
     Args:
         app_name: ``spark.app.name``, shown in Spark's logs and the master's UI.
         spark: Where to run and how much of the cluster to take.
+        java_options: More options for the driver's JVM. Without them, the driver starts from
+            the class archive if there is one (:mod:`~refold.processors.runtime.class_archive`).
 
     Returns:
         Spark properties, ``spark.master`` included.
@@ -93,7 +96,9 @@ def spark_conf(app_name: str, spark: SparkSettings) -> dict[str, str]:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Streaming progress is reported by refold itself; keep Spark's own logs quiet.
         "spark.sql.streaming.metricsEnabled": "false",
-        "spark.driver.extraJavaOptions": "-Dlog4j2.level=warn",
+        "spark.driver.extraJavaOptions": " ".join(
+            ["-Dlog4j2.level=warn", java_options or driver_java_options(spark)]
+        ).strip(),
     }
     if spark.cores_max is not None:
         # Without it one application takes every core of the cluster and the next one waits.
@@ -167,6 +172,8 @@ def build_spark_session(
     app_name: str,
     spark: SparkSettings | None = None,
     ship: Sequence[str] = (),
+    *,
+    java_options: str = "",
 ) -> SparkSession:
     """Build (or get) the SparkSession of this process.
 
@@ -181,6 +188,8 @@ def build_spark_session(
         ship: Top-level importable package or module names (``["refold", "customer_pkg"]``)
             zipped and added to the executors' path when the master is not local, so user code
             that is not installed on the cluster can be imported by tasks.
+        java_options: More options for the driver's JVM, instead of the class archive's (see
+            :func:`spark_conf`). Ignored under spark-submit, whose JVM is already running.
 
     Returns:
         The session, with the refold Kafka sources registered.
@@ -197,7 +206,7 @@ def build_spark_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     submitted = _submitted_conf()
     builder = SparkSession.builder
-    for key, value in spark_conf(app_name, settings).items():
+    for key, value in spark_conf(app_name, settings, java_options).items():
         # spark-submit's choices win, except the name (spark-submit's default is the file name).
         if key == "spark.app.name" or key not in submitted:
             builder = builder.config(key, value)

@@ -181,6 +181,20 @@ def test_spark_conf_from_settings():
     assert conf["spark.driver.memory"] == "1g"
 
 
+def test_spark_conf_starts_the_driver_from_the_class_archive_if_there_is_one(tmp_path):
+    archive = tmp_path / "spark.jsa"
+    settings = SparkSettings(class_archive=archive)
+    assert "SharedArchiveFile" not in spark_conf("app", settings)["spark.driver.extraJavaOptions"]
+    archive.write_bytes(b"archive")
+    options = spark_conf("app", settings)["spark.driver.extraJavaOptions"]
+    assert f"-XX:SharedArchiveFile={archive}" in options
+    assert "-Dlog4j2.level=warn" in options
+    dumping = spark_conf("app", settings, "-XX:ArchiveClassesAtExit=x.jsa")
+    assert dumping["spark.driver.extraJavaOptions"] == (
+        "-Dlog4j2.level=warn -XX:ArchiveClassesAtExit=x.jsa"
+    )
+
+
 @pytest.mark.parametrize(
     ("master", "local"),
     [
