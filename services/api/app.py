@@ -13,13 +13,15 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
+from starlette.types import Receive, Scope, Send
 
 from refold.services.api.body_limit import BodyLimit
 from refold.services.api.config import ServeSettings
 from refold.services.api.context import ServiceContext
 from refold.services.api.errors import install_error_handlers
+from refold.services.query.hot import answer_hot_read
 
-__all__ = ["close_app", "create_app"]
+__all__ = ["RefoldApp", "close_app", "create_app"]
 
 _DESCRIPTION = """
 Ingest domain events, read materialized state with its freshness (read your own writes with a
@@ -28,6 +30,20 @@ consistency token), watch processors, lag and replays, and run replays.
 Authentication: `Authorization: Bearer <API key>` (or `X-API-Key`), keys made with
 `refold keys add --scope ingest|query|admin`.
 """
+
+
+class RefoldApp(FastAPI):
+    """FastAPI, with the hot entity read answered before its routing and middleware.
+
+    :func:`~refold.services.query.hot.answer_hot_read` answers a plain single-key read it can
+    admit from memory, with the route's own code; every other request runs as declared.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer the hot read, or pass the request to FastAPI."""
+        if scope["type"] == "http" and await answer_hot_read(self, scope, receive, send):
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -58,7 +74,7 @@ def create_app(
         if context is None:
             shared.close()
 
-    app = FastAPI(
+    app = RefoldApp(
         title="refold",
         description=_DESCRIPTION,
         version="1",
