@@ -10,19 +10,18 @@ it returns False for every other request, which then goes through the app as dec
 
 It answers ``GET /v1/processors/{name}/tables/{table}/entities/{key}`` when the request has no
 query string (no consistency token, nothing to validate) and no body (nothing for the body
-limit to refuse), the processor name is well formed (else the declared route's 422), the app has
-no root path, FastAPI's OpenTelemetry instrumentation is off (else the request goes through it),
-and its API key is one this process has verified (:func:`admitted_from_memory`; authentication
-off passes). An error it meets (a 404, a 429, Redis unreachable) is answered by the app's own
-exception handler for it, as the declared route's would be. So the answers, the errors and the
-OpenAPI schema are the route's, and the route's code is their only owner.
+limit to refuse), the processor name is well formed (else the declared route's 422), the app
+has no root path, and its API key is one this process has verified
+(:func:`admitted_from_memory`; authentication off passes). An error it meets (a 404, a 429,
+Redis unreachable) is answered by the app's own exception handler for it, as the declared
+route's would be. So the answers, the errors and the OpenAPI schema are the route's, and the
+route's code is their only owner.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
@@ -48,9 +47,6 @@ async def answer_hot_read(app: FastAPI, scope: Scope, receive: Receive, send: Se
         return False
     found = _ENTITY.fullmatch(scope["path"])
     if found is None or scope.get("root_path") or app.root_path:
-        return False
-    telemetry: Any = getattr(app, "_native_telemetry", None)  # FastAPI's own instrumentation
-    if telemetry is not None and telemetry.enabled():
         return False
     scope["app"] = app
     request = Request(scope, receive)
