@@ -1,5 +1,6 @@
 """Auto-pipelined entity reads on the real redis-server: concurrent reads share a round trip,
-each gets its own answer, a flip is followed, and a Redis that fails fails every waiting read."""
+each gets its own answer, a flip is followed, and a Redis that fails fails every waiting read;
+the hot path (answered before FastAPI) refuses as the declared route does."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from fastapi.testclient import TestClient
 
 from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.autopipeline import AutoPipeline
@@ -26,6 +28,7 @@ from refold.processors.runtime.envelope import FoldWriter
 from refold.services.api.app import create_app
 from refold.services.api.config import HttpSettings, ServeSettings
 from refold.services.api.context import ServiceContext
+from refold.services.auth import ApiKeyStore
 from refold.services.reader.state_reader import StateReader
 from tests.integration.test_fold_writer import records_for
 
@@ -218,3 +221,34 @@ def test_every_read_waiting_on_a_redis_that_hangs_answers_503(target, redis_url)
         assert answer.status_code == 503
         assert answer.json()["error"]["code"] == "REDIS_UNAVAILABLE"
         assert answer.headers["Retry-After"] == "1"
+
+
+def test_the_hot_path_leaves_a_body_to_the_limit_and_answers_429_as_the_route_does(
+    target, redis_url
+):
+    client = redis_client(redis_url)
+    GenerationRegistry.of(client, "order_state", target.key_prefix).create({}, live=True)
+    events = list(OrderSimulator(5, seed=6, anomaly_rate=0))
+    FoldWriter(target, P).apply(records_for(events))
+    key = sorted(fold_all(P, events).states)[0]
+    settings = ServeSettings(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+        redis=RedisSettings(url=redis_url, key_prefix=target.key_prefix),
+        serve=HttpSettings(auth="keys", max_request_bytes=1024, query_rate_limit="3/minute"),
+    )
+    api_key = ApiKeyStore(client, target.key_prefix).add("reader", ["query"])
+    context = ServiceContext(settings, client, redis_url=redis_url)
+    path = f"/v1/processors/order_state/tables/orders/entities/{key}"
+    with TestClient(create_app(settings, context=context)) as http:
+        headers = {"Authorization": f"Bearer {api_key}"}
+        # The first read looks the key up (the declared route); the next two are plain reads
+        # of a key this process has verified (the hot path), each counted.
+        assert [http.get(path, headers=headers).status_code for _ in range(3)] == [200] * 3
+        refused = http.get(path, headers=headers)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "RATE_LIMITED"
+        assert int(refused.headers["Retry-After"]) >= 1
+        # A GET with a body goes through the app as declared: the body limit answers it.
+        big = http.request("GET", path, headers=headers, content=b"x" * 2048)
+        assert big.status_code == 413
+        assert big.json()["error"]["code"] == "REQUEST_TOO_LARGE"
