@@ -19,6 +19,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 from refold.contracts.registry import default_registry
+from refold.contracts.store.autopipeline import AutoPipeline
 from refold.contracts.store.connect import async_redis_client, is_cluster, redis_client
 from refold.contracts.topics import TopicSpec
 from refold.services.api.config import ServeSettings
@@ -63,8 +64,9 @@ class ServiceContext:
     _rate_limits: RateLimits | None = field(default=None, init=False)
     _idempotency: IdempotencyStore | None = field(default=None, init=False)
     _readers: dict[str, StateReader] = field(default_factory=dict, init=False)
-    # The asyncio client and the loop it belongs to (uvicorn's worker has one loop for life).
-    _async_redis: tuple[asyncio.AbstractEventLoop, AsyncRedis] | None = field(
+    # The asyncio client, its auto-pipeline and the loop they belong to (uvicorn's worker has
+    # one loop for life).
+    _async_redis: tuple[asyncio.AbstractEventLoop, AsyncRedis, AutoPipeline] | None = field(
         default=None, init=False
     )
 
@@ -128,16 +130,33 @@ class ServiceContext:
         Its commands have no timeout of their own: bound each round trip with
         :data:`REDIS_TIMEOUT_S`.
         """
+        made = self._loop_clients()
+        return None if made is None else made[1]
+
+    def redis_pipeline(self) -> AutoPipeline | None:
+        """The auto-pipeline of :meth:`async_redis`'s client; None without one.
+
+        Commands awaited in one turn of the loop (the reads of the requests a worker holds)
+        share one round trip, bounded by :data:`REDIS_TIMEOUT_S`.
+        """
+        made = self._loop_clients()
+        return None if made is None else made[2]
+
+    def _loop_clients(self) -> tuple[asyncio.AbstractEventLoop, AsyncRedis, AutoPipeline] | None:
+        made = self._async_redis
+        loop = asyncio.get_running_loop()
+        if made is not None and made[0] is loop:
+            return made
         if self.redis_url is None or is_cluster(self.redis):
             return None
-        loop = asyncio.get_running_loop()
-        made = self._async_redis
-        if made is None or made[0] is not loop:
-            # No socket timeout: the reads bound each round trip with one asyncio.timeout of
-            # REDIS_TIMEOUT_S, cheaper than the client's (a task per write).
-            client = async_redis_client(self.redis_url, socket_connect_timeout=REDIS_TIMEOUT_S)
-            made = self._async_redis = (loop, client)
-        return made[1]
+        # No socket timeout (redis-py 8 sets 5 s unless told): the auto-pipeline bounds each
+        # round trip with one asyncio.timeout of REDIS_TIMEOUT_S, cheaper than the client's (a
+        # task per write, asyncio.wait_for, and a timeout per reply read).
+        client = async_redis_client(
+            self.redis_url, socket_timeout=None, socket_connect_timeout=REDIS_TIMEOUT_S
+        )
+        made = self._async_redis = (loop, client, AutoPipeline(client, REDIS_TIMEOUT_S))
+        return made
 
     async def close_async_redis(self) -> None:
         """Close the running loop's asyncio client, if it has one (the app's lifespan does)."""

@@ -77,6 +77,8 @@ class RateLimits:
         # (scope, key id) -> [requests left of this process's share, monotonic end of use]
         self._shares: dict[tuple[str, str], list[float]] = {}
         self._lock = threading.Lock()
+        # (scope, key id) -> the lock of taking its next share
+        self._takers: dict[tuple[str, str], threading.Lock] = {}
 
     def admit_from_share(self, scope: str, key_id: str) -> bool:
         """Count one request from this process's share of the key's limit, without Redis.
@@ -105,9 +107,16 @@ class RateLimits:
             return
         share = item.amount // SHARE_DIVISOR
         try:
-            if share > 1 and self._limiter.hit(item, scope, key_id, cost=share):
-                self._keep_share(scope, key_id, share - 1, item.get_expiry())
-                return
+            if share > 1:
+                # One share taken at a time per key: the requests that found it spent
+                # meanwhile (a worker holds several) wait for it, rather than each taking a
+                # share of its own of which all but the last would be lost.
+                with self._taking(scope, key_id):
+                    if self.admit_from_share(scope, key_id):
+                        return
+                    if self._limiter.hit(item, scope, key_id, cost=share):
+                        self._keep_share(scope, key_id, share - 1, item.get_expiry())
+                        return
             if self._limiter.hit(item, scope, key_id):
                 return
             reset = self._limiter.get_window_stats(item, scope, key_id).reset_time
@@ -122,6 +131,13 @@ class RateLimits:
         raise ApiError(
             429, "RATE_LIMITED", msg, headers={"Retry-After": str(retry)}, limit=str(item)
         )
+
+    def _taking(self, scope: str, key_id: str) -> threading.Lock:
+        """The lock held while a share of the key's limit is taken."""
+        with self._lock:
+            if len(self._takers) >= _SHARES_ENTRIES:
+                self._takers.clear()  # a holder keeps its lock; at worst two takers overlap
+            return self._takers.setdefault((scope, key_id), threading.Lock())
 
     def _keep_share(self, scope: str, key_id: str, left: int, window_s: float) -> None:
         with self._lock:

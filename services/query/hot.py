@@ -1,71 +1,85 @@
-"""The hot read, one entity by key, answered without FastAPI's per-request dependency solving.
+"""The hot read, one entity by key, answered before FastAPI's routing and middleware.
 
-FastAPI solves a route's dependencies on every request (the key check and its two security
-schemes, the consistency parameters, the path parameters): ~250 us of CPU here, more than the
-Redis read itself. :class:`HotEntityRoute` is the entity route's class. A request without query
-parameters (no consistency token, nothing to validate), whose processor name is well formed and
-whose key this process has verified (:func:`~refold.services.auth.admitted_from_memory`) calls
-the route's endpoint at once, with the values FastAPI would have given it. Every other request
-(a token, a key to look up in Redis, anything refused) runs the route as declared, so the
-answers, the errors and the OpenAPI schema are the route's, and the route's code is their only
-owner.
+A plain single-key read is most of a query service's traffic. Through FastAPI it pays for
+dependency solving (the key check and its two security schemes, the consistency parameters, the
+path parameters: ~250 us here), then for the middleware stack and the routing over every route
+(~50 us), more than its Redis round trip. :func:`answer_hot_read` runs first in the app
+(:class:`~refold.services.api.app.RefoldApp`): a request it can answer from what the process
+holds, it answers with the route's own code (:func:`~refold.services.query.routes.read_entity`);
+it returns False for every other request, which then goes through the app as declared.
+
+It answers ``GET /v1/processors/{name}/tables/{table}/entities/{key}`` when the request has no
+query string (no consistency token, nothing to validate) and no body (nothing for the body
+limit to refuse), the processor name is well formed (else the declared route's 422), the app
+has no root path, and its API key is one this process has verified
+(:func:`admitted_from_memory`; authentication off passes). An error it meets (a 404, a 429,
+Redis unreachable) is answered by the app's own exception handler for it, as the declared
+route's would be. So the answers, the errors and the OpenAPI schema are the route's, and the
+route's code is their only owner.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Callable, Coroutine
-from typing import Any
 
-from fastapi import Request, Response
-from fastapi.routing import APIRoute
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from refold.services.api.context import get_context
 from refold.services.auth.dependencies import admitted_from_memory
 from refold.services.query.reads import Consistency
+from refold.services.query.routes import NAME_PATTERN, read_entity
 
-__all__ = ["NAME_PATTERN", "HotEntityRoute"]
+__all__ = ["answer_hot_read"]
 
-# What a processor name may be in a query path (the declared routes validate it too).
-NAME_PATTERN = r"^[A-Za-z0-9_.:-]+$"
-_NAME = re.compile(NAME_PATTERN)
+_ENTITY = re.compile(
+    r"/v1/processors/(" + NAME_PATTERN.strip("^$") + r")/tables/([^/]+)/entities/(.+)"
+)
 
 
-class HotEntityRoute(APIRoute):
-    """The route of ``GET .../tables/{table}/entities/{key}`` (scope ``query``).
+async def answer_hot_read(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> bool:
+    """Answer ``scope`` if it is a plain entity read this process can admit; else False.
 
-    Its endpoint takes ``name``, ``table``, ``key``, ``context``, ``wanted`` and
-    ``if_none_match``.
+    False means nothing was sent, read or counted: the caller runs the app as declared.
     """
+    if scope["type"] != "http" or scope["method"] != "GET" or scope["query_string"]:
+        return False
+    found = _ENTITY.fullmatch(scope["path"])
+    if found is None or scope.get("root_path") or app.root_path:
+        return False
+    scope["app"] = app
+    request = Request(scope, receive)
+    headers = request.headers
+    if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+        return False
+    context = app.state.context
+    try:
+        if not await admitted_from_memory(request, context, "query"):
+            return False
+        serve = context.settings.serve
+        wanted = Consistency.of(
+            None,
+            None,
+            None,
+            default_wait_ms=serve.default_wait_ms,
+            max_wait_s=serve.consistency_timeout_s,
+        )
+        name, table, key = found.groups()
+        response = await read_entity(
+            context, name, table, key, wanted, headers.get("if-none-match")
+        )
+    except Exception as exc:  # answered by the app's handler for it, as the route's would be
+        response = await _handled(app, request, exc)
+    await response(scope, receive, send)
+    return True
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        """The declared handler, behind the path that skips it for a plain read."""
-        declared = super().get_route_handler()
-        endpoint = self.endpoint
 
-        async def handler(request: Request) -> Response:
-            params = request.path_params
-            if request.scope.get("query_string") or not _NAME.fullmatch(params["name"]):
-                return await declared(request)
-            context = await get_context(request)
-            if not await admitted_from_memory(request, context, "query"):
-                return await declared(request)
-            serve = context.settings.serve
-            wanted = Consistency.of(
-                None,
-                None,
-                None,
-                default_wait_ms=serve.default_wait_ms,
-                max_wait_s=serve.consistency_timeout_s,
-            )
-            response: Response = await endpoint(
-                name=params["name"],
-                table=params["table"],
-                key=params["key"],
-                context=context,
-                wanted=wanted,
-                if_none_match=request.headers.get("if-none-match"),
-            )
-            return response
-
-        return handler
+async def _handled(app: FastAPI, request: Request, exc: Exception) -> Response:
+    """The answer of the app's exception handler for ``exc`` (the nearest class registered)."""
+    for cls in type(exc).__mro__:
+        handler = app.exception_handlers.get(cls)
+        if handler is not None:
+            response = handler(request, exc)  # refold's handlers are all async
+            return await response if inspect.isawaitable(response) else response
+    raise exc

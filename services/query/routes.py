@@ -6,10 +6,11 @@ ingest), ``min_positions`` and ``wait_ms`` make a read wait until the live gener
 applied the given positions (see :mod:`refold.services.query.reads`).
 
 The routes are ``async``. The single-entity read, the hot one, awaits its round trip on the
-process's asyncio client (:meth:`ServiceContext.async_redis`), so the loop serves other requests
-meanwhile; the other routes call Redis synchronously: a read is one loopback round trip (two on a
-cluster; ~0.1 ms), cheaper inline than a hop to the thread pool, and waits (sleeps) yield. The
-entity route's plain reads skip FastAPI's dependency solving (:mod:`refold.services.query.hot`).
+process's auto-pipeline (:meth:`ServiceContext.redis_pipeline`: the reads a worker holds share
+one round trip), so the loop serves other requests meanwhile; the other routes call Redis
+synchronously: a read is one loopback round trip (two on a cluster; ~0.1 ms), cheaper inline
+than a hop to the thread pool, and waits (sleeps) yield. The entity route's plain reads are
+answered before FastAPI's routing (:mod:`refold.services.query.hot`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from pydantic import BaseModel, Field
 
 from refold.contracts.processors import ProcessorSpec
 from refold.contracts.windows import scales_from_meta, windows_from_meta
-from refold.services.api.context import REDIS_TIMEOUT_S, ServiceContext, get_context
+from refold.services.api.context import ServiceContext, get_context
 from refold.services.api.errors import ApiError
 from refold.services.auth import require
-from refold.services.query.hot import NAME_PATTERN, HotEntityRoute
 from refold.services.query.pagination import ScanCursor, scan_page
 from refold.services.query.reads import (
     Consistency,
@@ -40,7 +40,10 @@ from refold.services.query.reads import (
 from refold.services.reader.state_reader import StateReader, StateView
 from refold.services.reader.window_reader import WindowReader
 
-__all__ = ["query_router"]
+__all__ = ["NAME_PATTERN", "query_router", "read_entity"]
+
+# What a processor name may be in a query path.
+NAME_PATTERN = r"^[A-Za-z0-9_.:-]+$"
 
 _MAX_MS = 2**53  # event times are epoch ms; bounds keep range arithmetic small
 
@@ -140,6 +143,41 @@ def _answer(
     return Response(content, media_type="application/json", headers=headers)
 
 
+async def read_entity(
+    context: ServiceContext,
+    name: str,
+    table: str,
+    key: str,
+    wanted: Consistency,
+    if_none_match: str | None,
+) -> Response:
+    """The entity route's answer (its declared route and the hot path both call it).
+
+    The read's round trip goes through the worker's auto-pipeline, shared with the other reads
+    awaited in the same turn of the loop (:meth:`ServiceContext.redis_pipeline`); without an
+    asyncio client it blocks.
+
+    Raises:
+        ApiError: 404 (no such processor, table or entity), 409/504 (consistency).
+    """
+    spec = processor(name)
+    _table(spec, table)
+    reader, pipeline = context.reader(name), context.redis_pipeline()
+    view = await read_consistent(
+        context.redis,
+        spec,
+        context.key_prefix,
+        wanted,
+        (lambda: reader.get(table, key))
+        if pipeline is None
+        else (lambda: reader.get_async(pipeline, table, key)),
+    )
+    if view.value is None:
+        msg = f"{name} has no {table} entity {key!r} in generation {view.generation}"
+        raise ApiError(404, "ENTITY_NOT_FOUND", msg, **freshness(spec, view))
+    return _answer(spec, view, {"key": key, "value": view.value}, if_none_match)
+
+
 def _table(spec: ProcessorSpec, table: str) -> None:
     if table not in spec.tables:
         known = ", ".join(spec.tables) or "none"
@@ -215,29 +253,13 @@ def query_router() -> APIRouter:
         if_none_match: IfNoneMatch = None,
     ) -> Response:
         """One entity's state (404 with the freshness when it does not exist)."""
-        spec = processor(name)
-        _table(spec, table)
-        reader, client = context.reader(name), context.async_redis()
-        view = await read_consistent(
-            context.redis,
-            spec,
-            context.key_prefix,
-            wanted,
-            (lambda: reader.get(table, key))
-            if client is None
-            else (lambda: reader.get_async(client, table, key, timeout_s=REDIS_TIMEOUT_S)),
-        )
-        if view.value is None:
-            msg = f"{name} has no {table} entity {key!r} in generation {view.generation}"
-            raise ApiError(404, "ENTITY_NOT_FOUND", msg, **freshness(spec, view))
-        return _answer(spec, view, {"key": key, "value": view.value}, if_none_match)
+        return await read_entity(context, name, table, key, wanted, if_none_match)
 
     router.add_api_route(
         "/v1/processors/{name}/tables/{table}/entities/{key:path}",
         get_entity,
         methods=["GET"],
         responses={200: {"model": EntityAnswer}, **_ERRORS},
-        route_class_override=HotEntityRoute,  # a plain read skips dependency solving
     )
 
     @router.post(

@@ -24,6 +24,7 @@ from redis.commands.core import Script
 
 from refold.contracts.kafka.partitioner import key_partition
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys
+from refold.contracts.store.autopipeline import AutoPipeline
 from refold.contracts.store.connect import is_cluster, redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.positions import GenerationPositions, Positions
@@ -64,14 +65,14 @@ def _as_hash(flat: list[Any]) -> dict[Any, Any]:
 
 
 async def _run_script(
-    client: AsyncRedis, script: Script, keys: list[str], args: list[Any]
+    client: AsyncRedis | AutoPipeline, script: Script, keys: list[str], args: list[Any]
 ) -> list[Any]:
     """``script`` on an asyncio client by its SHA, loaded first if Redis does not know it."""
     try:
-        reply = await client.evalsha(script.sha, len(keys), *keys, *args)
+        reply = await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
     except redis.exceptions.NoScriptError:
-        await client.script_load(script.script)
-        reply = await client.evalsha(script.sha, len(keys), *keys, *args)
+        await client.execute_command("SCRIPT LOAD", script.script)
+        reply = await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
     return cast("list[Any]", reply)
 
 
@@ -210,18 +211,25 @@ class StateReader:
         return self._entity(self._read(generation, self._entity_plan(table, key)))
 
     async def get_async(
-        self, client: AsyncRedis, table: str, key: str, *, timeout_s: float | None = None
+        self,
+        client: AsyncRedis | AutoPipeline,
+        table: str,
+        key: str,
+        *,
+        timeout_s: float | None = None,
     ) -> StateView:
         """:meth:`get` of the live generation, its round trip awaited on ``client``.
 
         For an event loop, which serves other requests meanwhile (a blocking call would hold
         it for the round trip). ``client`` is an asyncio client of the same Redis as this
-        reader's. The read is :meth:`get`'s one script, with the same check of the alias; what
-        the script cannot answer runs :meth:`get` itself, blocking: a process's first read
-        (no generation remembered yet), a Redis Cluster, a Redis user without scripts.
+        reader's, or an :class:`AutoPipeline` of one (concurrent reads share a round trip).
+        The read is :meth:`get`'s one script, with the same check of the alias; what the
+        script cannot answer runs :meth:`get` itself, blocking: a process's first read (no
+        generation remembered yet), a Redis Cluster, a Redis user without scripts.
 
         Args:
-            client: The asyncio client.
+            client: The asyncio client, or an auto-pipeline (which bounds its round trips
+                itself: pass no ``timeout_s``).
             table: The table.
             key: The entity's key.
             timeout_s: The longest a round trip may take (None: ``client``'s own timeouts).
@@ -236,8 +244,11 @@ class StateReader:
             gen = self._live
             commands, keys, args = self._script_request(gen, plan)
             try:
-                async with asyncio.timeout(timeout_s):
+                if timeout_s is None:
                     reply = await _run_script(client, self._script, keys, args)
+                else:
+                    async with asyncio.timeout(timeout_s):
+                        reply = await _run_script(client, self._script, keys, args)
             except redis.exceptions.NoPermissionError:
                 self._script = None
                 break

@@ -4,6 +4,7 @@ and ``refold keys add | list | revoke``."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from refold.deploy.keys_cli import main as keys_main
 from refold.services.api.config import HttpSettings, ServeSettings
 from refold.services.api.context import ServiceContext
 from refold.services.api.errors import install_error_handlers
+from refold.services.api.rate_limits import RateLimits
 from refold.services.auth import ApiKeyStore, require
 from refold.services.auth.dependencies import VERIFY_CACHE_S
 from refold.services.auth.errors import ApiKeyNameTakenError, UnknownApiKeyError
@@ -115,6 +117,30 @@ def test_a_large_limit_is_taken_in_shares_and_holds_across_processes(store, redi
     # process may still spend its share after the other was refused.
     assert 200 - 2 * 2 <= admitted <= 200
     assert answers[-40:] == [429] * 40
+
+
+def test_requests_that_find_their_share_spent_at_once_take_one_share(client, prefix):
+    # A worker holds several requests of a key: those that find its share spent together
+    # take one share between them, not one each (all but the last would be lost).
+    limits = RateLimits(client, prefix, {"query": "1000/minute"})  # shares of 10
+    start = threading.Barrier(8)
+
+    def request() -> None:
+        start.wait()
+        limits.check("query", "k1")
+
+    threads = [threading.Thread(target=request) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (count_key,) = client.scan_iter(match=f"{prefix}:ratelimit*")
+    assert int(client.get(count_key)) == 10
+    for _ in range(2):  # the share's last two, from memory
+        limits.check("query", "k1")
+    assert int(client.get(count_key)) == 10
+    limits.check("query", "k1")
+    assert int(client.get(count_key)) == 20
 
 
 def test_store_round_trip(store, client, prefix):

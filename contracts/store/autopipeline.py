@@ -1,0 +1,110 @@
+"""Auto-pipelining: commands that concurrent tasks of one event loop await go to Redis together.
+
+An HTTP worker holds several reads at once (one per connection in flight). Each awaiting its own
+round trip costs a write system call, a connection taken from the pool and given back, and a
+timeout per read. :class:`AutoPipeline` queues the commands awaited in one turn of the event loop
+and sends them as one redis-py pipeline (no transaction: one write, the replies read in order),
+then hands each task its own reply. Under load a worker's reads share one round trip; alone, a
+read is sent one loop turn later (microseconds), as a plain command.
+
+It is built on redis-py's asyncio pipeline, not on a protocol of its own: the packing, the
+parsing (hiredis) and the connection handling are redis-py's. A command's error (a Redis error
+reply) goes to its own task only; a failure of the round trip (Redis unreachable, no answer
+within the timeout) goes to every task of the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+
+__all__ = ["AutoPipeline"]
+
+
+class AutoPipeline:
+    """The commands of one event loop's tasks, sent together.
+
+    Make one per asyncio client and loop, and use it from that loop only.
+
+    Args:
+        client: The asyncio client whose pool sends the batches (several batches may be in
+            flight at once, each on a connection of its own).
+        timeout_s: The longest a batch's round trip may take; past it every command of the
+            batch raises ``redis.exceptions.TimeoutError``.
+    """
+
+    def __init__(self, client: AsyncRedis, timeout_s: float) -> None:
+        self.client = client
+        self.timeout_s = timeout_s
+        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()  # strong references to running batches
+
+    async def execute_command(self, *args: Any) -> Any:
+        """Send ``args`` (a command and its arguments) with the others of this loop turn.
+
+        Returns:
+            Its reply, as redis-py parses it.
+
+        Raises:
+            redis.exceptions.ResponseError: Redis answered this command with an error.
+            redis.exceptions.RedisError: The batch's round trip failed or timed out.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queued.append((args, future))
+        if len(self._queued) == 1:
+            # After the tasks ready in this turn have queued theirs (they run before it).
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._queued = self._queued, []
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                if len(batch) == 1:
+                    replies = [await self._one(batch[0][0])]
+                else:
+                    pipe = self.client.pipeline(transaction=False)
+                    for args, _ in batch:
+                        pipe.execute_command(*args)
+                    replies = await pipe.execute(raise_on_error=False)
+        except TimeoutError:
+            msg = f"Redis did not answer within {self.timeout_s} s"
+            self._fail(batch, redis.exceptions.TimeoutError(msg))
+            return
+        except BaseException as exc:  # every task waits for an answer: give it the failure
+            self._fail(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if future.done():  # its task was cancelled meanwhile
+                continue
+            if isinstance(reply, redis.exceptions.ResponseError):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _one(self, args: tuple[Any, ...]) -> Any:
+        """A lone command: its error reply is its reply, as in a pipeline."""
+        try:
+            return await self.client.execute_command(*args)  # type: ignore[no-untyped-call]
+        except redis.exceptions.ResponseError as exc:
+            return exc
+
+    @staticmethod
+    def _fail(batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]], exc: BaseException) -> None:
+        for _, future in batch:
+            if not future.done():
+                if isinstance(exc, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(exc)
