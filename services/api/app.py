@@ -45,7 +45,8 @@ class RefoldApp(FastAPI):
     :func:`~refold.services.query.hot.answer_hot_read` answers a plain single-key read it can
     admit from memory, with the route's own code; every other request runs as declared. While
     FastAPI's OpenTelemetry instrumentation is on (a tracer, meter or logger provider is set),
-    every request goes through FastAPI, to be traced.
+    or once a user adds middleware of their own to the app, every request goes through FastAPI,
+    to be traced or to pass their middleware.
     """
 
     _instrumented: tuple[float, bool] = (-_TELEMETRY_EVERY_S, True)
@@ -55,6 +56,7 @@ class RefoldApp(FastAPI):
         if (
             scope["type"] == "http"
             and not self._traced()
+            and all(m.cls is BodyLimit for m in self.user_middleware)
             and await answer_hot_read(self, scope, receive, send)
         ):
             return

@@ -252,3 +252,36 @@ def test_the_hot_path_leaves_a_body_to_the_limit_and_answers_429_as_the_route_do
         big = http.request("GET", path, headers=headers, content=b"x" * 2048)
         assert big.status_code == 413
         assert big.json()["error"]["code"] == "REQUEST_TOO_LARGE"
+
+
+def test_middleware_a_user_adds_runs_for_every_read_the_hot_path_included(target, redis_url):
+    client = redis_client(redis_url)
+    GenerationRegistry.of(client, "order_state", target.key_prefix).create({}, live=True)
+    events = list(OrderSimulator(5, seed=7, anomaly_rate=0))
+    FoldWriter(target, P).apply(records_for(events))
+    key = sorted(fold_all(P, events).states)[0]
+    settings = ServeSettings(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+        redis=RedisSettings(url=redis_url, key_prefix=target.key_prefix),
+        serve=HttpSettings(auth="keys"),
+    )
+    api_key = ApiKeyStore(client, target.key_prefix).add("reader", ["query"])
+    context = ServiceContext(settings, client, redis_url=redis_url)
+    app = create_app(settings, context=context)
+    seen: list[str] = []
+
+    @app.middleware("http")
+    async def audit(request: Any, call_next: Any) -> Any:
+        seen.append(request.url.path)
+        response = await call_next(request)
+        response.headers["X-Audited"] = "yes"
+        return response
+
+    path = f"/v1/processors/order_state/tables/orders/entities/{key}"
+    with TestClient(app) as http:
+        headers = {"Authorization": f"Bearer {api_key}"}
+        # The first read verifies the key; the next two would be the hot path's.
+        answers = [http.get(path, headers=headers) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200] * 3
+    assert [a.headers.get("X-Audited") for a in answers] == ["yes"] * 3
+    assert seen == [path] * 3
