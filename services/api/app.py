@@ -56,11 +56,16 @@ class RefoldApp(FastAPI):
         if (
             scope["type"] == "http"
             and not self._traced()
-            and all(m.cls is BodyLimit for m in self.user_middleware)
+            and self._only_own_middleware()
             and await answer_hot_read(self, scope, receive, send)
         ):
             return
         await super().__call__(scope, receive, send)
+
+    def _only_own_middleware(self) -> bool:
+        """Whether the app's middleware is refold's own (its body limit) only."""
+        own: object = BodyLimit
+        return all(m.cls is own for m in self.user_middleware)
 
     def _traced(self) -> bool:
         """Whether FastAPI's own instrumentation is on (asked at most once a second)."""
