@@ -45,8 +45,12 @@ def _spark(job: Job) -> dict[str, Any]:
     """refold's Spark processor catching up (``--available-now``), as ``make bench`` runs it."""
     topic = job.topic
     options = {
+        # The peers' job: no status-change stream (no peer publishes one), as in make bench.
         "order_state": OrderStateOptions(
-            topics=[topic], dead_letter_topic=f"{topic}.dlq", notifications_topic=NOTIFICATIONS
+            topics=[topic],
+            dead_letter_topic=f"{topic}.dlq",
+            notifications_topic=NOTIFICATIONS,
+            changes_topic="",
         )
     }
     prefix = "peers-spark"
