@@ -223,24 +223,42 @@ def test_every_read_waiting_on_a_redis_that_hangs_answers_503(target, redis_url)
         assert answer.headers["Retry-After"] == "1"
 
 
-def test_the_hot_path_leaves_a_body_to_the_limit_and_answers_429_as_the_route_does(
-    target, redis_url
-):
+@dataclasses.dataclass(frozen=True)
+class _Served:
+    """An app over a folded order_state generation, with an API key allowed to query."""
+
+    app: Any
+    path: str  # of an order that exists
+    headers: dict[str, str]
+
+
+def _served(target: Any, redis_url: str, seed: int, serve: HttpSettings) -> _Served:
     client = redis_client(redis_url)
     GenerationRegistry.of(client, "order_state", target.key_prefix).create({}, live=True)
-    events = list(OrderSimulator(5, seed=6, anomaly_rate=0))
+    events = list(OrderSimulator(5, seed=seed, anomaly_rate=0))
     FoldWriter(target, P).apply(records_for(events))
     key = sorted(fold_all(P, events).states)[0]
     settings = ServeSettings(
         kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
         redis=RedisSettings(url=redis_url, key_prefix=target.key_prefix),
-        serve=HttpSettings(auth="keys", max_request_bytes=1024, query_rate_limit="3/minute"),
+        serve=serve,
     )
     api_key = ApiKeyStore(client, target.key_prefix).add("reader", ["query"])
     context = ServiceContext(settings, client, redis_url=redis_url)
-    path = f"/v1/processors/order_state/tables/orders/entities/{key}"
-    with TestClient(create_app(settings, context=context)) as http:
-        headers = {"Authorization": f"Bearer {api_key}"}
+    return _Served(
+        create_app(settings, context=context),
+        f"/v1/processors/order_state/tables/orders/entities/{key}",
+        {"Authorization": f"Bearer {api_key}"},
+    )
+
+
+def test_the_hot_path_leaves_a_body_to_the_limit_and_answers_429_as_the_route_does(
+    target, redis_url
+):
+    limits = HttpSettings(auth="keys", max_request_bytes=1024, query_rate_limit="3/minute")
+    served = _served(target, redis_url, 6, limits)
+    path, headers = served.path, served.headers
+    with TestClient(served.app) as http:
         # The first read looks the key up (the declared route); the next two are plain reads
         # of a key this process has verified (the hot path), each counted.
         assert [http.get(path, headers=headers).status_code for _ in range(3)] == [200] * 3
@@ -255,33 +273,19 @@ def test_the_hot_path_leaves_a_body_to_the_limit_and_answers_429_as_the_route_do
 
 
 def test_middleware_a_user_adds_runs_for_every_read_the_hot_path_included(target, redis_url):
-    client = redis_client(redis_url)
-    GenerationRegistry.of(client, "order_state", target.key_prefix).create({}, live=True)
-    events = list(OrderSimulator(5, seed=7, anomaly_rate=0))
-    FoldWriter(target, P).apply(records_for(events))
-    key = sorted(fold_all(P, events).states)[0]
-    settings = ServeSettings(
-        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
-        redis=RedisSettings(url=redis_url, key_prefix=target.key_prefix),
-        serve=HttpSettings(auth="keys"),
-    )
-    api_key = ApiKeyStore(client, target.key_prefix).add("reader", ["query"])
-    context = ServiceContext(settings, client, redis_url=redis_url)
-    app = create_app(settings, context=context)
+    served = _served(target, redis_url, 7, HttpSettings(auth="keys"))
     seen: list[str] = []
 
-    @app.middleware("http")
+    @served.app.middleware("http")
     async def audit(request: Any, call_next: Any) -> Any:
         seen.append(request.url.path)
         response = await call_next(request)
         response.headers["X-Audited"] = "yes"
         return response
 
-    path = f"/v1/processors/order_state/tables/orders/entities/{key}"
-    with TestClient(app) as http:
-        headers = {"Authorization": f"Bearer {api_key}"}
+    with TestClient(served.app) as http:
         # The first read verifies the key; the next two would be the hot path's.
-        answers = [http.get(path, headers=headers) for _ in range(3)]
+        answers = [http.get(served.path, headers=served.headers) for _ in range(3)]
     assert [a.status_code for a in answers] == [200] * 3
     assert [a.headers.get("X-Audited") for a in answers] == ["yes"] * 3
-    assert seen == [path] * 3
+    assert seen == [served.path] * 3
