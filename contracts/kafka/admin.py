@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from refold.contracts.errors import RefoldError
@@ -75,14 +76,46 @@ def ensure_topics(
     ]
     if not missing:
         return
-    for name, future in admin.create_topics(missing, operation_timeout=timeout).items():
-        try:
-            future.result(timeout=timeout)
-        except KafkaException as exc:
-            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                msg = f"could not create topic {name}: {exc}"
-                raise RefoldError(msg) from exc
+    _create(admin, missing, timeout)
     _wait_visible(admin, [t.topic for t in missing], timeout)
+
+
+def _create(admin: AdminClient, topics: list[NewTopic], timeout: float) -> None:
+    """Create ``topics``; those refused because every broker is fenced are asked again.
+
+    A broker that missed its heartbeats for ``broker.session.timeout.ms`` (9 s: a stall of a
+    loaded machine, a pause, a restart) is fenced by its controller until its next heartbeat,
+    and meanwhile CreateTopics fails with INVALID_REPLICATION_FACTOR ("All brokers are
+    currently fenced"). That passes by itself within a second, unlike a replication factor
+    larger than the cluster, which fails at once.
+    """
+    deadline = time.monotonic() + timeout
+    pending = {t.topic: t for t in topics}
+    while pending:
+        created = admin.create_topics(list(pending.values()), operation_timeout=timeout)
+        for name, future in created.items():
+            try:
+                future.result(timeout=timeout)
+            except concurrent.futures.TimeoutError as exc:
+                msg = f"could not create topic {name}: the broker did not answer in {timeout}s"
+                raise RefoldError(msg) from exc
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.name() == "TOPIC_ALREADY_EXISTS":
+                    pass
+                elif _all_brokers_fenced(error) and time.monotonic() < deadline:
+                    continue
+                else:
+                    msg = f"could not create topic {name}: {exc}"
+                    raise RefoldError(msg) from exc
+            del pending[name]
+        if pending:
+            time.sleep(0.2)
+
+
+def _all_brokers_fenced(error: KafkaError) -> bool:
+    # Kafka has no error code of its own for it: the message is what tells it apart.
+    return error.code() == KafkaError.INVALID_REPLICATION_FACTOR and "fenced" in error.str()
 
 
 def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:

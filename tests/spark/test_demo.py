@@ -15,21 +15,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(960)
 def test_the_demo_runs_to_the_end_with_every_verdict_yes(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("REFOLD_")}
     cli = [sys.executable, "-m", "refold.deploy.cli", "--state-dir", str(tmp_path)]
-    done = subprocess.run(
-        [*cli, "demo", "--orders", "400"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    try:
+        # ~4.5 min on a loaded 2-core machine; it passed 600 s once in CI, printing nothing.
+        done = subprocess.run(
+            [*cli, "demo", "--orders", "400"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the demo did not end in 900 s; it printed:\n{_tail(expired.stdout)}")
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "rebuilt state identical to generation 1: yes" in out
@@ -42,3 +49,8 @@ def test_the_demo_runs_to_the_end_with_every_verdict_yes(tmp_path):
     # Progress off a terminal is whole lines, a few per bar, never carriage-return frames.
     assert "\r" not in done.stdout + done.stderr
     assert (done.stdout + done.stderr).count("producing:") <= 20
+
+
+def _tail(output: bytes | str | None) -> str:
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+    return text[-3000:]
