@@ -29,12 +29,15 @@ class _WarmUpPartition(InputPartition):
 class _WarmUpReader(DataSourceStreamReader):
     """Counts up by 1,000 a batch: a Python stream source, as a processor's Kafka source is."""
 
+    def __init__(self) -> None:
+        self._latest = 0
+
     def initialOffset(self) -> dict[str, int]:  # noqa: N802 - Spark's method name
         return {"n": 0}
 
     def latestOffset(self) -> dict[str, int]:  # noqa: N802 - Spark's method name
         # A batch's worth more on each call, up to a few batches: then the query goes idle.
-        self._latest = min(getattr(self, "_latest", 0) + _BATCH_ROWS, _WARM_UP_ROWS)
+        self._latest = min(self._latest + _BATCH_ROWS, _WARM_UP_ROWS)
         return {"n": self._latest}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
