@@ -88,7 +88,7 @@ test-spark: $(DEPS) ## real local SparkSession and streaming queries
 lint: $(STAMP) ## ruff + mypy + the docs site in strict mode
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy refold
+	$(BIN)/mypy refold bench
 	$(MAKE) --no-print-directory docs
 
 # MkDocs 1.6 is pinned (<2); its notice about a version 2 is not for this build. Not --quiet:

@@ -130,7 +130,7 @@ def measure(
                 os.kill(process.pid, signal.SIGTERM)
         for process in processes:
             process.stop()
-    firsts = [r["first"] for r in reports if r.get("first") is not None]
+    firsts = [first for r in reports if isinstance(first := r.get("first"), float | int)]
     return Measured(
         events=sum(ends.values()),
         started=started,

@@ -84,7 +84,7 @@ def log_events(
                 for message in consumer.consume(10_000, timeout=1.0):
                     if message.error() is not None:
                         continue
-                    offset = message.offset()
+                    offset = message.offset() or 0  # a consumed record always has one
                     event = codec.decode(message.value())
                     yield event.event_type, event.data
     finally:
