@@ -57,9 +57,31 @@ Outcome = Literal["stopped", "caught_up", "retired", "behind", "vanished", "rest
 # offsets log (a crash mid-batch): reporting that batch's progress throws this NPE. The batch
 # was applied and is in Spark's commit log by then, so the runner starts the query again.
 _SPARK_55271 = 'the return value of "scala.Option.get()" is null'
+# Spark waits a fixed 10 s for a new Python process (a data source's runner, a simple worker)
+# to connect back (PythonWorkerFactory.createSimpleWorker; no setting in Spark 4.1). On a loaded
+# machine one missed it, which failed the query before its first batch (CI and `make test`).
+_WORKER_NOT_CONNECTED = "Python worker failed to connect back"
+
+# Restarts after such failures, over a processor's run, before it gives up.
+QUERY_RESTARTS = 3
 
 
-SPARK_55271_RESTARTS = 3
+def transient_failure(failure: BaseException, source_format: str) -> str | None:
+    """Why a failed query may simply be started again (from its checkpoint), or None.
+
+    Starting again is what a processor does after a kill -9: every batch is applied once.
+    """
+    text = str(failure)
+    if source_format == "kafka" and _SPARK_55271 in text:
+        return (
+            "Spark's Kafka source failed to report the progress of a batch it ran again from "
+            "its checkpoint (SPARK-55271 of Spark 4.1.1); the batch is applied"
+        )
+    if _WORKER_NOT_CONNECTED in text:
+        return "a new Python worker did not connect back to Spark within Spark's fixed 10 s"
+    return None
+
+
 # How long a caught-up run waits for its last micro-batch to end before stopping the query.
 # The tasks commit to Redis (what the catch-up check sees) before the driver has collected
 # their outcomes; a batch's tail after that is short (collect, group commit, Spark's commit log).
@@ -214,13 +236,9 @@ def run_generation(
         mirror.close()
     failure = query.exception()
     if failure is not None and outcome == "stopped":
-        if options.source_format == "kafka" and _SPARK_55271 in str(failure):
-            logger.warning(
-                "g%d: Spark's Kafka source failed to report the progress of a batch it ran "
-                "again from its checkpoint (SPARK-55271 of Spark 4.1.1); the batch is applied. "
-                "Starting the query again",
-                run.generation,
-            )
+        reason = transient_failure(failure, options.source_format)
+        if reason is not None:
+            logger.warning("g%d: %s. Starting the query again", run.generation, reason)
             return "restart"
         raise failure
     _log_stopped(projection, run, sink)

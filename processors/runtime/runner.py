@@ -42,7 +42,7 @@ from refold.processors.runtime.dataframe import (
     refuse_lost_checkpoint,
 )
 from refold.processors.runtime.query_loop import (
-    SPARK_55271_RESTARTS,
+    QUERY_RESTARTS,
     run_generation,
 )
 from refold.processors.runtime.run_checks import (
@@ -240,7 +240,7 @@ class _Loop:
 
     options: RunOptions
     wait_s: float  # how long the next start waits for the generation's lease
-    restarts: int = 0  # restarts after SPARK-55271
+    restarts: int = 0  # restarts after a transient failure (query_loop.transient_failure)
 
     def after(
         self, processor: _Processor, run: ProcessorRun, outcome: str, following: bool
@@ -258,8 +258,11 @@ class _Loop:
             remove_stale_checkpoint(run.checkpoint)
         elif outcome == "restart":
             self.restarts += 1
-            if self.restarts > SPARK_55271_RESTARTS:
-                msg = f"{name}: Spark's Kafka source failed {self.restarts} times (SPARK-55271)"
+            if self.restarts > QUERY_RESTARTS:
+                msg = (
+                    f"{name}: its query failed {self.restarts} times for reasons that usually "
+                    "pass (logged above); giving up"
+                )
                 raise ProcessorError(msg)
         elif outcome == "vanished":
             if not following:
