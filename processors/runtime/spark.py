@@ -94,9 +94,6 @@ def spark_conf(app_name: str, spark: SparkSettings, java_options: str = "") -> d
         # installed there); otherwise pass --conf spark.python.daemon.module=pyspark.daemon.
         "spark.python.daemon.module": "refold.processors.runtime.spark_daemon",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        # How long a Python worker or data-source runner waits for the JVM to accept its
-        # connection (15 s by default): a loaded machine's JVM has missed that.
-        "spark.python.authenticate.socketTimeout": "120s",
         # Streaming progress is reported by refold itself; keep Spark's own logs quiet.
         "spark.sql.streaming.metricsEnabled": "false",
         "spark.driver.extraJavaOptions": " ".join(
