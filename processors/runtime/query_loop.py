@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -62,8 +63,28 @@ _SPARK_55271 = 'the return value of "scala.Option.get()" is null'
 # machine one missed it, which failed the query before its first batch (CI and `make test`).
 _WORKER_NOT_CONNECTED = "Python worker failed to connect back"
 
-# Restarts after such failures, over a processor's run, before it gives up.
+# Restarts after such failures in a row (no batch committed in between) before it gives up.
 QUERY_RESTARTS = 3
+
+
+@dataclasses.dataclass(slots=True)
+class RestartBudget:
+    """Counts a processor's query restarts in a row, so a long run never uses them up.
+
+    A restart is told where the generation's applied positions stood (Redis' positions and
+    batch id); when they moved since the previous restart, a batch was committed in between
+    and the count starts again.
+    """
+
+    limit: int = QUERY_RESTARTS
+    in_a_row: int = 0
+    _mark: object = None
+
+    def spend(self, applied: object) -> bool:
+        """Count a restart at ``applied``; False once more than ``limit`` came in a row."""
+        self.in_a_row = self.in_a_row + 1 if applied == self._mark else 1
+        self._mark = applied
+        return self.in_a_row <= self.limit
 
 
 def transient_failure(failure: BaseException, source_format: str) -> str | None:

@@ -42,7 +42,7 @@ from refold.processors.runtime.dataframe import (
     refuse_lost_checkpoint,
 )
 from refold.processors.runtime.query_loop import (
-    QUERY_RESTARTS,
+    RestartBudget,
     run_generation,
 )
 from refold.processors.runtime.run_checks import (
@@ -240,7 +240,8 @@ class _Loop:
 
     options: RunOptions
     wait_s: float  # how long the next start waits for the generation's lease
-    restarts: int = 0  # restarts after a transient failure (query_loop.transient_failure)
+    # Restarts after a transient failure (query_loop.transient_failure), counted in a row.
+    restarts: RestartBudget = dataclasses.field(default_factory=RestartBudget)
 
     def after(
         self, processor: _Processor, run: ProcessorRun, outcome: str, following: bool
@@ -257,11 +258,15 @@ class _Loop:
             # Redis lost writes Spark's checkpoint has passed: plan from Redis' positions.
             remove_stale_checkpoint(run.checkpoint)
         elif outcome == "restart":
-            self.restarts += 1
-            if self.restarts > QUERY_RESTARTS:
+            registry = processor.registry
+            applied = processor.until_redis_answers(
+                functools.partial(registry.positions, run.generation)
+            )
+            if not self.restarts.spend(applied):
                 msg = (
-                    f"{name}: its query failed {self.restarts} times for reasons that usually "
-                    "pass (logged above); giving up"
+                    f"{name}: its query failed {self.restarts.in_a_row} times in a row, with "
+                    "no batch committed in between, for reasons that usually pass (logged "
+                    "above); giving up"
                 )
                 raise ProcessorError(msg)
         elif outcome == "vanished":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from refold.processors.runtime.query_loop import transient_failure
+from refold.processors.runtime.query_loop import RestartBudget, transient_failure
 
 # As `make test` logged it: customer_orders' query failed before its first batch.
 _NOT_CONNECTED = (
@@ -31,3 +31,19 @@ def test_spark_55271_is_a_restart_only_for_sparks_kafka_source():
 def test_other_failures_stop_the_processor():
     failure = Exception("ZeroDivisionError: division by zero (in the user's fold)")
     assert transient_failure(failure, "refold_kafka") is None
+
+
+def test_restarts_in_a_row_use_up_the_budget():
+    budget = RestartBudget(limit=3)
+    stuck = ({"orders/0": 120}, 7)  # no batch committed between the restarts
+    assert [budget.spend(stuck) for _ in range(4)] == [True, True, True, False]
+    assert budget.in_a_row == 4
+
+
+def test_a_committed_batch_between_restarts_starts_the_count_again():
+    budget = RestartBudget(limit=3)
+    for batch in range(10):  # a long run: a restart after every batch, never two in a row
+        assert budget.spend(({"orders/0": 100 * batch}, batch))
+    assert budget.in_a_row == 1
+    assert budget.spend(({"orders/0": 900}, 9))
+    assert budget.in_a_row == 2
