@@ -37,13 +37,22 @@ def _session_stack(state_dir: Path) -> Any:
     return stack
 
 
+# The JVMs the tests start (Spark drivers, the broker, a Spark cluster, HDFS) run for seconds
+# to minutes: C2's compilations cost them more CPU than they save, on 2 cores shared with the
+# Python workers. C1 alone took a kill -9 test's JVM CPU from 79 to 45 s (docs/testing.md).
+# The `java` launcher reads it from its environment; set JDK_JAVA_OPTIONS to run otherwise.
+_TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """With ``-n N`` (pytest-xdist), the controller starts the run's one stack for its workers.
+    """The tests' JVMs compile with C1 alone; under ``-n N`` (pytest-xdist), the controller
+    starts the run's one stack for its workers.
 
     The workers inherit its address through KAFKA_BOOTSTRAP_SERVERS and REDIS_URL, which
     :func:`local_stack` honours: one broker per run, however many workers share it. Tests
     already share it one after the other; each uses its own topics and key prefix.
     """
+    os.environ.setdefault("JDK_JAVA_OPTIONS", _TEST_JVM_OPTIONS)
     workers = getattr(config.option, "numprocesses", None)
     if hasattr(config, "workerinput") or not workers or all(map(os.environ.get, _STACK_ENV)):
         return
