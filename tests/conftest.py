@@ -39,7 +39,7 @@ def _session_stack(state_dir: Path) -> Any:
 
 # The JVMs the tests start (Spark drivers, the broker, a Spark cluster, HDFS) run for seconds
 # to minutes: C2's compilations cost them more CPU than they save, on 2 cores shared with the
-# Python workers. C1 alone took a kill -9 test's JVM CPU from 79 to 45 s (docs/testing.md).
+# Python workers. C1 alone took a kill -9 test from 235 to 152 CPU-s (docs/testing.md).
 # The `java` launcher reads it from its environment; set JDK_JAVA_OPTIONS to run otherwise.
 _TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
