@@ -63,8 +63,11 @@ _SPARK_55271 = 'the return value of "scala.Option.get()" is null'
 # machine one missed it, which failed the query before its first batch (CI and `make test`).
 _WORKER_NOT_CONNECTED = "Python worker failed to connect back"
 
-# Restarts after such failures in a row (no batch committed in between) before it gives up.
-QUERY_RESTARTS = 3
+# Restarts after such failures in a row (no batch committed in between) before it gives up,
+# each after a pause that doubles: a loaded machine gets ~2 minutes to calm down.
+QUERY_RESTARTS = 5
+_FIRST_PAUSE_S = 5.0
+_LONGEST_PAUSE_S = 40.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -85,6 +88,10 @@ class RestartBudget:
         self.in_a_row = self.in_a_row + 1 if applied == self._mark else 1
         self._mark = applied
         return self.in_a_row <= self.limit
+
+    def pause_s(self) -> float:
+        """How long to wait before this restart: 5 s, doubling in a row, at most 40 s."""
+        return min(_LONGEST_PAUSE_S, _FIRST_PAUSE_S * 2.0 ** max(0, self.in_a_row - 1))
 
 
 def transient_failure(failure: BaseException, source_format: str) -> str | None:

@@ -209,7 +209,7 @@ def run_processor(
                 lease.release()
         if outcome in ("stopped", "caught_up"):
             return run.generation
-        loop.after(processor, run, outcome, following)
+        loop.after(processor, run, outcome, following, stop)
 
 
 def _prepared(
@@ -244,7 +244,12 @@ class _Loop:
     restarts: RestartBudget = dataclasses.field(default_factory=RestartBudget)
 
     def after(
-        self, processor: _Processor, run: ProcessorRun, outcome: str, following: bool
+        self,
+        processor: _Processor,
+        run: ProcessorRun,
+        outcome: str,
+        following: bool,
+        stop: threading.Event | None = None,
     ) -> None:
         """Prepare the next start after a run that ended with ``outcome`` (or raise)."""
         name = processor.projection.name
@@ -269,6 +274,8 @@ class _Loop:
                     "above); giving up"
                 )
                 raise ProcessorError(msg)
+            # A worker that missed Spark's 10 s did so on a loaded machine: let it calm down.
+            (stop or threading.Event()).wait(self.restarts.pause_s())
         elif outcome == "vanished":
             if not following:
                 msg = (

@@ -40,7 +40,7 @@ from tests.support.waiting import assert_eventually
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "refold.deploy.cli", "--state-dir", str(tmp_path), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
 
 
 def _refused_by_redis(tmp_path: Path, kafka, wrong) -> None:

@@ -47,3 +47,14 @@ def test_a_committed_batch_between_restarts_starts_the_count_again():
     assert budget.in_a_row == 1
     assert budget.spend(({"orders/0": 900}, 9))
     assert budget.in_a_row == 2
+
+
+def test_restarts_in_a_row_wait_longer_each_time():
+    budget = RestartBudget(limit=5)
+    pauses = []
+    for _ in range(5):
+        budget.spend(({"orders/0": 120}, 7))
+        pauses.append(budget.pause_s())
+    assert pauses == [5.0, 10.0, 20.0, 40.0, 40.0]
+    budget.spend(({"orders/0": 400}, 8))  # a batch committed since: the first pause again
+    assert budget.pause_s() == 5.0
