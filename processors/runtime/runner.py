@@ -274,7 +274,7 @@ class _Loop:
                     "above); giving up"
                 )
                 raise ProcessorError(msg)
-            # A worker that missed Spark's 10 s did so on a loaded machine: let it calm down.
+            # Such failures come from a loaded machine (a worker missing Spark's 10 s): pause.
             (stop or threading.Event()).wait(self.restarts.pause_s())
         elif outcome == "vanished":
             if not following:
