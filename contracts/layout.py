@@ -231,6 +231,15 @@ class GenerationKeys:
         return f"{self.home}:lease"
 
     @property
+    def writers(self) -> str:
+        """Set of the ``transactional.id`` of every output writer of the generation.
+
+        A writer adds its id before its first Kafka transaction; a processor that takes the
+        generation's lease fences them (``refold.processors.runtime.output_transactions``).
+        """
+        return f"{self.home}:writers"
+
+    @property
     def builder(self) -> str:
         """The builder lease: the ``replay`` building this generation holds it until the flip.
 

@@ -140,7 +140,10 @@ class FoldWriter:
                 self.slot,
                 target.created_at,
             )
-            self._outputs = OutputTransactions(dict(target.kafka), group)
+            writers = target.keys.writers
+            self._outputs = OutputTransactions(
+                dict(target.kafka), group, lambda writer: self.redis.sadd(writers, writer)
+            )
         return self._outputs
 
     def begin_task(self) -> None:

@@ -25,8 +25,15 @@ sees a marker exactly when it sees what it speaks for (docs/event-time.md, "Acro
 
 One ``transactional.id`` per writer (a Python worker's, for one generation): Spark runs a
 partition's batches in whichever worker is free, so an id per partition would have the workers
-fence each other at every other batch. What fencing would add, a zombie writer's outputs,
-is a second copy with the same origin id, which refold's readers skip (contracts/origin.py).
+fence each other at every other batch. A zombie writer's outputs (a task still running after it
+was given up) may be a second copy with the same origin id, which refold's readers skip
+(contracts/origin.py).
+
+Each writer adds its id to the generation's ``writers`` set in Redis before its first
+transaction, and a processor that takes the generation's lease fences them all
+(:func:`fence_writers`): a new producer with each id aborts what the crashed holder left open
+at once. Without it, the batch folded again waited for the broker's ``transaction.timeout.ms``
+(60 s) to read the markers, and so did every ``read_committed`` consumer of the output topics.
 
 The marker group is ``refold.outputs.<key prefix>.<processor>.g<N>.t<created at>[.s<slot>]``. It
 never has members; Kafka keeps its offsets while it is committed to (offsets.retention.minutes,
@@ -46,6 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
+import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from refold.contracts.kafka.consumers import passive_consumer_config
@@ -54,7 +62,7 @@ from refold.contracts.kafka.outputs import DeadLetterError, output_producer
 from refold.contracts.origin import Headers
 from refold.contracts.watermarks import Marker, marker_headers
 
-__all__ = ["Outbox", "OutputTransactions", "marker_group"]
+__all__ = ["Outbox", "OutputTransactions", "fence_writers", "marker_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,15 @@ _T = TypeVar("_T")
 _TXN_TIMEOUT_S, _STEP_S = 310.0, 10.0
 # A call still running this long after its own timeout is stuck (see _bounded).
 _GRACE_S = 5.0
+# A transaction's errors when a newer producer with its transactional.id fenced it: the writer
+# starts a new producer (fence_writers fenced it, or a writer that outlived its task).
+_FENCED = frozenset(
+    {
+        KafkaError._FENCED,  # noqa: SLF001 - librdkafka's public error names start with _
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    }
+)
 # Errors of a marker read that pass: the coordinator moves or loads, or the call timed out.
 _COORDINATOR_WAITS = frozenset(
     {
@@ -154,6 +171,10 @@ class _StuckError(Exception):
     """A transactional call of librdkafka did not return after its timeout (see _bounded)."""
 
 
+class _FencedError(Exception):
+    """A newer producer with the writer's transactional.id fenced its producer."""
+
+
 def _bounded(call: Callable[[float], _T], timeout: float) -> _T:
     """``call(timeout)`` on a helper thread; :class:`_StuckError` when it outlives the timeout.
 
@@ -235,18 +256,28 @@ class OutputTransactions:
     Args:
         kafka: librdkafka settings (bootstrap servers, security).
         group: The marker group (:func:`marker_group`).
+        register: Called with the transactional.id before each new producer starts (the
+            generation's ``writers`` set, which :func:`fence_writers` reads).
     """
 
-    def __init__(self, kafka: Mapping[str, str], group: str) -> None:
+    def __init__(
+        self,
+        kafka: Mapping[str, str],
+        group: str,
+        register: Callable[[str], object] | None = None,
+    ) -> None:
         self.kafka = dict(kafka)
         self.group = group
         self.transactional_id = f"{group}.{uuid.uuid4().hex[:12]}"
+        self._register = register
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self._partitions: dict[str, int] = {}
 
     def _transactional(self) -> Producer:
         if self._producer is None:
+            if self._register is not None:  # again with each new producer: fence_writers
+                self._register(self.transactional_id)  # removes the ids it fenced
             producer = output_producer({**self.kafka, "transactional.id": self.transactional_id})
             _waiting(f"starting {self.transactional_id}", producer.init_transactions)
             self._producer = producer
@@ -335,6 +366,14 @@ class OutputTransactions:
                 return dropped
             try:
                 self._commit([*outputs, *markers], ends)
+            except _FencedError as exc:
+                # A processor that took the generation's lease fenced this writer's last
+                # producer: nothing of the transaction is visible; a new producer sends it.
+                if time.monotonic() > deadline:
+                    msg = f"the outputs of {self.transactional_id} were not committed: {exc}"
+                    raise DeadLetterError(msg) from exc
+                logger.info("%s: %s; starting a new producer", self.transactional_id, exc)
+                continue
             except _StuckError as exc:
                 # The stuck producer is left as it is: the next one, with the same
                 # transactional.id, fences it and aborts its open transaction (or completes
@@ -369,6 +408,8 @@ class OutputTransactions:
             _waiting(f"committing {what}", producer.commit_transaction)
         except KafkaException as exc:
             self._abandon()
+            if exc.args[0].code() in _FENCED:
+                raise _FencedError(exc.args[0].str()) from exc
             msg = f"the transaction of {what} failed: {exc}"
             raise DeadLetterError(msg) from exc
 
@@ -410,3 +451,35 @@ class OutputTransactions:
             self._consumer.close()
             self._consumer = None
         self._producer = None
+
+
+def fence_writers(kafka: Mapping[str, str], client: redis.Redis, key: str) -> int:
+    """Fence every writer in the ``writers`` set ``key``: what they left open is aborted now.
+
+    Called by a processor that takes a generation's lease, before its query starts: the writers
+    in the set ran under an earlier holder (a process that crashed, stopped or lost the lease,
+    or this process's last query). A producer that initialises each transactional.id makes the
+    broker abort that id's open transaction at once, instead of after ``transaction.timeout.ms``
+    (60 s). A fenced writer that is still alive (a worker this process reuses) starts a new
+    producer at its next transaction, and adds its id again. When the broker does not answer,
+    the ids left stay in the set (the broker aborts their transactions in time anyway).
+
+    Returns:
+        How many writers were fenced.
+    """
+    fenced = 0
+    for raw in sorted(client.smembers(key)):
+        transactional_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+        producer = output_producer({**kafka, "transactional.id": transactional_id})
+        try:
+            _bounded(producer.init_transactions, _STEP_S)
+        except (KafkaException, _StuckError) as exc:
+            logger.warning(
+                "%s was not fenced (its open transaction times out): %s", transactional_id, exc
+            )
+            if isinstance(exc, _StuckError):
+                _LEFT.append(producer)
+            break
+        client.srem(key, raw)
+        fenced += 1
+    return fenced

@@ -41,6 +41,7 @@ from refold.processors.runtime.dataframe import (
     redis_behind_message,
     refuse_lost_checkpoint,
 )
+from refold.processors.runtime.output_transactions import fence_writers
 from refold.processors.runtime.query_loop import (
     RestartBudget,
     run_generation,
@@ -190,6 +191,7 @@ def run_processor(
             if loop.options.generation == "live" and processor.registry.live() != run.generation:
                 logger.info("g%d is no longer live; picking again", run.generation)
                 continue
+            _fence_writers(processor, run.generation)
             run, spark = _prepared(processor, run, loop.options, spark)
             outcome = run_generation(
                 projection,
@@ -210,6 +212,15 @@ def run_processor(
         if outcome in ("stopped", "caught_up"):
             return run.generation
         loop.after(processor, run, outcome, following, stop)
+
+
+def _fence_writers(processor: _Processor, generation: int) -> None:
+    """Abort at once what the generation's earlier writers left open (output_transactions)."""
+    key = processor.registry.keys(generation).writers
+    kafka = processor.kafka.as_librdkafka()
+    fenced = processor.until_redis_answers(lambda: fence_writers(kafka, processor.client, key))
+    if fenced:
+        logger.info("g%d: fenced %d output writer(s) of its earlier holders", generation, fenced)
 
 
 def _prepared(

@@ -9,7 +9,9 @@ same records:
    timeout (read_uncommitted sees its records, read_committed never does);
 3. two writers take turns, as Spark's Python workers do: each reads the markers;
 4. a call to the group coordinator never returns (librdkafka's bug after a broker restart):
-   the writer leaves that client and sends the batch again with a new one.
+   the writer leaves that client and sends the batch again with a new one;
+5. killed with its transaction open: the next holder of the generation fences its writers, and
+   nobody waits for the broker to abort it.
 
 Every time: each output once on the topics, and the state == a plain fold of the orders.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -35,7 +38,11 @@ from refold.processors.order_state.projection import OrderStateProjection
 from refold.processors.runtime import output_transactions
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
-from refold.processors.runtime.output_transactions import OutputTransactions, marker_group
+from refold.processors.runtime.output_transactions import (
+    OutputTransactions,
+    fence_writers,
+    marker_group,
+)
 from refold.services.reader.state_reader import StateReader
 from tests.support.chain import senders
 from tests.support.waiting import assert_eventually
@@ -145,6 +152,42 @@ def test_a_crash_before_the_kafka_commit_leaves_nothing_a_reader_sees(
     )
     _assert_once(target, changes, events, redis_url, sent=_changes(events))
     assert b"dead" in senders(kafka, changes, "read_uncommitted")
+
+
+def test_a_writer_killed_in_its_transaction_is_fenced_by_the_next_holder(
+    target, make_topic, redis_url
+):
+    # What a kill -9 between the markers and the Kafka commit leaves: an open transaction that
+    # holds the marker group's offsets. A successor reading the markers would wait until the
+    # broker aborts it (transaction.timeout.ms, 60 s, checked every 10 s). The processor that
+    # takes the generation's lease fences its writers first (runner._fence_writers).
+    target, projection, changes = _setup(target, make_topic)
+    events, records = _records(150)
+    client = redis_client(redis_url)
+    writers = target.keys.writers
+    first = FoldWriter(target, projection)
+    first.apply(records[:60])
+    first_id = first.outputs.transactional_id
+    assert client.smembers(writers) == {first_id.encode()}
+    producer = first.outputs._transactional()
+    producer.begin_transaction()
+    producer.produce(changes, b"half a batch", b"k", headers=[("refold.origin.id", b"dead")])
+    metadata = first.outputs._group_consumer().consumer_group_metadata()
+    producer.send_offsets_to_transaction([TopicPartition("orders", 0, 100)], metadata, 30)
+
+    started = time.monotonic()
+    assert fence_writers(dict(target.kafka), client, writers) == 1
+    assert client.smembers(writers) == set()
+    successor = FoldWriter(target, projection)
+    successor.apply(records[60:100])
+    assert time.monotonic() - started < 30  # well before the broker's own abort
+    # A query started again in the same process fences its own writers, alive between two
+    # batches in the workers it reuses: they go on with a new producer, and add their id again.
+    assert fence_writers(dict(target.kafka), client, writers) == 1
+    successor.apply(records[100:])
+    assert client.smembers(writers) == {successor.outputs.transactional_id.encode()}
+    _assert_once(target, changes, events, redis_url, sent=_changes(events))
+    assert b"dead" in senders(dict(target.kafka)["bootstrap.servers"], changes, "read_uncommitted")
 
 
 def test_writers_that_take_turns_send_each_output_once(target, make_topic, redis_url):
