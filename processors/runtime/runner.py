@@ -14,6 +14,7 @@ import functools
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
@@ -286,7 +287,19 @@ class _Loop:
                 )
                 raise ProcessorError(msg)
             # Such failures come from a loaded machine (a worker missing Spark's 10 s): pause.
-            (stop or threading.Event()).wait(self.restarts.pause_s())
+            pause = self.restarts.pause_s()
+            logger.warning(
+                "%s g%d: restart %d in a row (at most %d) in %.0f s",
+                name,
+                run.generation,
+                self.restarts.in_a_row,
+                self.restarts.limit,
+                pause,
+            )
+            if stop is None:
+                time.sleep(pause)
+            else:
+                stop.wait(pause)  # a stop during the pause is honoured at once
         elif outcome == "vanished":
             if not following:
                 msg = (
