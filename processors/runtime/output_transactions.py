@@ -72,11 +72,13 @@ _T = TypeVar("_T")
 _TXN_TIMEOUT_S, _STEP_S = 310.0, 10.0
 # A call still running this long after its own timeout is stuck (see _bounded).
 _GRACE_S = 5.0
-# A transaction's errors when a newer producer with its transactional.id fenced it: the writer
-# starts a new producer (fence_writers fenced it, or a writer that outlived its task).
+# A transaction's errors when a newer producer with its transactional.id fenced it (after
+# fence_writers): the writer starts a new producer, once per send. A produce() after the fencing
+# says only _FATAL (the producer's fatal error, which is the fencing).
 _FENCED = frozenset(
     {
         KafkaError._FENCED,  # noqa: SLF001 - librdkafka's public error names start with _
+        KafkaError._FATAL,  # noqa: SLF001
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,
     }
@@ -351,6 +353,7 @@ class OutputTransactions:
         if not outbox.outputs:
             return 0
         deadline = time.monotonic() + _TXN_TIMEOUT_S
+        fenced = False
         while True:
             marks = self.marks(sorted({o.source for o in outbox.outputs}))
             outputs = [o for o in outbox.outputs if o.offset >= marks[o.source]]
@@ -369,9 +372,10 @@ class OutputTransactions:
             except _FencedError as exc:
                 # A processor that took the generation's lease fenced this writer's last
                 # producer: nothing of the transaction is visible; a new producer sends it.
-                if time.monotonic() > deadline:
+                if fenced:
                     msg = f"the outputs of {self.transactional_id} were not committed: {exc}"
                     raise DeadLetterError(msg) from exc
+                fenced = True
                 logger.info("%s: %s; starting a new producer", self.transactional_id, exc)
                 continue
             except _StuckError as exc:
