@@ -400,8 +400,8 @@ class GenerationKeys:
     def is_state_key(self, name: str) -> bool:
         """True for the keys that make up the state: tables, aggregates, positions, guards.
 
-        (Not the meta hash, the leases, the stats, nor snapshots.) Of any shard of the
-        generation, whichever shard these keys name.
+        (Not the meta hash, the leases, the writers, the stats, nor snapshots.) Of any shard of
+        the generation, whichever shard these keys name.
         """
         head = f"{self.prefix}:{{"
         end = name.find("}:", len(head))

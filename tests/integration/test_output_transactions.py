@@ -180,7 +180,8 @@ def test_a_writer_killed_in_its_transaction_is_fenced_by_the_next_holder(
     assert client.smembers(writers) == set()
     successor = FoldWriter(target, projection)
     successor.apply(records[60:100])
-    assert time.monotonic() - started < 30  # well before the broker's own abort
+    # The broker aborts no earlier than 60 s after the transaction began (before `started`).
+    assert time.monotonic() - started < 45
     # A query started again in the same process fences its own writers, alive between two
     # batches in the workers it reuses: they go on with a new producer, and add their id again.
     assert fence_writers(dict(target.kafka), client, writers) == 1
