@@ -333,6 +333,10 @@ def _table(
                 f"({spark['wall_s']:.1f} s; batch 0: {spark['batch0_events']:,.0f} events, "
                 f"done {spark['batch0_s']:.1f} s after start)",
             ),
+            (
+                f"spark processor, first {spark['first_events']:,.0f} events applied",
+                f"{spark['first_events_s']:.1f} s after start",
+            ),
             ("spark / baseline (steady)", f"{ratio:.0%}"),
         ]
     if spark is not None and rebuild is not None:
@@ -356,6 +360,10 @@ def _table(
             (
                 f"spark processor, {other} source, incl. start-up",
                 f"{sources['rate_wall']:,.0f} ev/s ({sources['wall_s']:.1f} s)",
+            ),
+            (
+                f"spark processor, {other} source, first {sources['first_events']:,.0f} events",
+                f"{sources['first_events_s']:.1f} s after start",
             ),
             (
                 f"{other} / {default} source: steady, incl. start-up",
