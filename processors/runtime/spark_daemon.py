@@ -1,51 +1,21 @@
-"""Spark's Python worker daemon, minus ``pyspark.zip`` (``spark.python.daemon.module``).
+"""Spark's Python worker daemon, minus Spark's archives (``spark.python.daemon.module``).
 
-Spark puts ``$SPARK_HOME/python/lib/pyspark.zip``, the py4j zip and the ``spark-core`` jar (a
-zip of ~10k entries) on every Python worker's path, and PySpark 4.1 calls
-``importlib.invalidate_caches()`` at the start of every task (``worker_util.setup_spark_files``).
-On Python 3.11 that makes each ``zipimporter`` re-read its archive's directory: 50-200 ms per
-task, measured here, paid by every source read and every ``mapInArrow`` task of every
-micro-batch. With pyspark installed as a package (the pip wheel) these archives hold nothing a
-worker imports, so they are dropped before the real daemon (``pyspark.daemon``) starts. Where
-pyspark exists only in the zip (a plain Spark distribution), nothing is changed.
+It takes ``pyspark.zip`` and the other archives Spark puts on a worker's path off it
+(:mod:`refold.processors.runtime.spark_archives`: a task re-read their directories, 50-200 ms a
+task) where a worker did not start without them already (a cluster's executors), imports the
+modules every task needs once, then runs the real daemon (``pyspark.daemon``), which forks the
+workers.
 """
 
 from __future__ import annotations
 
 import gc
-import importlib.util
-import os
+import importlib
 import runpy
-import sys
 
-__all__ = ["preload_worker_modules", "strip_spark_zips"]
+from refold.processors.runtime.spark_archives import strip_spark_zips
 
-_ARCHIVE_DIRS = (os.path.join("pyspark", "python", "lib"), os.path.join("pyspark", "jars"))
-
-
-def _is_spark_archive(path: str) -> bool:
-    return path.endswith((".zip", ".jar")) and any(d in path for d in _ARCHIVE_DIRS)
-
-
-def strip_spark_zips() -> list[str]:
-    """Remove Spark's bundled archives from ``sys.path`` if pyspark is importable without them.
-
-    Returns:
-        The entries removed.
-    """
-    zips = [p for p in sys.path if _is_spark_archive(p)]
-    if not zips:
-        return []
-    kept = [p for p in sys.path if p not in zips]
-    saved = sys.path[:]
-    sys.path[:] = kept
-    if importlib.util.find_spec("pyspark") is None:  # only the zip has it: keep everything
-        sys.path[:] = saved
-        return []
-    for key in list(sys.path_importer_cache):
-        if any(key == z or key.startswith(z + os.sep) for z in zips):
-            del sys.path_importer_cache[key]
-    return zips
+__all__ = ["preload_worker_modules"]
 
 
 # Imported once in the daemon, so that every worker it forks starts with them (~0.4 s a cold

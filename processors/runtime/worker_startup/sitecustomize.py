@@ -1,0 +1,35 @@
+"""Run by every Python process a refold driver's JVM starts, before anything else is imported.
+
+refold puts this directory on the driver JVM's ``PYTHONPATH``
+(:mod:`refold.processors.runtime.spark_archives` says why): Spark's archives leave the path
+here, so PySpark is imported from its installed package, with its bytecode. Then the
+``sitecustomize`` this one hides, if the environment has one, runs as it would have. Nothing
+here may stop a process: on any error the path stays as Spark made it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from importlib.machinery import PathFinder
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run_hidden_sitecustomize() -> None:
+    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = PathFinder.find_spec("sitecustomize", others)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+try:
+    from refold.processors.runtime.spark_archives import strip_spark_zips
+
+    strip_spark_zips()
+except Exception:  # a speed-up only: never a reason for a worker not to start  # noqa: S110
+    pass
+_run_hidden_sitecustomize()
