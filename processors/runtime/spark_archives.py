@@ -4,11 +4,11 @@ Spark puts ``$SPARK_HOME/python/lib/pyspark.zip``, the py4j zip and the ``spark-
 on the ``sys.path`` of every Python process it starts: the task workers, and on the driver the
 planners of a Python data source (its lookup, its schema, the planning of its reads) and the
 streaming source's runner. The zip holds sources only, no bytecode, so every such process
-compiled PySpark's modules again: ~0.5 CPU-s a process here (``import pyspark.sql.worker.
-create_data_source`` took 0.7 s from the zip against 0.2 s from the installed package), four of
-them one after the other before a processor's first task. And PySpark 4.1 calls
-``importlib.invalidate_caches()`` at the start of every task, which makes each ``zipimport``
-re-read its archive's directory (50-200 ms a task). With PySpark installed as a package (the
+compiled PySpark's modules again: ~0.3 CPU-s more a process here, beside the JVM (``import
+pyspark.sql.worker.create_data_source`` took 0.7 s from the zip against 0.2 s from the installed
+package on an idle core), four of them one after the other before a processor's first task.
+And PySpark 4.1 calls ``importlib.invalidate_caches()`` at the start of every task, which makes
+each ``zipimport`` re-read its archive's directory (50-200 ms a task). With PySpark installed as a package (the
 pip wheel) these archives hold nothing a process needs, so refold takes them off the path:
 
 * :func:`strip_spark_zips`, at the start of every process: the ``sitecustomize`` of

@@ -14,11 +14,12 @@ import os
 import sys
 from importlib.machinery import PathFinder
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.realpath(__file__))
 
 
 def _run_hidden_sitecustomize() -> None:
-    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    # Real paths: this directory spelled another way (a symlink) must not find this file again.
+    others = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
     spec = PathFinder.find_spec("sitecustomize", others)
     if spec is None or spec.loader is None:
         return

@@ -35,6 +35,8 @@ def _started_by_spark(python_path: str) -> dict[str, object]:
     out = subprocess.run(
         [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True
     )
+    # site.py reports a failing sitecustomize on stderr and goes on: none may fail here.
+    assert "sitecustomize" not in out.stderr, out.stderr
     return json.loads(out.stdout)
 
 
@@ -58,6 +60,14 @@ def test_the_environments_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.hidden_sitecustomize_ran = True\n")
     seen = _started_by_spark(with_worker_startup(str(tmp_path)))
     assert seen["hidden"] is True
+    assert Path(str(seen["pyspark"])) == Path(pyspark.__file__)
+
+
+def test_the_startup_directory_twice_under_another_name_runs_once(tmp_path: Path) -> None:
+    # A symlink to it later on the path is the same directory: not a hidden sitecustomize.
+    alias = tmp_path / "alias"
+    alias.symlink_to(WORKER_STARTUP, target_is_directory=True)
+    seen = _started_by_spark(with_worker_startup(str(alias)))
     assert Path(str(seen["pyspark"])) == Path(pyspark.__file__)
 
 
