@@ -8,8 +8,9 @@ compiled PySpark's modules again: ~0.3 CPU-s more a process here, beside the JVM
 pyspark.sql.worker.create_data_source`` took 0.7 s from the zip against 0.2 s from the installed
 package on an idle core), four of them one after the other before a processor's first task.
 And PySpark 4.1 calls ``importlib.invalidate_caches()`` at the start of every task, which makes
-each ``zipimport`` re-read its archive's directory (50-200 ms a task). With PySpark installed as a package (the
-pip wheel) these archives hold nothing a process needs, so refold takes them off the path:
+each ``zipimport`` re-read its archive's directory (50-200 ms a task). With PySpark installed as
+a package (the pip wheel) these archives hold nothing a process needs, so refold takes them off
+the path:
 
 * :func:`strip_spark_zips`, at the start of every process: the ``sitecustomize`` of
   :data:`WORKER_STARTUP` runs it, a directory :func:`~refold.processors.runtime.spark.
