@@ -6,6 +6,7 @@ import bisect
 import functools
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -14,7 +15,7 @@ from refold.contracts.codec import EventCodec
 from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.orders import OrderSimulator
 
-__all__ = ["LatencyResult", "measure_latency"]
+__all__ = ["LatencyResult", "measure_latency", "paced_producer", "send_paced"]
 
 _POLL_S = 0.005  # visibility is sampled every 5 ms
 # The producer sends what is due every 20 ms and batches for up to 20 ms (linger.ms), as a
@@ -34,10 +35,72 @@ class LatencyResult:
     p99: float
     max: float
 
+    @classmethod
+    def of(cls, rate: int, latencies_ms: list[float]) -> LatencyResult:
+        """The percentiles of ``latencies_ms`` (sorted here; at least one)."""
+        ordered = sorted(latencies_ms)
+        return cls(
+            rate,
+            len(ordered),
+            _percentile(ordered, 0.5),
+            _percentile(ordered, 0.95),
+            _percentile(ordered, 0.99),
+            ordered[-1],
+        )
+
 
 def _percentile(sorted_values: list[float], q: float) -> float:
     index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return sorted_values[index]
+
+
+def paced_producer(bootstrap: str) -> Producer:
+    """The load generator's producer: acknowledged by all replicas, batched for 20 ms."""
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": _LINGER_MS,
+            "partitioner": "murmur2_random",
+        }
+    )
+
+
+def send_paced(
+    producer: Producer,
+    topic: str,
+    payloads: Sequence[tuple[bytes, bytes, int]],
+    rate: int,
+    on_delivery: Callable[[int, KafkaError | None, Message], None] | None = None,
+) -> list[float]:
+    """Send ``payloads`` (value, key, partition; -1: the key's) at ``rate`` a second; flush.
+
+    What is due is sent every 20 ms. Returns when each payload was sent (``time.monotonic()``);
+    ``on_delivery(index, err, msg)`` is called as each is acknowledged.
+
+    Encode the payloads up front: on 2 cores the load generator competes with the system under
+    test, so it does as little as possible while the clock runs.
+    """
+    sent = [0.0] * len(payloads)
+    start = time.monotonic()
+    index = 0
+    while index < len(payloads):
+        now = time.monotonic()
+        due = min(len(payloads), int((now - start) * rate) + 1)
+        for i in range(index, due):
+            value, key, partition = payloads[i]
+            sent[i] = now
+            callback = None if on_delivery is None else functools.partial(on_delivery, i)
+            if partition < 0:
+                producer.produce(topic, value, key, on_delivery=callback)
+            else:
+                producer.produce(topic, value, key, partition=partition, on_delivery=callback)
+        index = due
+        producer.poll(0)
+        time.sleep(_TICK_S)
+    producer.flush(30)
+    return sent
 
 
 def measure_latency(
@@ -61,23 +124,14 @@ def measure_latency(
             int(rate * seconds / 8) + 100, seed=seed, anomaly_rate=0, order_prefix=order_prefix
         )
     )
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": _LINGER_MS,
-            "partitioner": "murmur2_random",
-        }
-    )
-    sent: dict[int, float] = {}
-    acked: list[tuple[int, int, float]] = []  # partition, offset, send time
+    producer = paced_producer(bootstrap)
+    acked: list[tuple[int, int, int]] = []  # partition, offset, payload index
     visible: dict[tuple[int, int], float] = {}
     stop = threading.Event()
 
     def _acked(index: int, err: KafkaError | None, msg: Message) -> None:
         if err is None:
-            acked.append((msg.partition() or 0, msg.offset() or 0, sent[index]))
+            acked.append((msg.partition() or 0, msg.offset() or 0, index))
 
     def _poll_positions() -> None:
         seen: dict[int, int] = {}
@@ -90,34 +144,17 @@ def measure_latency(
                     seen[partition] = offset
             time.sleep(_POLL_S)
 
-    # Encoded up front and sent in 5 ms ticks: on 2 cores the load generator competes with the
-    # system under test, so it does as little as possible while the clock runs.
-    total = int(rate * seconds)
     payloads = []
-    for _ in range(total):
+    for _ in range(int(rate * seconds)):
         event_type, event = next(events)
-        payloads.append(
-            (codec.encode(event_type, event, validated=True), event["order_id"].encode())
-        )
+        value = codec.encode(event_type, event, validated=True)
+        payloads.append((value, event["order_id"].encode(), -1))
     poller = threading.Thread(target=_poll_positions, daemon=True)
     poller.start()
-
-    start = time.monotonic()
-    index = 0
-    while index < total:
-        now = time.monotonic()
-        due = min(total, int((now - start) * rate) + 1)
-        for i in range(index, due):
-            value, key = payloads[i]
-            sent[i] = now
-            producer.produce(topic, value, key, on_delivery=functools.partial(_acked, i))
-        index = due
-        producer.poll(0)
-        time.sleep(_TICK_S)
-    producer.flush(30)
+    sent = send_paced(producer, topic, payloads, rate, _acked)
     deadline = time.monotonic() + 30
     last: dict[int, int] = {}
-    for partition, offset, _sent in acked:
+    for partition, offset, _index in acked:
         last[partition] = max(offset, last.get(partition, -1))
     while time.monotonic() < deadline:
         positions, _batch = registry.positions(generation)
@@ -134,23 +171,15 @@ def measure_latency(
         positions_seen.append(position)
         times.append(when)
     latencies = []
-    for partition, offset, sent_at in acked:
+    for partition, offset, index in acked:
         positions_seen, times = by_partition.get(partition, ([], []))
-        index = bisect.bisect_right(positions_seen, offset)  # first position > offset
-        if index < len(times):
-            latencies.append((times[index] - sent_at) * 1000)
-    latencies.sort()
+        found = bisect.bisect_right(positions_seen, offset)  # first position > offset
+        if found < len(times):
+            latencies.append((times[found] - sent[index]) * 1000)
     if not latencies:
         msg = (
             f"none of the {len(acked)} acknowledged events became visible in Redis within 30 s "
             "of the last send: the processor is not applying them"
         )
         raise RuntimeError(msg)
-    return LatencyResult(
-        rate,
-        len(latencies),
-        _percentile(latencies, 0.5),
-        _percentile(latencies, 0.95),
-        _percentile(latencies, 0.99),
-        latencies[-1],
-    )
+    return LatencyResult.of(rate, latencies)

@@ -27,6 +27,12 @@ def parse(description: str, argv: list[str] | None = None) -> argparse.Namespace
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--addresses", default="", help="Bytewax: host:port of every process")
     parser.add_argument("--processes", type=int, default=2, help="refold's baseline: processes")
+    parser.add_argument(
+        "--tail",
+        choices=("true", "false"),
+        default="false",
+        help="Bytewax, Flink: keep reading at the log's end until stopped (latency runs)",
+    )
     args = parser.parse_args(argv)
     args.ends = {
         int(p): int(e) for p, e in (pair.split(":") for pair in args.ends.split(",") if pair)

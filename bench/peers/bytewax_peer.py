@@ -3,9 +3,10 @@
 Run in ``.venv-peers`` by :mod:`bench.peers.run`: one process per core, one worker each
 (``cli_main`` with both addresses); Bytewax's Kafka source splits the partitions between the
 workers and, with ``tail=False``, ends at the end of each partition, so the dataflow ends by
-itself. Recovery (``--recovery``): Bytewax's snapshots of the state every epoch into a SQLite
-store per partition (``python -m bytewax.recovery`` made them). The in-memory variant writes
-its states at the end; the Redis variant writes each batch of new states with a pipeline.
+itself (``--tail true``, the latency run: it reads on until stopped). Recovery
+(``--recovery``): Bytewax's snapshots of the state every epoch into a SQLite store per
+partition (``python -m bytewax.recovery`` made them). The in-memory variant writes its states
+at the end; the Redis variant writes each batch of new states with a pipeline.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ def flow(args: Any, progress: Progress) -> Dataflow:
     fold = OrderFold()
     dataflow = Dataflow("orders")
     source = KafkaSource(
-        [args.bootstrap], [args.topic], tail=False, add_config={"fetch.queue.backoff.ms": "10"}
+        [args.bootstrap],
+        [args.topic],
+        tail=args.tail == "true",
+        add_config={"fetch.queue.backoff.ms": "10"},
     )
     messages = op.input("kafka", dataflow, source)
 

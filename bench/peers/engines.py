@@ -17,16 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.backlog import ORDERS_TOPIC
 from bench.peers.oracle import merged_states, redis_states
 from refold.contracts.process_group import GroupProcess
+from refold.contracts.processors import ProcessLauncher
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.connect import redis_client
+from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.local_stack import free_port
 from refold.processors.fold.projection import State
+from refold.processors.order_state.config import OrderStateOptions
 from refold.processors.runtime.envelope import FoldTarget
 
-__all__ = ["ENGINES", "Engine", "Job"]
+__all__ = ["ENGINES", "NOTIFICATIONS", "Engine", "Job", "spark_processor"]
 
 ROOT = Path(__file__).parent.parent.parent
+NOTIFICATIONS = f"{ORDERS_TOPIC.name}.notifications"  # refold's shipping notices
 _PROCESSES = 2
 _BASELINE = "bench.peers.baseline_peer"
 _JVM = ROOT / "bench" / "peers" / "jvm"
@@ -55,6 +61,7 @@ class Job:
     expected: dict[str, State] = field(default_factory=dict)
     run: str = ""  # suffix of the consumer groups: a run of its own on a log already folded
     java_heap: str = "1g"  # the JVM peers' -Xmx
+    tail: bool = False  # read on at the log's end until stopped (the latency run)
 
     @property
     def partition_ends(self) -> dict[int, int]:
@@ -68,7 +75,7 @@ class Job:
             "--bootstrap", self.bootstrap, "--topic", self.topic, "--ends", ends,
             "--progress", str(self.work / name / f"progress-{index}.json"),
             "--work-dir", str(self.work / name), "--group", f"peers-{name}{self.run}",
-            "--process-id", str(index),
+            "--process-id", str(index), "--tail", "true" if self.tail else "false",
         ]  # fmt: skip
 
     def refold_states(self, base: str) -> dict[str, Any]:
@@ -180,6 +187,39 @@ def _bytewax(job: Job, folder: Path) -> list[str]:
     )
     del job
     return ["--addresses", ",".join(f"127.0.0.1:{free_port()}" for _ in range(_PROCESSES))]
+
+
+def spark_processor(
+    job: Job, prefix: str, log: str, *, available_now: bool, **options: str
+) -> tuple[GroupProcess, GenerationRegistry]:
+    """refold's order_state processor on the job's topic, under the key prefix ``prefix``.
+
+    Not started yet.
+
+    The peers' job: no status-change stream (no peer publishes one), as in make bench.
+    """
+    launcher = ProcessLauncher(
+        KafkaSettings(bootstrap_servers=job.bootstrap),
+        RedisSettings(url=job.redis_url, key_prefix=prefix),
+        SparkSettings(),
+        job.work / prefix,
+        {
+            "order_state": OrderStateOptions(
+                topics=[job.topic],
+                dead_letter_topic=f"{job.topic}.dlq",
+                notifications_topic=NOTIFICATIONS,
+                changes_topic="",
+                **options,
+            )
+        },
+    )
+    registry = GenerationRegistry.of(redis_client(job.redis_url), "order_state", prefix)
+    process = GroupProcess(
+        launcher.argv(["order_state"], available_now=available_now),
+        launcher.env(),
+        job.work / "logs" / log,
+    )
+    return process, registry
 
 
 _EOS = "exactly once"

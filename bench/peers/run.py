@@ -21,53 +21,23 @@ from typing import Any
 
 from bench.backlog import ORDERS_TOPIC, produce_orders
 from bench.catch_up import Run, Watched, run_catch_up
-from bench.peers.engines import ENGINES, Engine, Job
+from bench.peers.engines import ENGINES, NOTIFICATIONS, Engine, Job, spark_processor
+from bench.peers.latency import measure_engine_latency, why_no_latency
 from bench.peers.measure import measure
 from bench.peers.oracle import compare, log_events, oracle_states
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
-from refold.contracts.process_group import GroupProcess
-from refold.contracts.processors import ProcessLauncher
-from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
-from refold.contracts.store.connect import redis_client
-from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.topics import TopicSpec, effects_spec
 from refold.deploy.local_stack import LocalStack, free_port
-from refold.processors.order_state.config import OrderStateOptions
 from refold.processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
 
 RESULTS = Path(__file__).parent.parent / "results" / "peers.json"
 ROOT = Path(__file__).parent.parent.parent
-NOTIFICATIONS = f"{ORDERS_TOPIC.name}.notifications"
 
 
 def _spark(job: Job) -> dict[str, Any]:
     """refold's Spark processor catching up (``--available-now``), as ``make bench`` runs it."""
-    topic = job.topic
-    options = {
-        # The peers' job: no status-change stream (no peer publishes one), as in make bench.
-        "order_state": OrderStateOptions(
-            topics=[topic],
-            dead_letter_topic=f"{topic}.dlq",
-            notifications_topic=NOTIFICATIONS,
-            changes_topic="",
-        )
-    }
-    prefix = "peers-spark"
-    launcher = ProcessLauncher(
-        KafkaSettings(bootstrap_servers=job.bootstrap),
-        RedisSettings(url=job.redis_url, key_prefix=prefix),
-        SparkSettings(),
-        job.work / "spark",
-        options,
-    )
-    client = redis_client(job.redis_url)
-    registry = GenerationRegistry.of(client, "order_state", prefix)
-    process = GroupProcess(
-        launcher.argv(["order_state"], available_now=True),
-        launcher.env(),
-        job.work / "logs" / "spark.log",
-    )
+    process, registry = spark_processor(job, "peers-spark", "spark.log", available_now=True)
     started = time.time()
     run = run_catch_up([Run(process, (Watched("order_state", registry, job.events),))], "spark")
     result = run.processors["order_state"]
@@ -86,8 +56,38 @@ def _spark(job: Job) -> dict[str, Any]:
     }
 
 
-def _run(engine: Engine, job: Job) -> dict[str, Any]:
-    """One engine: measured, stopped, and its final states checked."""
+def _latency(engine: Engine, job: Job, args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's produce -> state latency (:mod:`bench.peers.latency`), or why there is none."""
+    why = "skipped (--skip-latency)" if args.skip_latency else why_no_latency(engine)
+    if why:
+        return {"latency_skipped": why}
+    try:
+        result, missing = measure_engine_latency(
+            engine, job, rate=args.rate, seconds=args.latency_seconds, warmup=args.warmup_seconds
+        )
+    except RuntimeError as exc:
+        print(f"  {engine.label}: the latency run failed: {exc}", flush=True)
+        return {"latency_error": f"FAILED: {str(exc)[:200]}"}
+    print(
+        f"  {engine.label}: latency at {args.rate:,} ev/s p50 {result.p50:,.0f} ms, "
+        f"p99 {result.p99:,.0f} ms ({result.events:,} orders, {missing} never seen)",
+        flush=True,
+    )
+    return {
+        "latency": {
+            "rate": args.rate,
+            "orders": result.events,
+            "missing": missing,
+            "p50_ms": result.p50,
+            "p95_ms": result.p95,
+            "p99_ms": result.p99,
+            "max_ms": result.max,
+        }
+    }
+
+
+def _run(engine: Engine, job: Job, args: argparse.Namespace) -> dict[str, Any]:
+    """One engine: measured, stopped, its final states checked; then its latency run."""
     if engine.name == "refold-spark":
         out = _spark(job)
         got = out.pop("states")
@@ -113,20 +113,31 @@ def _run(engine: Engine, job: Job) -> dict[str, Any]:
     out["ok"] = verdict.ok
     out["cpu_s_per_million"] = out["cpu_s"] / job.events * 1e6
     print(f"  {engine.label}: {out['rate_wall']:,.0f} ev/s incl. start-up, {verdict}", flush=True)
+    out.update(_latency(engine, job, args))
     return out
 
 
 def _table(results: dict[str, dict[str, Any]]) -> str:
-    header = ("engine", "steady ev/s", "incl. start-up", "CPU-s / 1M ev", "peak RSS", "state")
+    header = (
+        "engine",
+        "steady ev/s",
+        "incl. start-up",
+        "CPU-s / 1M ev",
+        "peak RSS",
+        "p50 / p99 latency",
+        "state",
+    )
     rows = [header]
     for engine in ENGINES:
         out = results.get(engine.name)
         if out is None:
             continue
         if "skipped" in out or "error" in out:
-            rows.append((engine.label, "-", "-", "-", "-", out.get("skipped") or out["error"]))
+            why = out.get("skipped") or out["error"]
+            rows.append((engine.label, "-", "-", "-", "-", "-", why))
             continue
         steady = out["rate_steady"]
+        latency = out.get("latency")
         rows.append(
             (
                 engine.label,
@@ -134,6 +145,11 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
                 f"{out['rate_wall']:,.0f}",
                 f"{out['cpu_s_per_million']:,.0f}",
                 f"{out['peak_rss_mb']:,.0f} MB",
+                (
+                    f"{latency['p50_ms']:,.0f} / {latency['p99_ms']:,.0f} ms"
+                    if latency is not None
+                    else ("FAILED" if "latency_error" in out else "-")
+                ),
                 out["correct"],
             )
         )
@@ -166,6 +182,17 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated, of: " + ", ".join(e.name for e in ENGINES),
     )
     parser.add_argument("--work-dir", type=Path, help="keep state and logs here")
+    parser.add_argument("--skip-latency", action="store_true", help="no latency runs")
+    parser.add_argument("--rate", type=int, default=5000, help="latency runs: events/s")
+    parser.add_argument(
+        "--latency-seconds", type=float, default=20.0, help="latency runs: seconds counted"
+    )
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=20.0,
+        help="latency runs: seconds at the same rate before the counted ones",
+    )
     args = parser.parse_args(argv)
     load = os.getloadavg()
     chosen = [e for e in ENGINES if e.name in args.engines.split(",")]
@@ -200,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             job.expected = expected
             for engine in chosen:
                 try:
-                    results[engine.name] = _run(engine, job)
+                    results[engine.name] = _run(engine, job, args)
                 except RuntimeError as exc:
                     print(f"  {engine.label} failed: {exc}", flush=True)
                     results[engine.name] = {"error": f"FAILED to run: {str(exc)[:200]}"}

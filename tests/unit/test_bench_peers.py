@@ -5,6 +5,7 @@ import itertools
 import orjson
 import pytest
 
+from bench.latency import LatencyResult
 from bench.peers.oracle import compare, merged_states, oracle_states
 from bench.peers.report import OrderFold, Progress
 from refold.contracts.codec import EventCodec
@@ -58,3 +59,14 @@ def test_states_of_two_processes_merge_by_the_highest_offset(tmp_path):
         progress.write()
     assert merged_states([first, second]) == {"o-1": {"status": "paid"}, "o-2": {"status": "paid"}}
     assert orjson.loads((tmp_path / "progress.json").read_bytes())["offsets"] == {"0": 7}
+
+
+def test_latency_percentiles_are_of_the_sorted_values():
+    result = LatencyResult.of(5000, [float(v) for v in range(101, 0, -1)])
+    assert (result.events, result.p50, result.p95, result.p99, result.max) == (
+        101,
+        51.0,
+        96.0,
+        100.0,
+        101.0,
+    )

@@ -20,6 +20,7 @@ import org.apache.flink.api.connector.sink2.SinkWriter;
 import org.apache.flink.api.connector.sink2.WriterInitContext;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.connector.kafka.source.KafkaSource;
+import org.apache.flink.connector.kafka.source.KafkaSourceBuilder;
 import org.apache.flink.connector.kafka.source.enumerator.initializer.OffsetsInitializer;
 import org.apache.flink.connector.kafka.source.reader.deserializer.KafkaRecordDeserializationSchema;
 import org.apache.flink.core.execution.CheckpointingMode;
@@ -132,12 +133,14 @@ public final class FlinkPeer {
     conf.setString("rest.bind-port", "0");
     StreamExecutionEnvironment env = StreamExecutionEnvironment.createLocalEnvironment(2, conf);
     env.enableCheckpointing(1000, CheckpointingMode.EXACTLY_ONCE);
-    KafkaSource<Rec> source = KafkaSource.<Rec>builder()
+    KafkaSourceBuilder<Rec> builder = KafkaSource.<Rec>builder()
         .setBootstrapServers(flags.get("bootstrap"))
         .setTopics(flags.get("topic"))
         .setGroupId(flags.get("group"))
-        .setStartingOffsets(OffsetsInitializer.earliest())
-        .setBounded(OffsetsInitializer.latest())
+        .setStartingOffsets(OffsetsInitializer.earliest());
+    // A bounded job ends at the log's end; "--tail true" (the latency run) reads on until stopped.
+    if (!"true".equals(flags.get("tail"))) builder.setBounded(OffsetsInitializer.latest());
+    KafkaSource<Rec> source = builder
         .setDeserializer(new KafkaRecordDeserializationSchema<Rec>() {
           @Override
           public void deserialize(ConsumerRecord<byte[], byte[]> record, Collector<Rec> out) {
