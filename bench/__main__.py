@@ -490,8 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warmup-seconds",
         type=float,
-        default=3.0,
-        help="latency run: seconds of the same rate before the measured ones (not counted)",
+        default=60.0,
+        help="latency run: seconds of the same rate before the measured ones (not counted; "
+        "Spark's JIT takes ~35 s to settle at 5k events/s)",
     )
     parser.add_argument(
         "--trigger", default="100 milliseconds", help="processing-time trigger of the latency run"

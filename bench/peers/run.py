@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warmup-seconds",
         type=float,
-        default=20.0,
+        default=60.0,
         help="latency runs: seconds at the same rate before the counted ones",
     )
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ import zipfile
 import zipimport
 from pathlib import Path
 
+import pyspark
 import pytest
 
 from refold.contracts.settings import SparkSettings
@@ -179,6 +180,29 @@ def test_spark_conf_from_settings():
     assert conf["spark.cores.max"] == "1"
     assert conf["spark.executor.memory"] == "3g"
     assert conf["spark.driver.memory"] == "1g"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_url", "file_system_api"),
+    [
+        (None, True),
+        ("/var/lib/refold/checkpoints", True),
+        ("file:///var/lib/refold/checkpoints", True),
+        ("hdfs://namenode:8020/refold", False),
+        ("s3a://bucket/refold", False),
+    ],
+)
+def test_local_checkpoints_are_written_through_hadoops_file_system_api(
+    checkpoint_url, file_system_api
+):
+    # FileContext, Spark's default, starts chmod and readlink processes on a local disk.
+    conf = spark_conf("app", SparkSettings(checkpoint_url=checkpoint_url))
+    manager = conf.get("spark.sql.streaming.checkpointFileManagerClass")
+    assert (manager is not None) == file_system_api
+    if manager is not None:  # the class is in the Spark PySpark ships (it moved in Spark 4)
+        jar = next((Path(pyspark.__file__).parent / "jars").glob("spark-sql_*.jar"))
+        with zipfile.ZipFile(jar) as classes:
+            assert manager.replace(".", "/") + ".class" in classes.namelist()
 
 
 def test_spark_conf_starts_the_driver_from_the_class_archive_if_there_is_one(tmp_path):
