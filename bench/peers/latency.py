@@ -64,7 +64,8 @@ class FirstWrites:
     def __init__(self, client: redis.Redis, pattern: str) -> None:
         self.first: dict[str, float] = {}
         self._client = client
-        self._before = client.config_get("notify-keyspace-events")["notify-keyspace-events"]
+        config = client.config_get("notify-keyspace-events")
+        self._before = str(config.get("notify-keyspace-events") or "")
         client.config_set("notify-keyspace-events", "K$")
         self._pubsub = client.pubsub(ignore_subscribe_messages=True)
         self._pubsub.psubscribe(**{f"__keyspace@0__:{pattern}": self._seen})
