@@ -319,6 +319,11 @@ def _watch_query(
             continue
         if changed is not None:
             return changed
+    if stop.is_set():
+        # A signal stops the query "after the current batch", as its log line says: stopped
+        # mid-batch, the batch would lose its consumer group commit (the kill -9 soak's
+        # group != positions, once in a full run) and its totals.
+        _finish_batch_in_flight(query)
     return "stopped"
 
 
@@ -339,10 +344,10 @@ def _log_stopped(projection: Projection, run: ProcessorRun, sink: Sink) -> None:
 def _finish_batch_in_flight(query: StreamingQuery) -> None:
     """Wait (bounded) until no trigger is running, so that stopping interrupts no batch.
 
-    Driver side. Stopping a query mid-batch interrupts its ``foreachBatch`` (a py4j
-    InterruptedException trace in the log) and loses the batch's totals, its consumer group
-    commit and its entry in Spark's commit log (the next run re-plans it; applied records
-    are skipped, so the state is right either way).
+    Driver side, after a stop signal or at the end of a catch-up. Stopping a query mid-batch
+    interrupts its ``foreachBatch`` (a py4j InterruptedException trace in the log) and loses
+    the batch's totals, its consumer group commit and its entry in Spark's commit log (the
+    next run re-plans it; applied records are skipped, so the state is right either way).
     """
     deadline = time.monotonic() + _FINISH_BATCH_S
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
