@@ -192,9 +192,7 @@ def _bytewax(job: Job, folder: Path) -> list[str]:
 def spark_processor(
     job: Job, prefix: str, log: str, *, available_now: bool, **options: str
 ) -> tuple[GroupProcess, GenerationRegistry]:
-    """refold's order_state processor on the job's topic, under the key prefix ``prefix``.
-
-    Not started yet.
+    """refold's order_state processor (not started) on the job's topic, under ``prefix``.
 
     The peers' job: no status-change stream (no peer publishes one), as in make bench.
     """

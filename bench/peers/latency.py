@@ -17,7 +17,6 @@ baseline (a bounded catch-up that applies 20k records a transaction).
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,19 +87,13 @@ class FirstWrites:
 def _payloads(
     codec: EventCodec, events: Iterator[tuple[str, dict[str, Any]]], count: int
 ) -> tuple[list[tuple[bytes, bytes, int]], dict[str, int]]:
-    """``count`` encoded events, each order's to one partition; the index of each order's first."""
+    """``count`` encoded events keyed by order (the key's partition); each order's first index."""
     payloads: list[tuple[bytes, bytes, int]] = []
     first: dict[str, int] = {}
     for index in range(count):
         event_type, event = next(events)
-        key = event["order_id"].encode()
-        payloads.append(
-            (
-                codec.encode(event_type, event, validated=True),
-                key,
-                zlib.crc32(key) % _PARTITIONS,
-            )
-        )
+        value = codec.encode(event_type, event, validated=True)
+        payloads.append((value, event["order_id"].encode(), -1))
         first.setdefault(event["order_id"], index)
     return payloads, first
 
@@ -120,11 +113,7 @@ def _wait_ready(
         if time.monotonic() > deadline or not alive():
             msg = f"no probe's state within {_READY_S:.0f} s of the start"
             raise RuntimeError(msg)
-        event_type, event = next(probes)
-        value = codec.encode(event_type, event, validated=True)
-        key = event["order_id"].encode()
-        producer.produce(topic, value, key, partition=zlib.crc32(key) % _PARTITIONS)
-        producer.flush(10)
+        send_paced(producer, topic, _payloads(codec, probes, 1)[0], rate=1)
         time.sleep(1.0)
 
 
