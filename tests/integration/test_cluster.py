@@ -129,7 +129,9 @@ def test_cluster_runs_shipped_user_code_and_down_leaves_no_process(tmp_path):
             cwd=tmp_path,
         )
         assert driver.returncode == 0, driver.stderr[-3000:]
-        result = json.loads(driver.stdout.strip().splitlines()[-1])
+        # The last JSON line: Spark may log a WARN to stdout while the context stops.
+        lines = driver.stdout.strip().splitlines()
+        result = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
         rows = sorted(result["rows"], key=lambda r: r["id"])
         assert [r["tagged"] for r in rows] == ["user-0", "user-10", "user-20", "user-30"]
         # The tasks ran in executors of the cluster, with the driver's interpreter, the refold
