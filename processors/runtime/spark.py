@@ -99,6 +99,10 @@ def spark_conf(app_name: str, spark: SparkSettings, java_options: str = "") -> d
         # installed there); otherwise pass --conf spark.python.daemon.module=pyspark.daemon.
         "spark.python.daemon.module": "refold.processors.runtime.spark_daemon",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Python workers talk to their JVM over Unix sockets rather than TCP. Over loopback TCP
+        # a task's first input batch waited 40 ms (Nagle's algorithm against delayed ACKs: a
+        # small write held until the last one is acknowledged), in every task of every batch.
+        "spark.python.unix.domain.socket.enabled": "true",
         # Streaming progress is reported by refold itself; keep Spark's own logs quiet.
         "spark.sql.streaming.metricsEnabled": "false",
         "spark.driver.extraJavaOptions": " ".join(

@@ -49,9 +49,13 @@ DRIVER = textwrap.dedent(
                 "pid": [os.getpid()] * n,
                 "python": [sys.executable] * n,
                 "daemon": ["refold.processors.runtime.sink" in sys.modules] * n,
+                "unix": [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED", "").lower() == "true"] * n,
             })
 
-    schema = "id long, tagged string, origin string, pid long, python string, daemon boolean"
+    schema = (
+        "id long, tagged string, origin string, pid long, python string, daemon boolean, "
+        "unix boolean"
+    )
     rows = [r.asDict() for r in spark.range(4).mapInArrow(tag, schema).collect()]
     conf = spark.sparkContext.getConf()
     print(json.dumps({
@@ -135,10 +139,11 @@ def test_cluster_runs_shipped_user_code_and_down_leaves_no_process(tmp_path):
         rows = sorted(result["rows"], key=lambda r: r["id"])
         assert [r["tagged"] for r in rows] == ["user-0", "user-10", "user-20", "user-30"]
         # The tasks ran in executors of the cluster, with the driver's interpreter, the refold
-        # worker daemon, and the user package from the shipped zip.
+        # worker daemon talking to its executor over a Unix socket, and the user package from
+        # the shipped zip.
         assert all(r["pid"] != result["driver_pid"] for r in rows)
         assert all(r["python"] == sys.executable for r in rows)
-        assert all(r["daemon"] for r in rows)
+        assert all(r["daemon"] and r["unix"] for r in rows)
         assert all(f"{package}-" in r["origin"] and ".zip" in r["origin"] for r in rows)
         assert (result["scheduler"], result["cores_max"]) == ("FAIR", "1")
         apps = SparkCluster(cluster_dir).master_state()

@@ -171,6 +171,7 @@ def test_spark_conf_from_settings():
     assert conf["spark.app.name"] == "app"
     assert conf["spark.scheduler.mode"] == "FAIR"
     assert conf["spark.python.daemon.module"] == "refold.processors.runtime.spark_daemon"
+    assert conf["spark.python.unix.domain.socket.enabled"] == "true"
     assert "spark.cores.max" not in conf
     settings = SparkSettings(
         master="spark://h:7077", cores_max=1, executor_memory="3g", driver_memory="1g"
