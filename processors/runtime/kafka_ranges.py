@@ -27,6 +27,7 @@ from refold.contracts.kafka.offsets_json import parse_offsets_json
 __all__ = [
     "Range",
     "SourceOptions",
+    "TaskPlan",
     "cap_offsets",
     "coalesce_ranges",
     "read_log",
@@ -45,6 +46,26 @@ _EARLIEST, _LATEST = -2, -1
 
 Range = tuple[str, int, int, int]  # topic, partition, start (inclusive), end (exclusive)
 
+# Fewer records than this in a batch: fewer tasks (see coalesce_ranges).
+_MIN_RECORDS_PER_TASK = 25_000
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPlan:
+    """How a batch's ranges are split into tasks: by the source, or by a sink that plans them.
+
+    Attributes:
+        max_tasks: At most this many tasks a batch (None: one per partition id).
+        min_records_per_task: A small batch gets fewer tasks (see :func:`coalesce_ranges`).
+    """
+
+    max_tasks: int | None = None
+    min_records_per_task: int = _MIN_RECORDS_PER_TASK
+
+    def groups(self, ranges: list[Range]) -> list[tuple[Range, ...]]:
+        """The ranges of each task."""
+        return coalesce_ranges(ranges, self.max_tasks, self.min_records_per_task)
+
 
 def _as_bool(value: str | None, default: bool) -> bool:
     if value is None:
@@ -62,8 +83,13 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     max_tasks: int | None = None
-    min_records_per_task: int = 25_000
+    min_records_per_task: int = _MIN_RECORDS_PER_TASK
     poll_timeout_s: float = 120.0
+
+    @property
+    def tasks(self) -> TaskPlan:
+        """How the source splits a batch into tasks."""
+        return TaskPlan(self.max_tasks, self.min_records_per_task)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -97,7 +123,7 @@ class SourceOptions:
             max_offsets_per_trigger=int(limit) if limit else None,
             fail_on_data_loss=_as_bool(lowered.get("failondataloss"), True),
             max_tasks=int(tasks) if tasks else None,
-            min_records_per_task=int(min_per_task) if min_per_task else 25_000,
+            min_records_per_task=int(min_per_task) if min_per_task else _MIN_RECORDS_PER_TASK,
             poll_timeout_s=float(lowered.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
         )
 

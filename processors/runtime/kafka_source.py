@@ -229,12 +229,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             for (t, p), e in sorted(finish.items())
             if e > begin.get((t, p), 0)
         ]
-        return [
-            KafkaRangePartition(group)
-            for group in coalesce_ranges(
-                ranges, self.options.max_tasks, self.options.min_records_per_task
-            )
-        ]
+        return [KafkaRangePartition(group) for group in self.options.tasks.groups(ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Read one task's ranges (executor)."""

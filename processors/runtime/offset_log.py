@@ -2,8 +2,9 @@
 
 Spark writes a batch's entry (its planned source offsets) before it runs the batch, so a sink
 in ``foreachBatch`` can read the exact Kafka ranges of the batch it is applying, whatever the
-source: the DataFrame sink records the ends as positions, and the fold sink closes each range
-at its end when it reads Spark's JVM ``kafka`` source.
+source: the DataFrame sink records the ends as positions, the fold sink plans its tasks from
+them behind refold's ranges source, and closes each range at its end when it reads Spark's JVM
+``kafka`` source.
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ from refold.contracts.kafka.offsets_json import parse_offsets_json
 from refold.contracts.layout import position_field
 from refold.processors.errors import ProcessorError
 from refold.processors.runtime.checkpoints import checkpoint_files
+from refold.processors.runtime.kafka_ranges import Range
 
-__all__ = ["batch_end_offsets", "batch_ranges", "batch_start_offsets", "parse_offset_log"]
+__all__ = [
+    "batch_end_offsets",
+    "batch_ranges",
+    "batch_start_offsets",
+    "parse_offset_log",
+    "planned_ranges",
+]
 
 
 def parse_offset_log(text: str) -> dict[str, int]:
@@ -28,15 +36,50 @@ def parse_offset_log(text: str) -> dict[str, int]:
     Raises:
         ProcessorError: Not that format.
     """
+    return {position_field(t, p): o for (t, p), o in _parse_entry(text).items()}
+
+
+def _parse_entry(text: str) -> dict[tuple[str, int], int]:
     lines = [line for line in text.splitlines() if line.strip()]
     try:
         if len(lines) < 3 or not lines[0].startswith("v"):
             raise ValueError(lines[:1])
-        offsets = parse_offsets_json(lines[-1])
-        return {position_field(t, p): o for (t, p), o in offsets.items()}
+        return parse_offsets_json(lines[-1])
     except ValueError as exc:
         msg = f"not a Spark offsets log entry with a Kafka source's offsets: {exc!r}"
         raise ProcessorError(msg) from exc
+
+
+def _entry(checkpoint: str | Path, batch_id: int) -> dict[tuple[str, int], int]:
+    """The source end offsets of batch ``batch_id``'s entry, per (topic, partition)."""
+    return _parse_entry(
+        checkpoint_files(str(checkpoint)).read_text(f"{checkpoint}/offsets/{batch_id}")
+    )
+
+
+def planned_ranges(checkpoint: str | Path, batch_id: int) -> list[Range] | None:
+    """The non-empty ranges refold's source planned for batch ``batch_id``, from the log.
+
+    The same ranges as the source's ``partitions(start, end)``: from the previous entry's
+    offsets (a partition new in this batch: from 0, as the source) to this entry's. None when
+    the previous entry is not there: a checkpoint's first batch (refold's sources keep their
+    initial offsets to themselves).
+
+    Raises:
+        ProcessorError: An entry is not in Spark's format.
+        OSError: This batch's entry cannot be read.
+    """
+    if batch_id == 0:
+        return None
+    try:
+        begin = _entry(checkpoint, batch_id - 1)
+    except FileNotFoundError:
+        return None
+    return [
+        (t, p, begin.get((t, p), 0), end)
+        for (t, p), end in sorted(_entry(checkpoint, batch_id).items())
+        if end > begin.get((t, p), 0)
+    ]
 
 
 def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, int]:
@@ -45,9 +88,7 @@ def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, int]:
     Spark writes the entry before it runs the batch (the write-ahead log of the batch's
     ranges), so it exists when ``foreachBatch`` runs, and a re-run batch reads the same.
     """
-    return parse_offset_log(
-        checkpoint_files(str(checkpoint)).read_text(f"{checkpoint}/offsets/{batch_id}")
-    )
+    return {position_field(t, p): o for (t, p), o in _entry(checkpoint, batch_id).items()}
 
 
 def batch_start_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, int]:

@@ -176,15 +176,13 @@ def _log_progress(query: StreamingQuery, after: int) -> int:
     if not logger.isEnabledFor(logging.DEBUG):
         return after
     for progress in query.recentProgress:
-        if progress["batchId"] > after and progress["numInputRows"]:
+        # A batch that ran (its sink was called), whether or not Spark counted its rows: the
+        # fold sink's planned tasks do not read the source's rows.
+        if progress["batchId"] > after and "addBatch" in progress["durationMs"]:
             after = progress["batchId"]
             durations = ", ".join(f"{k} {v}" for k, v in sorted(progress["durationMs"].items()))
             logger.debug(
-                "batch %d: %d rows; Spark phases (ms): %s",
-                after,
-                progress["numInputRows"],
-                durations,
-                extra={"batch_id": after},
+                "batch %d: Spark phases (ms): %s", after, durations, extra={"batch_id": after}
             )
     return after
 

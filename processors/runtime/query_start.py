@@ -29,6 +29,7 @@ from refold.processors.runtime.background import DriverTask
 from refold.processors.runtime.checkpoints import has_batches
 from refold.processors.runtime.dataframe import DataFrameSink, build_dataframe_query
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
+from refold.processors.runtime.kafka_ranges import TaskPlan
 from refold.processors.runtime.lookup_store import LookupJoiner
 from refold.processors.runtime.run_plan import ProcessorRun, RunOptions
 from refold.processors.runtime.sink import RedisFoldSink
@@ -152,6 +153,11 @@ def start_query(
             closer=closer,
             checkpoint=run.checkpoint,
             closes_ranges=options.source_format == "kafka",
+            tasks=(
+                TaskPlan(max_tasks=options.max_tasks or None)
+                if options.source_format == "refold_kafka_ranges"
+                else None
+            ),
         )
         query = build_query(spark, topics, kafka, run, sink, options)
     return sink, query

@@ -1,8 +1,15 @@
 """``foreachBatch`` glue: run :class:`FoldWriter` inside Spark tasks, one pass per batch.
 
-Decode, fold and the Redis write are fused in one ``mapInArrow`` over the source DataFrame (the
-fastest shape measured here, see DESIGN.md): every Kafka partition range of the micro-batch is
+Read, decode, fold and the Redis write are fused in one task per group of Kafka partition
+ranges (the fastest shape measured here, see DESIGN.md): every range of the micro-batch is
 handled by exactly one task, which reports its counts back to the driver.
+
+Behind refold's ranges source the driver plans the tasks itself, from the batch's entry in the
+checkpoint's offsets log (the source's own grouping, :class:`TaskPlan`), and runs them as one
+small RDD job: no DataFrame is planned and no task waits for range rows from another Python
+worker (~60 ms a batch, most of a low-latency batch's overhead). A checkpoint's first batch,
+whose start the log does not hold, and the other sources run ``mapInArrow`` over the source
+DataFrame.
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ from refold.processors.runtime.batch_stats import BatchStatsRecorder
 from refold.processors.runtime.code_identity import check_executor_code
 from refold.processors.runtime.envelope import BatchOutcome, FoldTarget, FoldWriter
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
-from refold.processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
-from refold.processors.runtime.offset_log import batch_ranges
+from refold.processors.runtime.kafka_ranges import Range, SourceOptions, TaskPlan, read_messages
+from refold.processors.runtime.offset_log import batch_ranges, planned_ranges
 from refold.processors.runtime.outcome_rows import OutcomeRows
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import DataFrame
 
 __all__ = [
@@ -174,6 +182,39 @@ def _slot_task(
         yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
 
 
+def _planned_task(
+    target: FoldTarget,
+    projection: Projection,
+    codec: EventCodec,
+    batch_id: int,
+    groups: tuple[tuple[Range, ...], ...],
+    index: int,
+    _rows: Iterator[int],
+) -> Iterator[BatchOutcome]:
+    """Executor side, tasks planned by the driver: fold the ranges of task ``index``."""
+    ranges = groups[index]
+    writer = _writer(target, projection, codec)
+    outcome = _apply_all(writer, records_of_ranges(target, ranges), ranges, batch_id)
+    if outcome.records:
+        yield outcome
+
+
+def _planned_slot_task(
+    target: FoldTarget,
+    projection: Projection,
+    codec: EventCodec,
+    batch_id: int,
+    ranges: tuple[Range, ...],
+    slot: int,
+    _rows: Iterator[int],
+) -> Iterator[BatchOutcome]:
+    """Executor side, re-keyed, tasks planned by the driver: writer slot ``slot``'s task."""
+    writer = _writer(target, projection, codec, slot)
+    outcome = _apply_all(writer, records_of_ranges(target, ranges), ranges, batch_id)
+    if outcome.records:
+        yield outcome
+
+
 def _apply_all(
     writer: FoldWriter,
     parts: Iterator[list[SourceRecord]],
@@ -225,6 +266,9 @@ class RedisFoldSink:
         closes_ranges: The source hands over records (Spark's ``kafka``), and each batch's
             ranges are read from the checkpoint's offsets log so that every partition's
             position reaches its range's end, as with refold's ranges source.
+        tasks: The source is refold's ranges source, which splits a batch into tasks so:
+            the driver plans the batches after a checkpoint's first one itself (see the
+            module's docstring). Needs ``checkpoint``.
     """
 
     def __init__(
@@ -236,10 +280,12 @@ class RedisFoldSink:
         closer: DriverTask | None = None,
         checkpoint: str | Path | None = None,
         closes_ranges: bool = False,
+        tasks: TaskPlan | None = None,
     ) -> None:
         self.target = target
         self.checkpoint = checkpoint
         self.closes_ranges = closes_ranges and checkpoint is not None
+        self.tasks = tasks if checkpoint is not None else None
         self.projection = projection
         self.mirror = mirror
         self.closer = closer
@@ -277,10 +323,42 @@ class RedisFoldSink:
         )
         outcome.merge(closing)
 
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        """Apply one micro-batch; idempotent per batch (re-execution changes nothing)."""
-        started = time.perf_counter()
+    def _run_planned(
+        self, sc: SparkContext, planned: list[Range], batch_id: int
+    ) -> list[BatchOutcome]:
+        """Run the batch's tasks as the driver planned them: one RDD job, a task per group."""
+        if not planned:
+            return []
+        if self.target.slots:
+            # Re-keyed: every writer slot's task reads every range of the batch.
+            count = self.target.slots
+            task = functools.partial(
+                _planned_slot_task,
+                self.target,
+                self.projection,
+                self.codec,
+                batch_id,
+                tuple(planned),
+            )
+        else:
+            groups = tuple(cast("TaskPlan", self.tasks).groups(planned))
+            count = len(groups)
+            task = functools.partial(
+                _planned_task, self.target, self.projection, self.codec, batch_id, groups
+            )
+        logger.debug(
+            "batch %d: %d ranges in %d tasks, planned from the offsets log",
+            batch_id,
+            len(planned),
+            count,
+            extra={"batch_id": batch_id},
+        )
+        return sc.parallelize(range(count), count).mapPartitionsWithIndex(task).collect()
+
+    def _run_on_source(self, df: DataFrame, batch_id: int, outcome: BatchOutcome) -> None:
+        """Run the batch's tasks over the source DataFrame (``mapInArrow``), merging outcomes."""
         ranges = "start_offset" in df.columns  # refold_kafka_ranges: the task reads the records
+        batch_plan: dict[str, tuple[int, int]] = {}
         if self.target.slots:
             # Re-keyed: the batch's ranges (a few rows) go to every writer slot's task.
             planned = tuple(
@@ -293,21 +371,34 @@ class RedisFoldSink:
             )
             tasks = df.sparkSession.range(0, slots, 1, slots) if planned else None
         else:
-            batch_plan = (
-                batch_ranges(cast("str", self.checkpoint), batch_id) if self.closes_ranges else {}
-            )
+            if self.closes_ranges:
+                batch_plan = batch_ranges(cast("str", self.checkpoint), batch_id)
             task = functools.partial(
                 _fold_task, self.target, self.projection, self.codec, batch_id, ranges, batch_plan
             )
             tasks = df
-        outcome = BatchOutcome()
         rows = [] if tasks is None else tasks.mapInArrow(task, OUTCOME_SCHEMA).collect()
         for row in rows:
             outcome.merge(_outcome_of_row(row))
+        if self.closes_ranges and not self.target.slots:
+            self._close_unread(batch_plan, outcome, batch_id)
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """Apply one micro-batch; idempotent per batch (re-execution changes nothing)."""
+        started = time.perf_counter()
+        planned = (
+            None
+            if self.tasks is None
+            else planned_ranges(cast("str | Path", self.checkpoint), batch_id)
+        )
+        outcome = BatchOutcome()
+        if planned is not None:
+            for task_outcome in self._run_planned(df.sparkSession.sparkContext, planned, batch_id):
+                outcome.merge(task_outcome)
+        else:
+            self._run_on_source(df, batch_id, outcome)
         if self.target.slots:
             outcome.positions = self._generation_positions(outcome.positions)
-        elif self.closes_ranges:
-            self._close_unread(batch_plan, outcome, batch_id)
         self.last_outcome = outcome
         self.total.merge(outcome)
         if self.mirror is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -19,12 +20,17 @@ from tests.support.groups import committed_offsets
 from .conftest import oracle
 
 
-def test_fifty_thousand_events_fold_to_the_oracle_state(spark, world):
+def test_fifty_thousand_events_fold_to_the_oracle_state(spark, world, caplog):
     events = list(OrderSimulator(5200, seed=41))
     assert len(events) >= 50_000
     world.publisher().emit_many(events)
 
+    caplog.set_level(logging.DEBUG, logger="refold.processors.runtime.sink")
     generation = world.run_available_now(spark)
+    # Batch 0 ran over the source's DataFrame; the driver planned the tasks of the later
+    # batches (20k records each) from the checkpoint's offsets log.
+    planned = [r.batch_id for r in caplog.records if "planned from the offsets log" in r.message]
+    assert planned[:2] == [1, 2]
 
     expected = oracle(events)
     states, totals = world.state(generation)

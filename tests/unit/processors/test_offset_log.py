@@ -3,7 +3,13 @@
 import pytest
 
 from refold.processors.errors import ProcessorError
-from refold.processors.runtime.offset_log import batch_ranges, batch_start_offsets, parse_offset_log
+from refold.processors.runtime.kafka_ranges import SourceOptions, TaskPlan
+from refold.processors.runtime.offset_log import (
+    batch_ranges,
+    batch_start_offsets,
+    parse_offset_log,
+    planned_ranges,
+)
 
 _META = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'
 
@@ -46,3 +52,46 @@ def test_a_checkpoint_without_the_initial_offsets_is_an_error(tmp_path):
     checkpoint = _checkpoint(tmp_path, "not offsets")
     with pytest.raises(ProcessorError, match="initial offsets"):
         batch_start_offsets(checkpoint, 0)
+
+
+def test_the_ranges_refolds_source_planned_are_read_back_from_the_log(tmp_path):
+    checkpoint = _checkpoint(
+        tmp_path,
+        "refold's sources write no initial offsets; this file is not read",
+        '{"orders":{"0":9,"1":4}}',
+        '{"orders":{"0":12,"1":4,"2":7},"more":{"0":3}}',  # partitions new in batch 1
+    )
+    # Batch 0 starts where the source's initial offsets were: the log does not say.
+    assert planned_ranges(checkpoint, 0) is None
+    # Empty ranges are left out, new partitions start at 0: as the source's partitions().
+    assert planned_ranges(checkpoint, 1) == [
+        ("more", 0, 0, 3),
+        ("orders", 0, 9, 12),
+        ("orders", 2, 0, 7),
+    ]
+    with pytest.raises(FileNotFoundError):
+        planned_ranges(checkpoint, 2)  # not written yet: Spark writes it before the batch
+    (tmp_path / "offsets" / "0").unlink()
+    assert planned_ranges(checkpoint, 1) is None  # the previous entry is gone
+    (tmp_path / "offsets" / "2").write_text("v1\n{}\nnot offsets\n")
+    with pytest.raises(ProcessorError, match="offsets log"):
+        planned_ranges(checkpoint, 2)
+
+
+def test_a_planned_batch_is_split_into_tasks_as_the_source_splits_it():
+    ranges = [("orders", p, 0, 20_000) for p in range(4)]
+    # 80k records: 3 tasks of at least 25k records by default, the largest first.
+    assert TaskPlan().groups(ranges) == [
+        (ranges[0], ranges[3]),
+        (ranges[1],),
+        (ranges[2],),
+    ]
+    assert TaskPlan(max_tasks=2).groups(ranges) == [(ranges[0], ranges[2]), (ranges[1], ranges[3])]
+    options = SourceOptions.parse(
+        {
+            "subscribe": "orders",
+            "kafka.bootstrap.servers": "k:9092",
+            "maxTasks": "2",
+        }
+    )
+    assert options.tasks == TaskPlan(max_tasks=2)
