@@ -7,7 +7,7 @@ handled by exactly one task, which reports its counts back to the driver.
 Behind refold's ranges source the driver plans the tasks itself, from the batch's entry in the
 checkpoint's offsets log (the source's own grouping, :class:`TaskPlan`), and runs them as one
 small RDD job: no DataFrame is planned and no task waits for range rows from another Python
-worker (~60 ms a batch, most of a low-latency batch's overhead). A checkpoint's first batch,
+worker (30-90 ms less a batch in the latency runs, docs/performance.md). A checkpoint's first batch,
 whose start the log does not hold, and the other sources run ``mapInArrow`` over the source
 DataFrame.
 """
@@ -188,28 +188,16 @@ def _planned_task(
     codec: EventCodec,
     batch_id: int,
     groups: tuple[tuple[Range, ...], ...],
+    slotted: bool,
     index: int,
     _rows: Iterator[int],
 ) -> Iterator[BatchOutcome]:
-    """Executor side, tasks planned by the driver: fold the ranges of task ``index``."""
+    """Executor side, tasks planned by the driver: task ``index`` folds ``groups[index]``.
+
+    Re-keyed (``slotted``): as writer slot ``index``, whose task reads every range of the batch.
+    """
     ranges = groups[index]
-    writer = _writer(target, projection, codec)
-    outcome = _apply_all(writer, records_of_ranges(target, ranges), ranges, batch_id)
-    if outcome.records:
-        yield outcome
-
-
-def _planned_slot_task(
-    target: FoldTarget,
-    projection: Projection,
-    codec: EventCodec,
-    batch_id: int,
-    ranges: tuple[Range, ...],
-    slot: int,
-    _rows: Iterator[int],
-) -> Iterator[BatchOutcome]:
-    """Executor side, re-keyed, tasks planned by the driver: writer slot ``slot``'s task."""
-    writer = _writer(target, projection, codec, slot)
+    writer = _writer(target, projection, codec, index if slotted else None)
     outcome = _apply_all(writer, records_of_ranges(target, ranges), ranges, batch_id)
     if outcome.records:
         yield outcome
@@ -329,23 +317,16 @@ class RedisFoldSink:
         """Run the batch's tasks as the driver planned them: one RDD job, a task per group."""
         if not planned:
             return []
-        if self.target.slots:
+        slotted = bool(self.target.slots)
+        if slotted:
             # Re-keyed: every writer slot's task reads every range of the batch.
-            count = self.target.slots
-            task = functools.partial(
-                _planned_slot_task,
-                self.target,
-                self.projection,
-                self.codec,
-                batch_id,
-                tuple(planned),
-            )
+            groups = (tuple(planned),) * self.target.slots
         else:
             groups = tuple(cast("TaskPlan", self.tasks).groups(planned))
-            count = len(groups)
-            task = functools.partial(
-                _planned_task, self.target, self.projection, self.codec, batch_id, groups
-            )
+        count = len(groups)
+        task = functools.partial(
+            _planned_task, self.target, self.projection, self.codec, batch_id, groups, slotted
+        )
         logger.debug(
             "batch %d: %d ranges in %d tasks, planned from the offsets log",
             batch_id,
