@@ -153,6 +153,8 @@ def start_query(
             closer=closer,
             checkpoint=run.checkpoint,
             closes_ranges=options.source_format == "kafka",
+            # The source's own grouping: _source sets maxTasks and leaves minRecordsPerTask at
+            # its default, as TaskPlan does.
             tasks=(
                 TaskPlan(max_tasks=options.max_tasks or None)
                 if options.source_format == "refold_kafka_ranges"

@@ -6,8 +6,9 @@ handled by exactly one task, which reports its counts back to the driver.
 
 Behind refold's ranges source the driver plans the tasks itself, from the batch's entry in the
 checkpoint's offsets log (the source's own grouping, :class:`TaskPlan`), and runs them as one
-small RDD job: no DataFrame is planned and no task waits for range rows from another Python
-worker (30-90 ms less a batch in the latency runs, docs/performance.md). A checkpoint's first batch,
+small RDD job. Spark still plans the batch's scan (the source's ``partitions()``), but no
+``mapInArrow`` is planned over it and no task waits for range rows from another Python worker
+(30-90 ms less a batch in the latency runs, docs/performance.md). A checkpoint's first batch,
 whose start the log does not hold, and the other sources run ``mapInArrow`` over the source
 DataFrame.
 """
