@@ -28,6 +28,7 @@ __all__ = [
     "Range",
     "SourceOptions",
     "TaskPlan",
+    "batch_ranges_between",
     "cap_offsets",
     "coalesce_ranges",
     "read_log",
@@ -150,6 +151,21 @@ def cap_offsets(
             shares[tp] += 1
             left -= 1
     return {tp: start.get(tp, e) + shares[tp] if tp in start else e for tp, e in end.items()}
+
+
+def batch_ranges_between(
+    begin: Mapping[TopicPartitionKey, int], finish: Mapping[TopicPartitionKey, int]
+) -> list[Range]:
+    """A batch's non-empty ranges, from its start to its end offsets, in partition order.
+
+    A partition with no start offset (new in this batch) starts at 0. Refold's sources plan
+    their batches so, and a sink that plans a batch from Spark's offsets log must read the same.
+    """
+    return [
+        (t, p, begin.get((t, p), 0), e)
+        for (t, p), e in sorted(finish.items())
+        if e > begin.get((t, p), 0)
+    ]
 
 
 def coalesce_ranges(

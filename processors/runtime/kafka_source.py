@@ -42,6 +42,7 @@ from refold.contracts.kafka.offsets_json import Offsets, flatten, nest
 from refold.processors.runtime.kafka_ranges import (
     Range,
     SourceOptions,
+    batch_ranges_between,
     cap_offsets,
     coalesce_ranges,
     read_messages,
@@ -224,11 +225,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             self._last_end = dict(finish)
         else:
             self._last_end = {tp: max(o, self._last_end.get(tp, 0)) for tp, o in finish.items()}
-        ranges = [
-            (t, p, begin.get((t, p), 0), e)
-            for (t, p), e in sorted(finish.items())
-            if e > begin.get((t, p), 0)
-        ]
+        ranges = batch_ranges_between(begin, finish)
         return [KafkaRangePartition(group) for group in self.options.tasks.groups(ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -15,7 +15,7 @@ from refold.contracts.kafka.offsets_json import parse_offsets_json
 from refold.contracts.layout import position_field
 from refold.processors.errors import ProcessorError
 from refold.processors.runtime.checkpoints import checkpoint_files
-from refold.processors.runtime.kafka_ranges import Range
+from refold.processors.runtime.kafka_ranges import Range, batch_ranges_between
 
 __all__ = [
     "batch_end_offsets",
@@ -60,10 +60,9 @@ def _entry(checkpoint: str | Path, batch_id: int) -> dict[tuple[str, int], int]:
 def planned_ranges(checkpoint: str | Path, batch_id: int) -> list[Range] | None:
     """The non-empty ranges refold's source planned for batch ``batch_id``, from the log.
 
-    The same ranges as the source's ``partitions(start, end)``: from the previous entry's
-    offsets (a partition new in this batch: from 0, as the source) to this entry's. None when
-    the previous entry is not there: a checkpoint's first batch (refold's sources keep their
-    initial offsets to themselves).
+    The source's own ranges (:func:`batch_ranges_between`) from the previous entry's offsets to
+    this entry's. None when the previous entry is not there: a checkpoint's first batch
+    (refold's sources keep their initial offsets to themselves).
 
     Raises:
         ProcessorError: An entry is not in Spark's format.
@@ -75,11 +74,7 @@ def planned_ranges(checkpoint: str | Path, batch_id: int) -> list[Range] | None:
         begin = _entry(checkpoint, batch_id - 1)
     except FileNotFoundError:
         return None
-    return [
-        (t, p, begin.get((t, p), 0), end)
-        for (t, p), end in sorted(_entry(checkpoint, batch_id).items())
-        if end > begin.get((t, p), 0)
-    ]
+    return batch_ranges_between(begin, _entry(checkpoint, batch_id))
 
 
 def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, int]:

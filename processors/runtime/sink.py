@@ -178,9 +178,20 @@ def _slot_task(
     """
     slots = [s for batch in batches for s in batch.column("id").to_pylist()]
     for slot in slots:
-        writer = _writer(target, projection, codec, slot)
-        parts = records_of_ranges(target, ranges)
-        yield from _outcome_rows(_apply_all(writer, parts, ranges, batch_id))
+        yield from _outcome_rows(_fold_ranges(target, projection, codec, batch_id, ranges, slot))
+
+
+def _fold_ranges(
+    target: FoldTarget,
+    projection: Projection,
+    codec: EventCodec,
+    batch_id: int,
+    ranges: tuple[Range, ...],
+    slot: int | None,
+) -> BatchOutcome:
+    """Read ``ranges`` in this worker and fold them (as writer slot ``slot`` when re-keyed)."""
+    writer = _writer(target, projection, codec, slot)
+    return _apply_all(writer, records_of_ranges(target, ranges), ranges, batch_id)
 
 
 def _planned_task(
@@ -197,9 +208,8 @@ def _planned_task(
 
     Re-keyed (``slotted``): as writer slot ``index``, whose task reads every range of the batch.
     """
-    ranges = groups[index]
-    writer = _writer(target, projection, codec, index if slotted else None)
-    outcome = _apply_all(writer, records_of_ranges(target, ranges), ranges, batch_id)
+    slot = index if slotted else None
+    outcome = _fold_ranges(target, projection, codec, batch_id, groups[index], slot)
     if outcome.records:
         yield outcome
 
