@@ -5,18 +5,32 @@ It takes ``pyspark.zip`` and the other archives Spark puts on a worker's path of
 task) where a worker did not start without them already (a cluster's executors), imports the
 modules every task needs once, then runs the real daemon (``pyspark.daemon``), which forks the
 workers. A worker whose socket Spark has closed exits quietly (:func:`quiet_when_spark_closed`).
+
+Spark starts the daemons of its driver-side planners (a Python data source's lookup, creation
+and read planning) as ``python -m pyspark.daemon`` whatever the setting says. In the Python
+processes of a refold driver's JVM, ``worker_startup/sitecustomize.py`` sends those to
+:func:`run_daemon` too (:class:`PlannerDaemonRedirect`), without the task modules.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import importlib.abc
+import importlib.machinery
 import socket
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from types import CodeType, ModuleType
 
 from refold.processors.runtime.spark_archives import strip_spark_zips
 
-__all__ = ["preload_worker_modules", "quiet_when_spark_closed"]
+__all__ = [
+    "PlannerDaemonRedirect",
+    "preload_worker_modules",
+    "quiet_when_spark_closed",
+    "run_daemon",
+]
 
 Worker = Callable[[socket.socket, bool], int | None]
 
@@ -65,9 +79,16 @@ def quiet_when_spark_closed(worker: Worker) -> Worker:
     return run
 
 
-if __name__ == "__main__":
+def run_daemon(*, preload: bool) -> None:
+    """Run PySpark's daemon in this process, its workers ending quietly; returns when it ends.
+
+    Args:
+        preload: Import the modules every refold task needs first (the task daemon), not for
+            a planner's daemon.
+    """
     strip_spark_zips()
-    preload_worker_modules()
+    if preload:
+        preload_worker_modules()
     # PySpark's daemon runs a full gc.collect() in each worker after every task, which walks
     # every object the imports made (~80k here, ~20 ms a task). Frozen before the workers are
     # forked, they are left out of every collection (and their pages stay shared). Import-time
@@ -78,3 +99,39 @@ if __name__ == "__main__":
 
     pyspark.daemon.worker = quiet_when_spark_closed(pyspark.daemon.worker)
     pyspark.daemon.manager()  # type: ignore[no-untyped-call]
+
+
+_PLANNER_DAEMON_MAIN = (
+    "from refold.processors.runtime.spark_daemon import run_daemon\nrun_daemon(preload=False)\n"
+)
+
+
+class PlannerDaemonRedirect(importlib.abc.Loader):
+    """Runs :func:`run_daemon` where ``python -m pyspark.daemon`` was asked for.
+
+    Installed first on ``sys.meta_path`` by the ``sitecustomize`` of a refold driver's Python
+    processes, in a process started as ``-m pyspark.daemon`` only. ``runpy`` looks the module
+    up once, and asks its loader for the code it runs as ``__main__``: here, a call of
+    :func:`run_daemon`. The finder leaves ``sys.meta_path`` at that lookup, so that
+    :func:`run_daemon` imports the real ``pyspark.daemon``.
+    """
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        """``runpy``'s lookup of ``pyspark.daemon``: this loader; any other module: None."""
+        if fullname != "pyspark.daemon":
+            return None
+        sys.meta_path.remove(self)
+        return importlib.machinery.ModuleSpec(fullname, self, origin=__file__)
+
+    def get_code(self, fullname: str) -> CodeType:
+        """What ``runpy`` runs as ``__main__``."""
+        return compile(_PLANNER_DAEMON_MAIN, __file__, "exec")
+
+
+if __name__ == "__main__":
+    run_daemon(preload=True)

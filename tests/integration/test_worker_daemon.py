@@ -1,10 +1,13 @@
-"""refold's Python worker daemon, driven the way Spark's executor drives it over a Unix socket.
+"""refold's Python worker daemons, driven the way Spark's JVM drives them over a Unix socket.
 
 Spark closes an idle worker's socket to end it (after a minute without tasks, and when the
 application stops). PySpark 4.1's own daemon then prints a ``BrokenPipeError`` traceback into
-the processor's log; refold's daemon ends the worker quietly. The test plays the executor's part:
-it starts the daemon module, connects to the socket it names, takes the forked worker's pid and
-closes the connection, then ends the daemon by closing its stdin.
+the processor's log; refold's daemon ends the worker quietly. That holds for the task daemon
+(``spark.python.daemon.module``) and for the planners' daemons, which Spark always starts as
+``python -m pyspark.daemon``: refold's ``sitecustomize`` on the driver JVM's ``PYTHONPATH``
+runs refold's daemon there. The test plays the JVM's part: it starts the daemon, connects to the
+socket it names, takes the forked worker's pid and closes the connection, then ends the daemon by
+closing its stdin.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from refold.processors.runtime.spark_archives import WORKER_STARTUP
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:
@@ -40,10 +45,11 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
 
 
-def _close_an_idle_worker(module: str, sock_dir: Path) -> str:
+def _close_an_idle_worker(module: str, sock_dir: Path, python_path: str = "") -> str:
     """Run ``python -m module`` as Spark would, close one idle worker; returns its stderr."""
     env = {
         **os.environ,
+        "PYTHONPATH": python_path,
         "PYTHON_UNIX_DOMAIN_ENABLED": "True",
         "PYTHON_WORKER_FACTORY_SOCK_DIR": str(sock_dir),
         "PYTHON_WORKER_FACTORY_SECRET": "unused-over-unix-sockets",
@@ -85,12 +91,23 @@ def _close_an_idle_worker(module: str, sock_dir: Path) -> str:
 
 @pytest.mark.timeout(120)
 def test_a_worker_whose_socket_spark_closed_ends_without_a_traceback(tmp_path):
-    stderr = _close_an_idle_worker("refold.processors.runtime.spark_daemon", tmp_path)
-    assert "Traceback" not in stderr, stderr
+    # As a refold driver's JVM starts it (its startup directory first), and as an executor does.
+    for python_path in (str(WORKER_STARTUP), ""):
+        stderr = _close_an_idle_worker(
+            "refold.processors.runtime.spark_daemon", tmp_path, python_path
+        )
+        assert stderr == "", stderr  # no traceback, no warning: nothing at all
+
+
+@pytest.mark.timeout(120)
+def test_a_planners_daemon_started_by_a_refold_driver_ends_its_workers_quietly_too(tmp_path):
+    # As the driver JVM refold starts runs a planner's daemon: its startup directory first.
+    stderr = _close_an_idle_worker("pyspark.daemon", tmp_path, str(WORKER_STARTUP))
+    assert stderr == "", stderr
 
 
 @pytest.mark.timeout(120)
 def test_pysparks_own_daemon_prints_a_traceback_there(tmp_path):
-    # The case above is the one that matters: PySpark's daemon, in the same steps, complains.
+    # What the cases above guard against: PySpark's daemon alone, in the same steps, complains.
     stderr = _close_an_idle_worker("pyspark.daemon", tmp_path)
     assert "BrokenPipeError" in stderr, stderr

@@ -2,9 +2,12 @@
 
 refold puts this directory on the driver JVM's ``PYTHONPATH``
 (:mod:`refold.processors.runtime.spark_archives` says why): Spark's archives leave the path
-here, so PySpark is imported from its installed package, with its bytecode. Then the
+here, so PySpark is imported from its installed package, with its bytecode. A process started
+as ``python -m pyspark.daemon`` (Spark's planners' daemons) runs refold's daemon instead, whose
+workers end quietly when Spark closes them
+(:class:`refold.processors.runtime.spark_daemon.PlannerDaemonRedirect`). Then the
 ``sitecustomize`` this one hides, if the environment has one, runs as it would have. Nothing
-here may stop a process: on any error the path stays as Spark made it.
+here may stop a process: on any error the path stays as Spark made it, and the daemon PySpark's.
 """
 
 from __future__ import annotations
@@ -32,5 +35,14 @@ try:
 
     strip_spark_zips()
 except Exception:  # a speed-up only: never a reason for a worker not to start  # noqa: S110
+    pass
+try:
+    # Spark starts a daemon as [python, -m, module, worker module]. Checked before importing:
+    # refold's own daemon module (the tasks') must not be imported before it runs as __main__.
+    if sys.orig_argv[1:3] == ["-m", "pyspark.daemon"]:
+        from refold.processors.runtime.spark_daemon import PlannerDaemonRedirect
+
+        sys.meta_path.insert(0, PlannerDaemonRedirect())
+except Exception:  # quieter logs only: never a reason for a daemon not to start  # noqa: S110
     pass
 _run_hidden_sitecustomize()
