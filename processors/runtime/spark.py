@@ -103,6 +103,12 @@ def spark_conf(app_name: str, spark: SparkSettings, java_options: str = "") -> d
         # a task's first input batch waited 40 ms (Nagle's algorithm against delayed ACKs: a
         # small write held until the last one is acknowledged), in every task of every batch.
         "spark.python.unix.domain.socket.enabled": "true",
+        # Spark pools Python workers per environment, and SQL's Python runners (mapInArrow)
+        # add SPARK_SIMPLIFIED_TRACEBACK to theirs where RDD jobs do not: two daemons, two
+        # sets of warm workers (each with its own Kafka and Redis clients), and a fold's
+        # batch 1 (an RDD job, planned by the driver) met cold workers after batch 0
+        # (mapInArrow). Without it both share one pool; tracebacks keep PySpark's frames.
+        "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         # Streaming progress is reported by refold itself; keep Spark's own logs quiet.
         "spark.sql.streaming.metricsEnabled": "false",
         "spark.driver.extraJavaOptions": " ".join(

@@ -172,6 +172,8 @@ def test_spark_conf_from_settings():
     assert conf["spark.scheduler.mode"] == "FAIR"
     assert conf["spark.python.daemon.module"] == "refold.processors.runtime.spark_daemon"
     assert conf["spark.python.unix.domain.socket.enabled"] == "true"
+    # One pool of Python workers for RDD jobs and mapInArrow (tests/spark/test_worker_pool.py).
+    assert conf["spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"] == "false"
     assert "spark.cores.max" not in conf
     settings = SparkSettings(
         master="spark://h:7077", cores_max=1, executor_memory="3g", driver_memory="1g"
