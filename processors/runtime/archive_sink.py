@@ -1,8 +1,10 @@
 """The archive's writer: each micro-batch's events as Parquet files, exactly once, in Spark tasks.
 
-The query is ``refold_kafka_ranges -> foreachBatch(ArchiveSink)``; the sink runs one
-``mapInArrow`` task per group of partition ranges (:func:`archive_ranges`, executor side), and
-per Kafka partition ``(topic, partition)`` of its ranges a task:
+The query is ``refold_kafka_ranges -> foreachBatch(ArchiveSink)``; the sink runs one task per
+group of partition ranges (:func:`archive_ranges`, executor side): after a checkpoint's first
+batch as an RDD job the driver plans from the offsets log, as the fold sink does
+(:mod:`refold.processors.runtime.sink`), else ``mapInArrow`` over the source. Per Kafka
+partition ``(topic, partition)`` of its ranges a task:
 
 1. reads the partition's applied position ``A`` in Redis (the truth, DESIGN.md decision 9) and
    skips the range if ``A`` is at or past its end; otherwise it archives ``[A, end)`` (also when
@@ -39,7 +41,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
@@ -66,11 +68,13 @@ from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.fold_target import add_outcome
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
-from refold.processors.runtime.kafka_ranges import Range, SourceOptions, read_messages
+from refold.processors.runtime.kafka_ranges import Range, SourceOptions, TaskPlan, read_messages
+from refold.processors.runtime.offset_log import planned_ranges
 from refold.processors.runtime.outcome_rows import OutcomeRows
 from refold.processors.runtime.sink import ranges_of
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -294,6 +298,19 @@ def _archive_task(
         yield from _OUTCOME_ROWS.rows(outcome)
 
 
+def _planned_archive_task(
+    plan: ArchivePlan,
+    batch_id: int,
+    groups: tuple[tuple[Range, ...], ...],
+    index: int,
+    _rows: Iterator[int],
+) -> Iterator[ArchiveOutcome]:
+    """Executor side, tasks planned by the driver: task ``index`` archives ``groups[index]``."""
+    outcome = archive_ranges(plan, groups[index], batch_id)
+    if outcome.records:
+        yield outcome
+
+
 def prepare_archive(
     target: FoldTarget, archive: ArchiveProcessor, codec: EventCodec, source_format: str
 ) -> ArchivePlan:
@@ -335,6 +352,8 @@ class ArchiveSink:
         plan: From :func:`prepare_archive`.
         mirror: Commits each batch's new positions to the generation's consumer group.
         checkpoint: The query's checkpoint (scopes the batch ids of the generation's stats).
+        tasks: How the source splits a batch into tasks: the driver plans the batches after
+            a checkpoint's first one itself, from the offsets log. Needs ``checkpoint``.
     """
 
     def __init__(
@@ -342,9 +361,12 @@ class ArchiveSink:
         plan: ArchivePlan,
         mirror: ConsumerGroupMirror | None = None,
         checkpoint: str | Path | None = None,
+        tasks: TaskPlan | None = None,
     ) -> None:
         self.plan = plan
         self.target = plan.target
+        self.checkpoint = checkpoint
+        self.tasks = tasks if checkpoint is not None else None
         self.mirror = mirror
         self.total = ArchiveOutcome()
         self.stats = BatchStatsRecorder(plan.target, checkpoint)
@@ -352,10 +374,16 @@ class ArchiveSink:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Archive one micro-batch; idempotent (a re-executed batch writes nothing new)."""
         started = time.perf_counter()
-        task = functools.partial(_archive_task, self.plan, batch_id)
+        checkpoint = cast("str | Path", self.checkpoint)
+        planned = None if self.tasks is None else planned_ranges(checkpoint, batch_id)
         outcome = ArchiveOutcome()
-        for row in df.mapInArrow(task, ARCHIVE_OUTCOME_SCHEMA).collect():
-            outcome.merge(_OUTCOME_ROWS.of_row(row))
+        if planned is not None:
+            for task_outcome in self._run_planned(df.sparkSession.sparkContext, planned, batch_id):
+                outcome.merge(task_outcome)
+        else:
+            task = functools.partial(_archive_task, self.plan, batch_id)
+            for row in df.mapInArrow(task, ARCHIVE_OUTCOME_SCHEMA).collect():
+                outcome.merge(_OUTCOME_ROWS.of_row(row))
         self.total.merge(outcome)
         if self.mirror is not None:
             self.mirror.commit(outcome.positions)
@@ -374,6 +402,24 @@ class ArchiveSink:
                 },
             )
             self.stats.record(batch_id, started)
+
+    def _run_planned(
+        self, sc: SparkContext, planned: list[Range], batch_id: int
+    ) -> list[ArchiveOutcome]:
+        """Run the batch's tasks as the driver planned them: one RDD job, a task per group."""
+        if not planned:
+            return []
+        groups = tuple(cast("TaskPlan", self.tasks).groups(planned))
+        task = functools.partial(_planned_archive_task, self.plan, batch_id, groups)
+        logger.debug(
+            "batch %d: %d ranges in %d tasks, planned from the offsets log",
+            batch_id,
+            len(planned),
+            len(groups),
+            extra={"batch_id": batch_id},
+        )
+        count = len(groups)
+        return sc.parallelize(range(count), count).mapPartitionsWithIndex(task).collect()
 
 
 def start_archive_query(

@@ -127,7 +127,8 @@ def start_query(
     if is_archive_processor(projection):
         archive = cast("ArchiveProcessor", projection)
         plan = prepare_archive(run.target, archive, EventCodec(), options.source_format)
-        sink = ArchiveSink(plan, mirror, run.checkpoint)
+        # The source's own grouping, as for a fold (below).
+        sink = ArchiveSink(plan, mirror, run.checkpoint, _task_plan(options))
         query = start_archive_query(
             _source(spark, topics, kafka, run, options),
             sink,
@@ -153,16 +154,21 @@ def start_query(
             closer=closer,
             checkpoint=run.checkpoint,
             closes_ranges=options.source_format == "kafka",
-            # The source's own grouping: _source sets maxTasks and leaves minRecordsPerTask at
-            # its default, as TaskPlan does.
-            tasks=(
-                TaskPlan(max_tasks=options.max_tasks or None)
-                if options.source_format == "refold_kafka_ranges"
-                else None
-            ),
+            tasks=_task_plan(options),
         )
         query = build_query(spark, topics, kafka, run, sink, options)
     return sink, query
+
+
+def _task_plan(options: RunOptions) -> TaskPlan | None:
+    """How refold's ranges source splits a batch into tasks, for a sink to plan them alike.
+
+    The source's own grouping: :func:`_source` sets ``maxTasks`` and leaves
+    ``minRecordsPerTask`` at its default, as :class:`TaskPlan` does. None for other sources.
+    """
+    if options.source_format != "refold_kafka_ranges":
+        return None
+    return TaskPlan(max_tasks=options.max_tasks or None)
 
 
 def _source(

@@ -93,6 +93,7 @@ def test_the_archive_equals_the_log_through_a_kill_9_read_by_pyarrow_duckdb_and_
                 max_offsets_per_trigger=1_500,
             ),
         },
+        log_level="DEBUG",  # the sinks say which batches the driver planned
     )
     publisher = EventPublisher(
         kafka, topics=[dataclasses.replace(s, name=n) for s, n in zip(specs, names, strict=True)]
@@ -157,6 +158,16 @@ def test_the_archive_equals_the_log_through_a_kill_9_read_by_pyarrow_duckdb_and_
         for running in processes:
             running.stop()
         publisher.close()
+
+    # After a checkpoint's first batch the driver plans the archive's tasks from the offsets
+    # log: the run after the kill did (run 1 may have been killed in its first batch).
+    planned = [
+        line
+        for line in (tmp_path / "run-2.log").read_text().splitlines()
+        if '"refold.processors.runtime.archive_sink"' in line
+        and "planned from the offsets log" in line
+    ]
+    assert planned
 
     # pyarrow: every decodable record of the log, once, with equal values and its event date.
     total = assert_archive_equals_log(root, kafka_bootstrap, names, dates=DATES)
