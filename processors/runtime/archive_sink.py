@@ -71,7 +71,7 @@ from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.kafka_ranges import Range, SourceOptions, TaskPlan, read_messages
 from refold.processors.runtime.offset_log import planned_ranges
 from refold.processors.runtime.outcome_rows import OutcomeRows
-from refold.processors.runtime.sink import ranges_of
+from refold.processors.runtime.sink import ranges_of, run_planned_tasks
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -374,8 +374,11 @@ class ArchiveSink:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Archive one micro-batch; idempotent (a re-executed batch writes nothing new)."""
         started = time.perf_counter()
-        checkpoint = cast("str | Path", self.checkpoint)
-        planned = None if self.tasks is None else planned_ranges(checkpoint, batch_id)
+        planned = (
+            None
+            if self.tasks is None
+            else planned_ranges(cast("str | Path", self.checkpoint), batch_id)
+        )
         outcome = ArchiveOutcome()
         if planned is not None:
             for task_outcome in self._run_planned(df.sparkSession.sparkContext, planned, batch_id):
@@ -411,15 +414,7 @@ class ArchiveSink:
             return []
         groups = tuple(cast("TaskPlan", self.tasks).groups(planned))
         task = functools.partial(_planned_archive_task, self.plan, batch_id, groups)
-        logger.debug(
-            "batch %d: %d ranges in %d tasks, planned from the offsets log",
-            batch_id,
-            len(planned),
-            len(groups),
-            extra={"batch_id": batch_id},
-        )
-        count = len(groups)
-        return sc.parallelize(range(count), count).mapPartitionsWithIndex(task).collect()
+        return run_planned_tasks(sc, self.target, batch_id, len(planned), len(groups), task)
 
 
 def start_archive_query(

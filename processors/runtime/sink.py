@@ -18,9 +18,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,6 +50,7 @@ __all__ = [
     "ranges_of",
     "records_of_ranges",
     "records_of_rows",
+    "run_planned_tasks",
 ]
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,32 @@ def _writer(
         writer.connect()
     writer.begin_task()
     return writer
+
+
+_Outcome = TypeVar("_Outcome")
+
+
+def run_planned_tasks(
+    sc: SparkContext,
+    target: FoldTarget,
+    batch_id: int,
+    ranges: int,
+    tasks: int,
+    task: Callable[[int, Iterable[int]], Iterable[_Outcome]],
+) -> list[_Outcome]:
+    """Run a batch's tasks as the driver planned them: one RDD job, ``task(index, _)`` each.
+
+    Shared by the fold and archive sinks. ``ranges`` and ``tasks`` are counted for the DEBUG
+    line that says the batch was planned from the offsets log.
+    """
+    logger.debug(
+        "batch %d: %d ranges in %d tasks, planned from the offsets log",
+        batch_id,
+        ranges,
+        tasks,
+        extra={"batch_id": batch_id, "processor": target.processor},
+    )
+    return sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(task).collect()
 
 
 def ranges_of(batches: Iterator[pa.RecordBatch]) -> tuple[Range, ...]:
@@ -334,18 +361,10 @@ class RedisFoldSink:
             groups = (tuple(planned),) * self.target.slots
         else:
             groups = tuple(cast("TaskPlan", self.tasks).groups(planned))
-        count = len(groups)
         task = functools.partial(
             _planned_task, self.target, self.projection, self.codec, batch_id, groups, slotted
         )
-        logger.debug(
-            "batch %d: %d ranges in %d tasks, planned from the offsets log",
-            batch_id,
-            len(planned),
-            count,
-            extra={"batch_id": batch_id},
-        )
-        return sc.parallelize(range(count), count).mapPartitionsWithIndex(task).collect()
+        return run_planned_tasks(sc, self.target, batch_id, len(planned), len(groups), task)
 
     def _run_on_source(self, df: DataFrame, batch_id: int, outcome: BatchOutcome) -> None:
         """Run the batch's tasks over the source DataFrame (``mapInArrow``), merging outcomes."""
