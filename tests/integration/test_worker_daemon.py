@@ -17,12 +17,25 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from refold.processors.runtime.spark_archives import WORKER_STARTUP
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory for the daemon's socket, as Spark's (``/tmp/spark-<uuid>``) is.
+
+    A Unix socket's path has at most 107 bytes, and pytest's ``tmp_path`` can be longer than
+    that with the daemon's ``.<uuid>.sock`` added (it was in CI's clean clone).
+    """
+    with tempfile.TemporaryDirectory(prefix="refold-sock-", dir="/tmp") as name:
+        yield Path(name)
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:
@@ -68,7 +81,11 @@ def _close_an_idle_worker(module: str, sock_dir: Path, python_path: str = "") ->
     assert daemon.stdout is not None
     assert daemon.stderr is not None
     try:
-        (length,) = struct.unpack("!i", daemon.stdout.read(4))
+        header = daemon.stdout.read(4)
+        if len(header) < 4:  # the daemon ended before naming its socket: say why
+            daemon.wait(20)
+            pytest.fail(f"{module} did not start: {daemon.stderr.read().decode()}")
+        (length,) = struct.unpack("!i", header)
         path = daemon.stdout.read(length).decode()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as worker_socket:
             worker_socket.connect(path)
@@ -90,24 +107,24 @@ def _close_an_idle_worker(module: str, sock_dir: Path, python_path: str = "") ->
 
 
 @pytest.mark.timeout(120)
-def test_a_worker_whose_socket_spark_closed_ends_without_a_traceback(tmp_path):
+def test_a_worker_whose_socket_spark_closed_ends_without_a_traceback(sock_dir):
     # As a refold driver's JVM starts it (its startup directory first), and as an executor does.
     for python_path in (str(WORKER_STARTUP), ""):
         stderr = _close_an_idle_worker(
-            "refold.processors.runtime.spark_daemon", tmp_path, python_path
+            "refold.processors.runtime.spark_daemon", sock_dir, python_path
         )
         assert stderr == "", stderr  # no traceback, no warning: nothing at all
 
 
 @pytest.mark.timeout(120)
-def test_a_planners_daemon_started_by_a_refold_driver_ends_its_workers_quietly_too(tmp_path):
+def test_a_planners_daemon_started_by_a_refold_driver_ends_its_workers_quietly_too(sock_dir):
     # As the driver JVM refold starts runs a planner's daemon: its startup directory first.
-    stderr = _close_an_idle_worker("pyspark.daemon", tmp_path, str(WORKER_STARTUP))
+    stderr = _close_an_idle_worker("pyspark.daemon", sock_dir, str(WORKER_STARTUP))
     assert stderr == "", stderr
 
 
 @pytest.mark.timeout(120)
-def test_pysparks_own_daemon_prints_a_traceback_there(tmp_path):
+def test_pysparks_own_daemon_prints_a_traceback_there(sock_dir):
     # What the cases above guard against: PySpark's daemon alone, in the same steps, complains.
-    stderr = _close_an_idle_worker("pyspark.daemon", tmp_path)
+    stderr = _close_an_idle_worker("pyspark.daemon", sock_dir)
     assert "BrokenPipeError" in stderr, stderr
