@@ -5,7 +5,9 @@ refold puts this directory on the driver JVM's ``PYTHONPATH``
 here, so PySpark is imported from its installed package, with its bytecode. A process started
 as ``python -m pyspark.daemon`` (Spark's planners' daemons) runs refold's daemon instead, whose
 workers end quietly when Spark closes them
-(:class:`refold.processors.runtime.spark_daemon.PlannerDaemonRedirect`). Then the
+(:class:`refold.processors.runtime.spark_daemon.PlannerDaemonRedirect`). A process that finds
+the driver stopped before it connected says so in one line rather than a traceback
+(:mod:`refold.processors.runtime.spark_exits`). Then the
 ``sitecustomize`` this one hides, if the environment has one, runs as it would have. Nothing
 here may stop a process: on any error the path stays as Spark made it, and the daemon PySpark's.
 """
@@ -44,5 +46,11 @@ try:
 
         sys.meta_path.insert(0, PlannerDaemonRedirect())
 except Exception:  # quieter logs only: never a reason for a daemon not to start  # noqa: S110
+    pass
+try:
+    from refold.processors.runtime.spark_exits import install
+
+    install()
+except Exception:  # quieter logs only  # noqa: S110
     pass
 _run_hidden_sitecustomize()
