@@ -50,6 +50,7 @@ __all__ = [
     "is_abandoned",
     "processors_in_redis",
     "starting_positions",
+    "status_and_live",
 ]
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,26 @@ class GenerationInfo:
 
 def _decode(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def status_and_live(
+    client: redis.Redis, layout: StateLayout, generation: int
+) -> tuple[GenerationStatus | None, int | None]:
+    """``generation``'s status and the live generation (the alias), read at one instant.
+
+    One transaction: both keys are in the registry's slot, which a flip changes in one
+    transaction too. Read one after the other, a flip between the two reads paired
+    ``building`` with an alias already naming ``generation``, a state that never exists: a
+    rebuild's batch then took itself for one with no live generation to compare with (and
+    held back all its side effects), and its window closer emitted again the windows the
+    replaced generation had emitted (``test_windows``, once in a full run).
+    """
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hget(layout.generations, str(generation))
+        pipe.get(layout.alias)
+        raw_status, raw_live = pipe.execute()
+    status = None if raw_status is None else cast("GenerationStatus", _decode(raw_status))
+    return status, None if raw_live is None else int(_decode(raw_live))
 
 
 def processors_in_redis(client: redis.Redis, key_prefix: str) -> list[str]:

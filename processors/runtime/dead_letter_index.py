@@ -38,7 +38,7 @@ from refold.contracts.layout import (
     parse_position_field,
     position_field,
 )
-from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.generations import GenerationRegistry, status_and_live
 from refold.contracts.store.positions import GenerationPositions
 from refold.processors.runtime.dead_letters import DeadLetter, produce_letters
 from refold.processors.runtime.fold_target import FoldTarget
@@ -94,7 +94,7 @@ def letters_to_send(
 
 
 def building_against(
-    client: redis.Redis | Pipeline,
+    client: redis.Redis,
     layout: StateLayout,
     generation: int,
     partitions: Iterable[tuple[str, int]],
@@ -112,11 +112,9 @@ def building_against(
         ``None`` unless ``generation`` is ``building``; else the live generation (``None``:
         there is none) and its applied positions of ``partitions``.
     """
-    status = client.hget(layout.generations, str(generation))
-    if status not in (b"building", "building"):
+    status, live = status_and_live(client, layout, generation)
+    if status != "building":
         return None
-    raw_live = client.get(layout.alias)
-    live = None if raw_live is None else int(cast("bytes", raw_live))
     if live is None or live == generation:
         return None, {}
     fields = sorted({position_field(topic, partition) for topic, partition in partitions})
@@ -167,7 +165,7 @@ class LetterDecision:
 
 
 def decide_letters(
-    client: redis.Redis | Pipeline,
+    client: redis.Redis,
     layout: StateLayout,
     generation: int,
     letters: Sequence[DeadLetter],

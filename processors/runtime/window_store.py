@@ -29,7 +29,7 @@ from refold.contracts.layout import (
 )
 from refold.contracts.origin import ORIGIN_ID, sender_headers
 from refold.contracts.store.connect import redis_client
-from refold.contracts.store.generations import GenerationRegistry
+from refold.contracts.store.generations import GenerationRegistry, status_and_live
 from refold.contracts.store.positions import GenerationPositions
 from refold.contracts.store.sketches import UnionCounts
 from refold.contracts.windows import WINDOW_RESULT, result_record, watermark_of
@@ -192,12 +192,11 @@ class WindowCloser(DriverTask):
         its closer may have been ahead of this one's at the flip.
         """
         generation = self.generation
-        status = self.redis.hget(self.layout.generations, str(generation))
-        if status in (b"building", "building"):
-            raw_live = self.redis.get(self.layout.alias)
-            if raw_live is None or int(cast("bytes", raw_live)) == generation:
+        status, live_generation = status_and_live(self.redis, self.layout, generation)
+        if status == "building":
+            if live_generation is None or live_generation == generation:
                 return None
-            live = self.registry.keys(int(cast("bytes", raw_live)))
+            live = self.registry.keys(live_generation)
             watermark = generation_watermark(self.redis, live, self.lateness_ms)
             return None if watermark is None else (watermark, None)
         raw = cast("bytes | None", self.redis.hget(self.keys.meta, "replay_of"))

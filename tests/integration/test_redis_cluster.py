@@ -36,6 +36,9 @@ from tests.integration.test_api_keys import (  # noqa: F401
     store,
     test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_other_keys_go_on,
 )
+from tests.integration.test_flip_between_reads import (  # noqa: F401
+    test_status_and_live_reads_one_transaction_on_any_redis,
+)
 from tests.integration.test_fold_writer import (  # noqa: F401
     test_concurrent_writers_of_one_generation_apply_each_record_once,
     test_partial_overlap_applies_only_the_new_tail,
