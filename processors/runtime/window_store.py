@@ -183,13 +183,16 @@ class WindowCloser(DriverTask):
         self._expire(watermark)
         return emitted
 
-    def _suppression(self) -> tuple[int, GenerationKeys | None] | None:
+    def _suppression(self) -> tuple[int, GenerationKeys] | None:
         """What not to emit again: a watermark, and the generation whose timers tell.
 
-        While this generation is being built: windows up to the live one's watermark (the live
-        one closes them). After its flip: windows up to the watermark of the generation it
-        replaced, except those whose close timer that one still holds (it never emitted them);
-        its closer may have been ahead of this one's at the flip.
+        Windows up to the other generation's watermark, except those whose close timer it still
+        holds (it has not emitted them). While this generation is being built, the other is the
+        live one: it closes its windows itself, unless its processor died before it did and is
+        not started again before the flip (a crash, then a replay), and a window it still held
+        would then be emitted by nobody. After the flip, it is the generation this one replaced;
+        its closer may have been ahead of this one's at the flip. A window the other is about to
+        close may be emitted by both (at least once, with the same origin id).
         """
         generation = self.generation
         status, live_generation = status_and_live(self.redis, self.layout, generation)
@@ -198,7 +201,7 @@ class WindowCloser(DriverTask):
                 return None
             live = self.registry.keys(live_generation)
             watermark = generation_watermark(self.redis, live, self.lateness_ms)
-            return None if watermark is None else (watermark, None)
+            return None if watermark is None else (watermark, live)
         raw = cast("bytes | None", self.redis.hget(self.keys.meta, "replay_of"))
         if not raw or int(raw) == generation:
             return None
@@ -209,7 +212,7 @@ class WindowCloser(DriverTask):
         return None if watermark is None else (watermark, replaced)
 
     def _close_some(
-        self, watermark: int, suppress: tuple[int, GenerationKeys | None] | None
+        self, watermark: int, suppress: tuple[int, GenerationKeys] | None
     ) -> int | None:
         """One chunk of due timers: read, emit, settle (None: nothing was due).
 
@@ -248,7 +251,7 @@ class WindowCloser(DriverTask):
         results: list[dict[str, Any]],
         due: list[bytes],
         windows: list[tuple[str, int, str]],
-        suppress: tuple[int, GenerationKeys | None],
+        suppress: tuple[int, GenerationKeys],
     ) -> list[dict[str, Any]]:
         """The results another generation has not emitted (see :meth:`_suppression`).
 
@@ -256,17 +259,16 @@ class WindowCloser(DriverTask):
         """
         until, other = suppress
         pending: set[tuple[str, int, str]] = set()
-        if other is not None:
-            candidates = [(m, w) for m, w in zip(due, windows, strict=True) if w[1] <= until]
-            if candidates:
-                members: list[Any] = [m for m, _w in candidates]  # bytes, as stored
-                with self.redis.pipeline(transaction=False) as pipe:
-                    for shard in other.each_shard():
-                        pipe.zmscore(shard.timers(CLOSE_TIMERS), members)
-                    held = cast("list[list[float | None]]", pipe.execute())
-                for scores in held:
-                    held_here = zip(candidates, scores, strict=True)
-                    pending |= {w for (_m, w), score in held_here if score is not None}
+        candidates = [(m, w) for m, w in zip(due, windows, strict=True) if w[1] <= until]
+        if candidates:
+            members: list[Any] = [m for m, _w in candidates]  # bytes, as stored
+            with self.redis.pipeline(transaction=False) as pipe:
+                for shard in other.each_shard():
+                    pipe.zmscore(shard.timers(CLOSE_TIMERS), members)
+                held = cast("list[list[float | None]]", pipe.execute())
+            for scores in held:
+                held_here = zip(candidates, scores, strict=True)
+                pending |= {w for (_m, w), score in held_here if score is not None}
         return [
             r for r in results if r["end"] > until or (r["window"], r["end"], r["group"]) in pending
         ]

@@ -127,10 +127,13 @@ def test_a_rebuilds_window_closer_holds_back_what_the_live_generation_closes(red
     fold: WindowFold = SalesWindows()
     closer = WindowCloser(flip.layout, 2, fold, LATENESS_MS, redis_url, {})
     closer._redis = client  # the flipping client, in place of the one it would make
-    # Building (as read): windows up to the live generation's watermark are the live one's.
-    assert closer._suppression() == (1_000_000 - LATENESS_MS, None)
+    # Building (as read): windows up to the live generation's watermark, less what it holds.
+    until, other = closer._suppression() or (None, None)
     assert flip.done
-    # Live after the flip: up to the replaced generation's watermark, less what it still holds.
+    assert until == 1_000_000 - LATENESS_MS
+    assert other is not None
+    assert other.generation == 1
+    # Live after the flip: the same against the generation it replaced.
     until, replaced = closer._suppression() or (None, None)
     assert until == 1_000_000 - LATENESS_MS
     assert replaced is not None

@@ -24,7 +24,7 @@ from refold.contracts.windows import result_from_record
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.fold.oracle import fold_windows
 from refold.processors.fold.records import SourceRecord
-from refold.processors.fold.windows import Measure
+from refold.processors.fold.windows import Measure, decode_timer
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.window_store import WindowCloser
 from refold.processors.sales_windows.config import SALES_WINDOWS
@@ -250,6 +250,54 @@ def test_a_record_folded_while_its_window_closes_keeps_the_timer_for_a_correctio
     assert minute[-1]["count"] == 2
     assert minute[-1]["sum:amount_minor"] == 150
     assert client.zscore(timers, member) is None
+
+
+def test_a_rebuild_emits_what_a_live_generation_that_died_never_closed_and_nothing_else(
+    target, redis_url, kafka_bootstrap, make_topic
+):
+    # The live processor closes a minute, folds the next ones and dies before closing them;
+    # a replay then rebuilds (nobody starts the live one again). The rebuild must emit the
+    # minutes the live generation still held, and not the one it emitted.
+    client = redis_client(redis_url)
+    kafka = {"bootstrap.servers": kafka_bootstrap}
+    live, rebuild = (_windows_target(target, g, lateness_ms=0) for g in (1, 2))
+    registry = GenerationRegistry.of(client, "sales_windows", live.key_prefix)
+    assert registry.create({"topics": ["orders"]}, live=True) == 1
+    base = 1_700_000_040_000  # a minute boundary
+    first = [_paid("a", base + 1_000), _paid("b", base + 61_000)]
+    then = [_paid("c", base + 121_000)]
+    offsets = iter(range(10))
+    records = [
+        SourceRecord("orders", 0, next(offsets), e["order_id"].encode(), CODEC.encode(t, e))
+        for t, e in [*first, *then]
+    ]
+    FoldWriter(live, FOLD).apply(records[:2])
+    live_topic, rebuild_topic = (make_topic(partitions=1, prefix="windows") for _ in range(2))
+    live_closer = WindowCloser(live.layout, 1, FOLD, 0, redis_url, kafka, live_topic)
+    assert live_closer.close() > 0  # the first minute, and the hopping windows ending there
+    emitted_live = {
+        (r["window"], r["end"], r["group"])
+        for r in (_result(m.value()) for m in _consume(kafka_bootstrap, live_topic))
+    }
+    assert ("per_minute", base + 60_000, "EUR") in emitted_live
+    FoldWriter(live, FOLD).apply(records[2:])  # the second minute passes: then the crash
+    held = {
+        (name, end, group)
+        for name, end, group in map(decode_timer, client.zrange(live.keys.timers("close"), 0, -1))
+        if end <= base + 121_000
+    }
+    assert ("per_minute", base + 120_000, "EUR") in held
+
+    assert registry.create({"topics": ["orders"], "replay_of": 1}) == 2
+    FoldWriter(rebuild, FOLD).apply(records)
+    rebuild_closer = WindowCloser(rebuild.layout, 2, FOLD, 0, redis_url, kafka, rebuild_topic)
+    rebuild_closer.close()
+    emitted_rebuild = {
+        (r["window"], r["end"], r["group"])
+        for r in (_result(m.value()) for m in _consume(kafka_bootstrap, rebuild_topic))
+    }
+    assert emitted_rebuild == held
+    assert emitted_rebuild.isdisjoint(emitted_live)
 
 
 class _DecimalSales(SalesWindows):
