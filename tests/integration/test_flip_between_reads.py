@@ -41,6 +41,7 @@ class _FlipAfterRead(Pipeline):
         )
         result = super().execute(raise_on_error)
         if reads_registry:
+            self.flip.read_in_transaction.append(self.transaction)
             self.flip()
         return result
 
@@ -70,6 +71,7 @@ class _Flip:
         self.layout = layout
         self.registry = GenerationRegistry(redis.Redis.from_url(url), layout)
         self.done = False
+        self.read_in_transaction: list[bool] = []  # per pipeline that read the registry
 
     def __call__(self) -> None:
         if not self.done:
@@ -110,6 +112,7 @@ def test_status_and_live_are_one_instant(redis_url, unique):
     client, flip = _two_generations(redis_url, f"test-{unique}")
     assert status_and_live(client, flip.layout, 2) == ("building", 1)
     assert flip.done  # the flip came right after that read
+    assert flip.read_in_transaction == [True]  # one MULTI/EXEC, not a pipeline of two reads
     assert status_and_live(client, flip.layout, 2) == ("live", 2)
 
 
