@@ -157,11 +157,9 @@ def status_and_live(
     """``generation``'s status and the live generation (the alias), read at one instant.
 
     One transaction: both keys are in the registry's slot, which a flip changes in one
-    transaction too. Read one after the other, a flip between the two reads paired
-    ``building`` with an alias already naming ``generation``, a state that never exists: a
-    rebuild's batch then took itself for one with no live generation to compare with (and
-    held back all its side effects), and its window closer emitted again the windows the
-    replaced generation had emitted (``test_windows``, once in a full run).
+    transaction too. Read one after the other, a flip between the two reads pairs
+    ``building`` with an alias already naming ``generation``, a state that never exists, and
+    a rebuild takes itself for one with no live generation to compare with.
     """
     with client.pipeline(transaction=True) as pipe:
         pipe.hget(layout.generations, str(generation))

@@ -194,22 +194,19 @@ class WindowCloser(DriverTask):
         its closer may have been ahead of this one's at the flip. A window the other is about to
         close may be emitted by both (at least once, with the same origin id).
         """
-        generation = self.generation
-        status, live_generation = status_and_live(self.redis, self.layout, generation)
+        status, live = status_and_live(self.redis, self.layout, self.generation)
         if status == "building":
-            if live_generation is None or live_generation == generation:
-                return None
-            live = self.registry.keys(live_generation)
-            watermark = generation_watermark(self.redis, live, self.lateness_ms)
-            return None if watermark is None else (watermark, live)
-        raw = cast("bytes | None", self.redis.hget(self.keys.meta, "replay_of"))
-        if not raw or int(raw) == generation:
+            other = live
+        else:
+            raw = cast("bytes | None", self.redis.hget(self.keys.meta, "replay_of"))
+            other = int(raw) if raw else None
+            if other is not None and self.registry.status(other) is None:  # gone (gc)
+                other = None
+        if other is None or other == self.generation:
             return None
-        if self.redis.hget(self.layout.generations, raw) is None:  # gone (gc)
-            return None
-        replaced = self.registry.keys(int(raw))
-        watermark = generation_watermark(self.redis, replaced, self.lateness_ms)
-        return None if watermark is None else (watermark, replaced)
+        keys = self.registry.keys(other)
+        watermark = generation_watermark(self.redis, keys, self.lateness_ms)
+        return None if watermark is None else (watermark, keys)
 
     def _close_some(
         self, watermark: int, suppress: tuple[int, GenerationKeys] | None
