@@ -162,25 +162,31 @@ async def _count(context: ServiceContext, scope: Scope, key: ApiKey) -> None:
         await run_in_threadpool(limits.check, scope, key.id)
 
 
-async def admitted_from_memory(request: Request, context: ServiceContext, scope: Scope) -> bool:
-    """Whether ``request`` passes :func:`require` (``scope``) on what this process has in memory.
+async def admitted_from_memory(
+    app: FastAPI,
+    context: ServiceContext,
+    scope: Scope,
+    authorization: str | None,
+    api_key: str | None,
+) -> bool:
+    """Whether a request passes :func:`require` (``scope``) on what this process has in memory.
 
-    True: authentication is off, or the request's key is in the verification cache, active and
-    with the scope; the request is then counted against its rate limit (which may answer 429).
-    False: nothing was counted, and the caller must run :func:`require`'s dependency, which
-    answers every other case (a key to look up in Redis, 401, 403).
+    ``authorization`` and ``api_key`` are the request's ``Authorization`` and ``X-API-Key``
+    headers (None when absent). True: authentication is off, or the request's key is in the
+    verification cache, active and with the scope; the request is then counted against its rate
+    limit (which may answer 429). False: nothing was counted, and the caller must run
+    :func:`require`'s dependency, which answers every other case (a key to look up in Redis,
+    401, 403).
     """
     if context.settings.serve.auth == "off":
         return True
-    headers = request.headers
-    authorization = headers.get("Authorization")
     if authorization:
         scheme, presented = get_authorization_scheme_param(authorization)
         if scheme.lower() != "bearer" or not presented:
             return False
     else:
-        presented = headers.get("X-API-Key") or ""
-    store = api_key_store(request.app, context)
+        presented = api_key or ""
+    store = api_key_store(app, context)
     key = store.cached(presented) if presented else None
     if key is None or key.status(store.now_ms()) != "active" or not key.allows(scope):
         return False

@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from refold.services.api.context import ServiceContext
 from refold.services.auth.dependencies import admitted_from_memory
 from refold.services.query.reads import Consistency
 from refold.services.query.routes import NAME_PATTERN, read_entity
@@ -48,15 +49,47 @@ async def answer_hot_read(app: FastAPI, scope: Scope, receive: Receive, send: Se
     found = _ENTITY.fullmatch(scope["path"])
     if found is None or scope.get("root_path") or app.root_path:
         return False
-    scope["app"] = app
-    request = Request(scope, receive)
-    headers = request.headers
-    if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+    # ASGI names are lower-case; of a repeated header the first counts, as in Starlette's.
+    headers: dict[bytes, bytes] = dict(reversed(tuple(scope["headers"])))
+    if headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers:
         return False
+    scope["app"] = app
     context = app.state.context
     try:
-        if not await admitted_from_memory(request, context, "query"):
+        if not await admitted_from_memory(
+            app, context, "query", _text(headers, b"authorization"), _text(headers, b"x-api-key")
+        ):
             return False
+        name, table, key = found.groups()
+        response = await read_entity(
+            context,
+            name,
+            table,
+            key,
+            _default_consistency(app, context),
+            _text(headers, b"if-none-match"),
+        )
+    except Exception as exc:  # answered by the app's handler for it, as the route's would be
+        response = await _handled(app, Request(scope, receive), exc)
+    await response(scope, receive, send)
+    return True
+
+
+def _text(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    """A header's value as Starlette decodes it (latin-1), None when absent."""
+    value = headers.get(name)
+    return None if value is None else value.decode("latin-1")
+
+
+def _default_consistency(app: FastAPI, context: ServiceContext) -> Consistency:
+    """What a request without consistency parameters asks for (the route's defaults).
+
+    Made once per app and context (kept in ``app.state``, as the app's key store is).
+    """
+    made: tuple[ServiceContext, Consistency] | None = getattr(
+        app.state, "default_consistency", None
+    )
+    if made is None or made[0] is not context:
         serve = context.settings.serve
         wanted = Consistency.of(
             None,
@@ -65,14 +98,8 @@ async def answer_hot_read(app: FastAPI, scope: Scope, receive: Receive, send: Se
             default_wait_ms=serve.default_wait_ms,
             max_wait_s=serve.consistency_timeout_s,
         )
-        name, table, key = found.groups()
-        response = await read_entity(
-            context, name, table, key, wanted, headers.get("if-none-match")
-        )
-    except Exception as exc:  # answered by the app's handler for it, as the route's would be
-        response = await _handled(app, request, exc)
-    await response(scope, receive, send)
-    return True
+        made = app.state.default_consistency = (context, wanted)
+    return made[1]
 
 
 async def _handled(app: FastAPI, request: Request, exc: Exception) -> Response:

@@ -168,14 +168,15 @@ async def read_entity(
         spec,
         context.key_prefix,
         wanted,
-        (lambda: reader.get(table, key))
+        (lambda: reader.get(table, key, raw=True))
         if pipeline is None
-        else (lambda: reader.get_async(pipeline, table, key)),
+        else (lambda: reader.get_async(pipeline, table, key, raw=True)),
     )
     if view.value is None:
         msg = f"{name} has no {table} entity {key!r} in generation {view.generation}"
         raise ApiError(404, "ENTITY_NOT_FOUND", msg, **freshness(spec, view))
-    return _answer(spec, view, {"key": key, "value": view.value}, if_none_match)
+    # The stored JSON goes out as it is, not decoded and encoded again (nor for the ETag).
+    return _answer(spec, view, {"key": key, "value": orjson.Fragment(view.value)}, if_none_match)
 
 
 def _table(spec: ProcessorSpec, table: str) -> None:

@@ -202,13 +202,16 @@ class StateReader:
             for (name, _), reply in zip(commands, replies, strict=True)
         ]
 
-    def get(self, table: str, key: str, generation: int | None = None) -> StateView:
+    def get(
+        self, table: str, key: str, generation: int | None = None, *, raw: bool = False
+    ) -> StateView:
         """One entity's state and the positions it reflects (read in one transaction).
 
         Of a sharded generation, the positions of the entity's shard: its partition id's, on
-        which every event of the entity is (``GenerationKeys.shards``).
+        which every event of the entity is (``GenerationKeys.shards``). ``raw``: the value as
+        stored, its JSON text (bytes), not decoded.
         """
-        return self._entity(self._read(generation, self._entity_plan(table, key)))
+        return self._entity(self._read(generation, self._entity_plan(table, key)), raw=raw)
 
     async def get_async(
         self,
@@ -217,6 +220,7 @@ class StateReader:
         key: str,
         *,
         timeout_s: float | None = None,
+        raw: bool = False,
     ) -> StateView:
         """:meth:`get` of the live generation, its round trip awaited on ``client``.
 
@@ -235,6 +239,8 @@ class StateReader:
             timeout_s: The longest a round trip may take (None: ``client``'s own timeouts).
                 One ``asyncio.timeout`` is cheaper than the client's socket timeout, which
                 wraps each write in a task of its own (``asyncio.wait_for``).
+            raw: The value as stored, its JSON text (bytes), not decoded: for an answer that
+                embeds it as it is (``orjson.Fragment``).
 
         Raises:
             redis.exceptions.TimeoutError: Redis did not answer within ``timeout_s``.
@@ -257,8 +263,8 @@ class StateReader:
                 raise redis.exceptions.TimeoutError(msg) from exc
             replies = self._script_replies(gen, commands, reply)
             if replies is not None:
-                return self._entity((gen, replies))
-        return self.get(table, key)
+                return self._entity((gen, replies), raw=raw)
+        return self._entity(self._read(None, plan), raw=raw)
 
     def _entity_plan(self, table: str, key: str) -> Callable[[GenerationKeys], list[_Command]]:
         """The reads of one entity: its value, and its shard's positions."""
@@ -269,10 +275,10 @@ class StateReader:
 
         return plan
 
-    def _entity(self, read: tuple[int, list[Any]]) -> StateView:
-        """The view of an entity's reads (:meth:`_entity_plan`)."""
-        gen, (raw, *raw_positions) = read
-        value = None if raw is None else json.loads(raw)
+    def _entity(self, read: tuple[int, list[Any]], *, raw: bool = False) -> StateView:
+        """The view of an entity's reads (:meth:`_entity_plan`); ``raw``: its value undecoded."""
+        gen, (stored, *raw_positions) = read
+        value = json.loads(stored) if stored is not None and not raw else stored
         return StateView(gen, value, self._positions(raw_positions))
 
     def get_many(self, table: str, keys: Sequence[str], generation: int | None = None) -> StateView:

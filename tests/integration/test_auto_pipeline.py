@@ -37,16 +37,17 @@ pytestmark = pytest.mark.integration
 P = OrderStateProjection()
 
 
-def _counting_pipelines(client: Any) -> list[int]:
-    """Count the pipelines ``client`` makes (each is one round trip of a batch)."""
+def _counting_round_trips(client: Any) -> list[int]:
+    """Count the connections ``client``'s pool lends (each batch's round trip takes one)."""
     made: list[int] = []
-    pipeline = client.pipeline
+    pool = client.connection_pool
+    lend = pool.get_connection
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
+    async def counted(*args: Any, **kwargs: Any) -> Any:
         made.append(1)
-        return pipeline(*args, **kwargs)
+        return await lend(*args, **kwargs)
 
-    client.pipeline = counted
+    pool.get_connection = counted
     return made
 
 
@@ -64,7 +65,7 @@ def test_concurrent_reads_share_one_round_trip_and_each_gets_its_own_answer(targ
 
     async def reads() -> tuple[list[Any], list[int], Any]:
         aclient = async_redis_client(redis_url)
-        made = _counting_pipelines(aclient)
+        made = _counting_round_trips(aclient)
         pipeline = AutoPipeline(aclient, 2.0)
         try:
             views = await asyncio.gather(*(reader.get_async(pipeline, "orders", k) for k in keys))
