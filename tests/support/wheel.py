@@ -70,8 +70,19 @@ def fresh_venv(path: Path, extras: tuple[str, ...] = (), *others: str) -> Path:
     wheel = session_wheel()
     requirement = f"refold[{','.join(extras)}] @ {wheel.as_uri()}" if extras else str(wheel)
     bin_dir = path / "bin"
+    # --no-compile: pip would compile every installed module (pyspark's ~1,500) to bytecode,
+    # ~10 CPU-s of 25 for the spark extra; the test's processes compile what they import.
     done = subprocess.run(
-        [str(bin_dir / "python"), "-m", "pip", "install", "-q", requirement, *others],
+        [
+            str(bin_dir / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-compile",
+            requirement,
+            *others,
+        ],
         capture_output=True,
         text=True,
         timeout=INSTALL_TIMEOUT_S,
