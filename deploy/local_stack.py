@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -85,8 +86,27 @@ class ServerStatus:
     version: str = ""
 
 
+# free_port draws from here: below the Redis Cluster runs' ports (deploy/redis_cluster.py) and
+# below Linux's ephemeral range (32768 up). A port the kernel picks (bind to port 0) is in that
+# range, where any outgoing connection's local end may take it between the pick and the
+# server's bind, seconds later for a JVM: a Spark worker's UI failed so beside tests full of
+# Kafka clients. Below it, only another listener can.
+_FREE_PORTS = range(12000, 21000)
+
+
 def free_port() -> int:
-    """Return a loopback TCP port that is free right now."""
+    """Return a loopback TCP port that is free right now, from a range clients do not use.
+
+    Tried in a random order, so that two processes that look at once (test workers) rarely
+    pick the same one; on a machine where all those tried are taken, the kernel's choice.
+    """
+    for port in random.sample(_FREE_PORTS, k=64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
