@@ -44,7 +44,7 @@ from refold.deploy.kafka_broker import (
     java_binary,
     kafka_version,
 )
-from refold.deploy.redis_cluster import LocalRedisCluster, RedisClusterError
+from refold.deploy.redis_cluster import CLUSTER_PORTS_FROM, LocalRedisCluster, RedisClusterError
 from refold.deploy.stack_security import StackSecurity
 
 __all__ = [
@@ -91,7 +91,7 @@ class ServerStatus:
 # range, where any outgoing connection's local end may take it between the pick and the
 # server's bind, seconds later for a JVM: a Spark worker's UI failed so beside tests full of
 # Kafka clients. Below it, only another listener can.
-_FREE_PORTS = range(12000, 21000)
+_FREE_PORTS = range(12000, CLUSTER_PORTS_FROM)
 
 
 def free_port() -> int:

@@ -28,6 +28,7 @@ import redis
 from refold.contracts.process_group import alive, start_daemon, terminate
 
 __all__ = [
+    "CLUSTER_PORTS_FROM",
     "DEFAULT_CLUSTER_PORT",
     "ClusterNode",
     "LocalRedisCluster",
@@ -66,18 +67,18 @@ def free_port_run(count: int = 6) -> int:
     connection may take a port between this check and the node's start. The runs are tried in
     a random order, so two processes that look at once (test workers) rarely pick the same one.
     """
-    starts = range(_RUNS_FROM, _EPHEMERAL_FROM - _BUS_OFFSET - count, 97)
+    starts = range(CLUSTER_PORTS_FROM, _EPHEMERAL_FROM - _BUS_OFFSET - count, 97)
     for first in random.sample(starts, k=len(starts)):
         if all(_free(port) and _free(port + _BUS_OFFSET) for port in range(first, first + count)):
             return first
     msg = (
-        f"no {count} consecutive free ports from {_RUNS_FROM} whose bus ports (+{_BUS_OFFSET}) "
-        f"are free below {_EPHEMERAL_FROM}"
+        f"no {count} consecutive free ports from {CLUSTER_PORTS_FROM} whose bus ports "
+        f"(+{_BUS_OFFSET}) are free below {_EPHEMERAL_FROM}"
     )
     raise RedisClusterError(msg)
 
 
-_RUNS_FROM = 21000
+CLUSTER_PORTS_FROM = 21000  # free_port_run's runs start here; free_port draws below
 _BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000
 _EPHEMERAL_FROM = 32768  # Linux's default ip_local_port_range starts here
 

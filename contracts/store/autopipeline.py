@@ -93,9 +93,8 @@ class AutoPipeline:
     async def _round_trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """``commands`` written at once on a connection of the pool; their replies, in order.
 
-        What redis-py's pipeline does for a batch, without its layers around it (a retry
-        wrapper, a command stack, hooks and timings of its own), which cost more than the
-        write itself at thousands of batches a second. A command's error reply is its reply.
+        What redis-py's pipeline does for a batch, without its layers (module docstring). A
+        command's error reply is its reply.
         """
         pool = self.client.connection_pool
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]

@@ -27,7 +27,6 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from refold.services.api.context import ServiceContext
 from refold.services.auth.dependencies import admitted_from_memory
 from refold.services.query.reads import Consistency
 from refold.services.query.routes import NAME_PATTERN, read_entity
@@ -60,14 +59,17 @@ async def answer_hot_read(app: FastAPI, scope: Scope, receive: Receive, send: Se
             app, context, "query", _text(headers, b"authorization"), _text(headers, b"x-api-key")
         ):
             return False
+        serve = context.settings.serve
+        wanted = Consistency.of(
+            None,
+            None,
+            None,
+            default_wait_ms=serve.default_wait_ms,
+            max_wait_s=serve.consistency_timeout_s,
+        )
         name, table, key = found.groups()
         response = await read_entity(
-            context,
-            name,
-            table,
-            key,
-            _default_consistency(app, context),
-            _text(headers, b"if-none-match"),
+            context, name, table, key, wanted, _text(headers, b"if-none-match")
         )
     except Exception as exc:  # answered by the app's handler for it, as the route's would be
         response = await _handled(app, Request(scope, receive), exc)
@@ -79,27 +81,6 @@ def _text(headers: dict[bytes, bytes], name: bytes) -> str | None:
     """A header's value as Starlette decodes it (latin-1), None when absent."""
     value = headers.get(name)
     return None if value is None else value.decode("latin-1")
-
-
-def _default_consistency(app: FastAPI, context: ServiceContext) -> Consistency:
-    """What a request without consistency parameters asks for (the route's defaults).
-
-    Made once per app and context (kept in ``app.state``, as the app's key store is).
-    """
-    made: tuple[ServiceContext, Consistency] | None = getattr(
-        app.state, "default_consistency", None
-    )
-    if made is None or made[0] is not context:
-        serve = context.settings.serve
-        wanted = Consistency.of(
-            None,
-            None,
-            None,
-            default_wait_ms=serve.default_wait_ms,
-            max_wait_s=serve.consistency_timeout_s,
-        )
-        made = app.state.default_consistency = (context, wanted)
-    return made[1]
 
 
 async def _handled(app: FastAPI, request: Request, exc: Exception) -> Response:

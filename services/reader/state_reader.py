@@ -264,7 +264,7 @@ class StateReader:
             replies = self._script_replies(gen, commands, reply)
             if replies is not None:
                 return self._entity((gen, replies), raw=raw)
-        return self._entity(self._read(None, plan), raw=raw)
+        return self.get(table, key, raw=raw)
 
     def _entity_plan(self, table: str, key: str) -> Callable[[GenerationKeys], list[_Command]]:
         """The reads of one entity: its value, and its shard's positions."""
