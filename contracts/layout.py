@@ -225,6 +225,15 @@ class GenerationKeys:
         """Hash of applied source positions (next offset per partition) and the batch id."""
         return f"{self.base}:positions"
 
+    def positions_hashes(self) -> list[str]:
+        """Every hash holding positions: the generation's, or each shard's.
+
+        Of a shard's keys (:meth:`for_shard`), that shard's hash alone.
+        """
+        if self.shards and self.shard is None:
+            return [k.positions for k in self.each_shard()]
+        return [self.positions]
+
     @property
     def lease(self) -> str:
         """The processing lease: at most one processor runs a generation at a time."""

@@ -107,9 +107,7 @@ class GenerationPositions:
 
     def hashes(self) -> list[str]:
         """Every hash holding positions: the generation's, or each shard's."""
-        if self.keys.shards and self.keys.shard is None:
-            return [k.positions for k in self.keys.each_shard()]
-        return [self.key]
+        return self.keys.positions_hashes()
 
     def writer_key(self, slot: int | None = None) -> str:
         """The hash a writer moves in its transaction: its writer slot's, or the generation's.

@@ -331,7 +331,7 @@ class StateReader:
 
     def _positions_reads(self, keys: GenerationKeys) -> list[_Command]:
         """The reads of positions beside state (parsed by _positions): a shard's, or all."""
-        return [("HGETALL", [h]) for h in GenerationPositions(self.client, keys).hashes()]
+        return [("HGETALL", [h]) for h in keys.positions_hashes()]
 
     def _positions(self, raws: Sequence[dict[bytes, bytes]]) -> Positions:
         """Positions hashes parsed; the last one is kept, since most reads find it unchanged."""
