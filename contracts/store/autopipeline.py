@@ -12,10 +12,10 @@ parsing (hiredis) and the replies' callbacks are redis-py's. It skips redis-py's
 object around them: its retry wrapper, command stack and per-batch hooks cost about a tenth of
 an entity read's CPU in the HTTP worker (measured in process). Commands are packed by hiredis
 (:func:`_packed`), which redis-py itself calls, but after its own pass in Python over every
-argument. A command's
-error (a Redis error reply) goes to its own task only; a failure of the round trip (Redis
-unreachable, no answer within the timeout) goes to every task of the batch, and the next batch
-takes a connection the pool checks (a Redis restarted meanwhile is reconnected to).
+argument. A command's error (a Redis error reply) goes to its own task only; a failure of the
+round trip (Redis unreachable, no answer within the timeout) goes to every task of the batch,
+and the next batch takes a connection the pool checks (a Redis restarted meanwhile is
+reconnected to).
 """
 
 from __future__ import annotations
