@@ -23,7 +23,7 @@ from refold.contracts.store.autopipeline import AutoPipeline
 from refold.contracts.store.connect import async_redis_client, is_cluster, redis_client
 from refold.contracts.topics import TopicSpec
 from refold.services.api.config import ServeSettings
-from refold.services.api.rate_limits import RateLimits
+from refold.services.api.rate_limits import LoopShares, RateLimits
 from refold.services.ingest.idempotency import IdempotencyStore
 from refold.services.producer.publisher import EventPublisher
 from refold.services.reader.state_reader import StateReader
@@ -35,6 +35,16 @@ _OFFSETS_TIMEOUT_S = 5.0
 # A Redis that does not answer within this fails the request (503), instead of holding a worker:
 # most query routes call Redis on the event loop, blocking (see services/query/routes.py).
 REDIS_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class _LoopClients:
+    """An event loop's asyncio Redis client and what uses it."""
+
+    loop: asyncio.AbstractEventLoop
+    client: AsyncRedis
+    pipeline: AutoPipeline
+    shares: LoopShares
 
 
 @dataclass
@@ -64,11 +74,9 @@ class ServiceContext:
     _rate_limits: RateLimits | None = field(default=None, init=False)
     _idempotency: IdempotencyStore | None = field(default=None, init=False)
     _readers: dict[str, StateReader] = field(default_factory=dict, init=False)
-    # The asyncio client, its auto-pipeline and the loop they belong to (uvicorn's worker has
-    # one loop for life).
-    _async_redis: tuple[asyncio.AbstractEventLoop, AsyncRedis, AutoPipeline] | None = field(
-        default=None, init=False
-    )
+    # The asyncio client and what uses it, of the loop they belong to (uvicorn's worker has one
+    # loop for life).
+    _async_redis: _LoopClients | None = field(default=None, init=False)
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> ServiceContext:
@@ -131,7 +139,7 @@ class ServiceContext:
         :data:`REDIS_TIMEOUT_S`.
         """
         made = self._loop_clients()
-        return None if made is None else made[1]
+        return None if made is None else made.client
 
     def redis_pipeline(self) -> AutoPipeline | None:
         """The auto-pipeline of :meth:`async_redis`'s client; None without one.
@@ -140,12 +148,17 @@ class ServiceContext:
         share one round trip, bounded by :data:`REDIS_TIMEOUT_S`.
         """
         made = self._loop_clients()
-        return None if made is None else made[2]
+        return None if made is None else made.pipeline
 
-    def _loop_clients(self) -> tuple[asyncio.AbstractEventLoop, AsyncRedis, AutoPipeline] | None:
+    def loop_shares(self) -> LoopShares | None:
+        """The rate limits' shares taken with :meth:`async_redis`'s client; None without one."""
+        made = self._loop_clients()
+        return None if made is None else made.shares
+
+    def _loop_clients(self) -> _LoopClients | None:
         made = self._async_redis
         loop = asyncio.get_running_loop()
-        if made is not None and made[0] is loop:
+        if made is not None and made.loop is loop:
             return made
         if self.redis_url is None or is_cluster(self.redis):
             return None
@@ -155,15 +168,20 @@ class ServiceContext:
         client = async_redis_client(
             self.redis_url, socket_timeout=None, socket_connect_timeout=REDIS_TIMEOUT_S
         )
-        made = self._async_redis = (loop, client, AutoPipeline(client, REDIS_TIMEOUT_S))
+        made = self._async_redis = _LoopClients(
+            loop,
+            client,
+            AutoPipeline(client, REDIS_TIMEOUT_S),
+            LoopShares(self.rate_limits(), client, REDIS_TIMEOUT_S),
+        )
         return made
 
     async def close_async_redis(self) -> None:
         """Close the running loop's asyncio client, if it has one (the app's lifespan does)."""
         made = self._async_redis
-        if made is not None and made[0] is asyncio.get_running_loop():
+        if made is not None and made.loop is asyncio.get_running_loop():
             self._async_redis = None
-            await made[1].aclose()
+            await made.client.aclose()
 
     def rate_limits(self) -> RateLimits:
         """The per-key request limits (counted in Redis)."""

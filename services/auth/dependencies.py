@@ -154,12 +154,22 @@ def _rejected(key: ApiKey | None, now_ms: int, store_empty: bool = False) -> Api
 
 
 async def _count(context: ServiceContext, scope: Scope, key: ApiKey) -> None:
-    """Count the request against its key's rate limit (429 over it); Redis only on a thread."""
+    """Count the request against its key's rate limit (429 over it).
+
+    Most requests from this process's share, in memory; the next share taken on the loop
+    (:class:`~refold.services.api.rate_limits.LoopShares`); the rest (a limit counted a
+    request at a time, a key at its limit, no asyncio client) in Redis on a thread.
+    """
     if scope == "admin":
         return
     limits = context.rate_limits()
-    if not limits.admit_from_share(scope, key.id):
+    if limits.admit_from_share(scope, key.id):
+        return
+    shares = context.loop_shares()
+    if shares is None:
         await run_in_threadpool(limits.check, scope, key.id)
+    elif not await shares.admit(scope, key.id):
+        await run_in_threadpool(limits.count_one, scope, key.id)
 
 
 async def admitted_from_memory(

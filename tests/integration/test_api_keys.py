@@ -3,6 +3,7 @@ and ``refold keys add | list | revoke``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -14,12 +15,13 @@ from fastapi.testclient import TestClient
 from refold.contracts.kafka.admin import delete_topics
 from refold.contracts.service_keys import ApiKeyKeys
 from refold.contracts.settings import KafkaSettings, RedisSettings
-from refold.contracts.store.connect import redis_client
+from refold.contracts.store.connect import async_redis_client, redis_client
 from refold.deploy.keys_cli import main as keys_main
+from refold.deploy.local_stack import free_port
 from refold.services.api.config import HttpSettings, ServeSettings
 from refold.services.api.context import ServiceContext
 from refold.services.api.errors import install_error_handlers
-from refold.services.api.rate_limits import RateLimits
+from refold.services.api.rate_limits import LoopShares, RateLimits
 from refold.services.auth import ApiKeyStore, require
 from refold.services.auth.dependencies import VERIFY_CACHE_S
 from refold.services.auth.errors import ApiKeyNameTakenError, UnknownApiKeyError
@@ -49,8 +51,11 @@ def _app(
     prefix: str,
     auth: str = "keys",
     kafka: str | None = None,
+    on_loop: bool = False,
     **serve: str,
 ) -> TestClient:
+    """An app with one route per scope; ``on_loop``: its context has an asyncio client, so
+    shares of rate limits are taken on the event loop (LoopShares), not on a thread."""
     settings = ServeSettings(
         redis=RedisSettings(url=redis_url, key_prefix=prefix),
         serve=HttpSettings(auth=auth, **serve),
@@ -58,7 +63,9 @@ def _app(
     )
     app = FastAPI()
     install_error_handlers(app)
-    app.state.context = ServiceContext(settings, redis_client(redis_url))
+    app.state.context = ServiceContext(
+        settings, redis_client(redis_url), redis_url=redis_url if on_loop else None
+    )
     for scope in ("ingest", "query", "admin"):
         app.add_api_route(f"/{scope}", _answer(scope), dependencies=[Depends(require(scope))])
     return TestClient(app)
@@ -80,10 +87,16 @@ def _bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+ON_LOOP = pytest.mark.parametrize("on_loop", [False, True], ids=["on a thread", "on the loop"])
+
+
+@ON_LOOP
 def test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_other_keys_go_on(
-    store, redis_url, prefix
+    store, redis_url, prefix, on_loop
 ):
-    api = _app(redis_url, prefix, ingest_rate_limit="3/minute", query_rate_limit="")
+    api = _app(
+        redis_url, prefix, ingest_rate_limit="3/minute", query_rate_limit="", on_loop=on_loop
+    )
     busy, other = store.add("busy", ["ingest", "query"]), store.add("other", ["ingest"])
     answers = [api.get("/ingest", headers=_bearer(busy)).status_code for _ in range(4)]
     assert answers == [200, 200, 200, 429]
@@ -104,9 +117,14 @@ def test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_other_keys_go_o
     )
 
 
-def test_a_large_limit_is_taken_in_shares_and_holds_across_processes(store, redis_url, prefix):
+@ON_LOOP
+def test_a_large_limit_is_taken_in_shares_and_holds_across_processes(
+    store, redis_url, prefix, on_loop
+):
     # Two apps stand for two worker processes sharing one count. 200/minute: shares of 2.
-    apps = [_app(redis_url, prefix, query_rate_limit="200/minute") for _ in range(2)]
+    apps = [
+        _app(redis_url, prefix, query_rate_limit="200/minute", on_loop=on_loop) for _ in range(2)
+    ]
     busy = store.add("busy", ["query"])
     assert apps[0].get("/query", headers=_bearer(busy)).status_code == 200
     (count_key,) = redis_client(redis_url).scan_iter(match=f"{prefix}:ratelimit*")
@@ -141,6 +159,48 @@ def test_requests_that_find_their_share_spent_at_once_take_one_share(client, pre
     assert int(client.get(count_key)) == 10
     limits.check("query", "k1")
     assert int(client.get(count_key)) == 20
+
+
+def test_requests_of_one_loop_that_find_their_share_spent_take_one_share_in_the_same_count(
+    client, redis_url, prefix
+):
+    limits = RateLimits(client, prefix, {"query": "1000/minute"})  # shares of 10
+
+    async def eight_at_once() -> list[bool]:
+        loop_client = async_redis_client(redis_url)
+        try:
+            shares = LoopShares(limits, loop_client, timeout_s=2.0)
+            return list(await asyncio.gather(*(shares.admit("query", "k1") for _ in range(8))))
+        finally:
+            await loop_client.aclose()
+
+    assert asyncio.run(eight_at_once()) == [True] * 8
+    (count_key,) = client.scan_iter(match=f"{prefix}:ratelimit*")
+    assert int(client.get(count_key)) == 10  # one share for the eight
+    for _ in range(2):  # the share's last two, from memory, on the blocking path
+        limits.check("query", "k1")
+    assert int(client.get(count_key)) == 10
+    limits.check("query", "k1")  # the blocking path's next share, in the same count
+    assert int(client.get(count_key)) == 20
+
+
+def test_a_share_that_cannot_be_taken_on_the_loop_is_left_to_the_blocking_count(
+    client, redis_url, prefix
+):
+    limits = RateLimits(client, prefix, {"query": "1000/minute", "ingest": "5/minute"})
+
+    async def admit(url: str, scope: str) -> bool:
+        loop_client = async_redis_client(url)
+        try:
+            return await LoopShares(limits, loop_client, timeout_s=2.0).admit(scope, "k1")
+        finally:
+            await loop_client.aclose()
+
+    started = time.monotonic()
+    assert not asyncio.run(admit(f"redis://127.0.0.1:{free_port()}/0", "query"))  # no Redis
+    assert time.monotonic() - started < 2.0
+    assert not asyncio.run(admit(redis_url, "ingest"))  # counted a request at a time
+    assert list(client.scan_iter(match=f"{prefix}:ratelimit*")) == []  # neither counted
 
 
 def test_store_round_trip(store, client, prefix):
