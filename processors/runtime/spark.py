@@ -31,6 +31,7 @@ from refold.processors.errors import ProcessorConfigError
 from refold.processors.runtime.checkpoints import is_local
 from refold.processors.runtime.class_archive import driver_java_options
 from refold.processors.runtime.spark_archives import with_worker_startup
+from refold.processors.runtime.spark_scratch import driver_scratch
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -228,7 +229,11 @@ def build_spark_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     submitted = _submitted_conf()
     builder = SparkSession.builder
-    for key, value in spark_conf(app_name, settings, java_options).items():
+    conf = spark_conf(app_name, settings, java_options)
+    # Temporary files where a kill -9 does not leave them for good (spark_scratch.py).
+    scratch = driver_scratch()
+    conf["spark.local.dir"] = str(scratch)
+    for key, value in conf.items():
         # spark-submit's choices win, except the name (spark-submit's default is the file name).
         if key == "spark.app.name" or key not in submitted:
             builder = builder.config(key, value)
