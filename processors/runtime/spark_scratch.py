@@ -6,8 +6,8 @@ Kafka connector's), and removes them in a JVM shutdown hook, which a kill -9 nev
 crash left them in ``/tmp`` for good. So each driver process gets a directory of its own under
 one root, named by its pid, and every driver that starts first removes the directories of
 processes that have ended. (The JVM's ``java.io.tmpdir`` stays ``/tmp``: Spark's Python
-workers' Unix sockets are made there, and a socket's path may hold 107 bytes; a crash leaves an
-empty ``artifacts-<uuid>`` directory in it.)
+workers' Unix sockets are made there, and a socket's path may hold 107 bytes; a crash leaves
+two empty directories in it, ``spark-<uuid>`` and ``artifacts-<uuid>``.)
 """
 
 from __future__ import annotations
