@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from refold.contracts.process_group import alive
+
 __all__ = ["driver_scratch", "scratch_root", "sweep_ended"]
 
 
@@ -39,17 +41,7 @@ def sweep_ended(root: Path) -> list[Path]:
     """Remove the directories under ``root`` of processes that have ended; returns them."""
     removed = []
     for entry in root.iterdir():
-        if entry.name.isdigit() and not _running(int(entry.name)):
+        if entry.name.isdigit() and not alive(int(entry.name)):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: running
-        return True
-    return True
