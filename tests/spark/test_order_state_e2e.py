@@ -13,9 +13,11 @@ from refold.contracts.registry import processor_spec
 from refold.contracts.store.stats import ProcessorStats
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.runtime.runner import consumer_group
+from refold.processors.runtime.spark_scratch import scratch_root
 from refold.replay.plan import ToEarliest
 from refold.replay.rebuild import plan_replay, run_rebuild
 from tests.support.groups import committed_offsets
+from tests.support.waiting import assert_eventually
 
 from .conftest import oracle
 
@@ -100,15 +102,21 @@ def test_processor_survives_kill_9_three_times_and_ends_exactly_at_the_oracle(wo
     total = len(events)
     reader = world.reader()
 
-    kills = []
+    kills, scratch = [], []
     for fraction in (0.15, 0.45, 0.75):
         process = world.processor(name=f"crash-{fraction}").start()
+        # Its driver's temporary files (the jars' copies among them) are in its own directory.
+        scratch.append(scratch_root() / str(process.pid))
+        assert_eventually(scratch[-1].is_dir, timeout=120, alive=process.alive)
         # SIGKILL, mid-stream: between or inside micro-batches
         kills.append(world.kill_after(process, int(fraction * total)))
     assert kills == sorted(kills)
     assert kills[-1] < total  # the last kill really happened before the end
 
     world.run_to_log_end("final")
+    # Spark's shutdown hook never ran in the killed drivers: the next driver's start removed
+    # what they left.
+    assert [d for d in scratch if d.exists()] == []
     expected = oracle(events)
     states, totals = world.state()
     assert states == expected.states
