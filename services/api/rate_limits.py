@@ -208,14 +208,15 @@ class LoopShares:
         self.limits = limits
         self.timeout_s = timeout_s
         self._limiter = AsyncFixedWindowRateLimiter(storage)
-        self._taking: dict[tuple[str, str], asyncio.Task[bool]] = {}
+        self._taking: dict[tuple[str, str], asyncio.Task[bool | None]] = {}
 
     async def admit(self, scope: str, key_id: str) -> bool:
         """Count one request from a share, taking the next share when it is spent.
 
         Returns:
-            True when it was counted; False when :meth:`RateLimits.count_one` must count it
-            (a limit counted a request at a time, the key at its limit, Redis failing).
+            True when the request goes on: counted, or not countable because Redis failed
+            (logged, as :meth:`RateLimits.check` does); False when :meth:`RateLimits.count_one`
+            must count it (a limit counted a request at a time, the key at its limit).
         """
         if self.limits.admit_from_share(scope, key_id):
             return True
@@ -228,14 +229,23 @@ class LoopShares:
             taking = self._taking[key] = asyncio.ensure_future(self._take(key, *shared))
             taking.add_done_callback(lambda _: self._taking.pop(key, None))
         # Shielded: a request cancelled meanwhile leaves the share to the others.
-        return await asyncio.shield(taking) and self.limits.admit_from_share(scope, key_id)
+        taken = await asyncio.shield(taking)
+        if taken is None:
+            # Redis failed or timed out: every request that awaited this share goes on, once
+            # warned, rather than waiting again for a Redis that just failed (count_one would).
+            return True
+        return taken and self.limits.admit_from_share(scope, key_id)
 
-    async def _take(self, key: tuple[str, str], item: RateLimitItem, share: int) -> bool:
+    async def _take(self, key: tuple[str, str], item: RateLimitItem, share: int) -> bool | None:
+        """Take the key's next share: True taken, False at the limit, None Redis failed."""
         try:
             async with asyncio.timeout(self.timeout_s):
                 if not await self._limiter.hit(item, *key, cost=share):
                     return False
-        except (redis.RedisError, TimeoutError):
-            return False  # count_one counts it, or logs that Redis failed
+        except (redis.RedisError, TimeoutError) as exc:
+            logger.warning(
+                "rate limits not counted (Redis: %s); the request goes on", str(exc) or "timed out"
+            )
+            return None
         self.limits.keep_share(*key, share, item.get_expiry())
         return True

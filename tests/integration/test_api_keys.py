@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
@@ -184,23 +185,48 @@ def test_requests_of_one_loop_that_find_their_share_spent_take_one_share_in_the_
     assert int(client.get(count_key)) == 20
 
 
-def test_a_share_that_cannot_be_taken_on_the_loop_is_left_to_the_blocking_count(
+def test_a_limit_counted_a_request_at_a_time_is_left_to_the_blocking_count(
     client, redis_url, prefix
 ):
-    limits = RateLimits(client, prefix, {"query": "1000/minute", "ingest": "5/minute"})
+    limits = RateLimits(client, prefix, {"ingest": "5/minute"})
 
-    async def admit(url: str, scope: str) -> bool:
-        loop_client = async_redis_client(url)
+    async def admit() -> bool:
+        loop_client = async_redis_client(redis_url)
         try:
-            return await LoopShares(limits, loop_client, timeout_s=2.0).admit(scope, "k1")
+            return await LoopShares(limits, loop_client, timeout_s=2.0).admit("ingest", "k1")
+        finally:
+            await loop_client.aclose()
+
+    assert not asyncio.run(admit())
+    assert list(client.scan_iter(match=f"{prefix}:ratelimit*")) == []  # not counted here
+
+
+@pytest.mark.parametrize("redis_is", ["not there", "hung"])
+def test_requests_that_await_a_share_redis_fails_to_give_go_on_after_one_wait(
+    client, prefix, redis_is, caplog
+):
+    """No second wait on a thread (count_one) for a Redis that just failed: as the blocking
+    path, an unreachable Redis lets requests through, warned once per share not taken."""
+    limits = RateLimits(client, prefix, {"query": "1000/minute"})
+    # Hung: a socket that takes connections (the kernel's backlog) and never answers.
+    silent = socket.create_server(("127.0.0.1", 0), backlog=16)
+    port = silent.getsockname()[1] if redis_is == "hung" else free_port()
+
+    async def eight_at_once() -> list[bool]:
+        loop_client = async_redis_client(f"redis://127.0.0.1:{port}/0")
+        try:
+            shares = LoopShares(limits, loop_client, timeout_s=0.5)
+            return list(await asyncio.gather(*(shares.admit("query", "k1") for _ in range(8))))
         finally:
             await loop_client.aclose()
 
     started = time.monotonic()
-    assert not asyncio.run(admit(f"redis://127.0.0.1:{free_port()}/0", "query"))  # no Redis
-    assert time.monotonic() - started < 2.0
-    assert not asyncio.run(admit(redis_url, "ingest"))  # counted a request at a time
-    assert list(client.scan_iter(match=f"{prefix}:ratelimit*")) == []  # neither counted
+    with silent, caplog.at_level("WARNING", logger="refold.services.api.rate_limits"):
+        assert asyncio.run(eight_at_once()) == [True] * 8
+    assert time.monotonic() - started < 1.5  # one wait of 0.5 s at most, shared by the eight
+    warnings = [r.getMessage() for r in caplog.records if "not counted" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert list(client.scan_iter(match=f"{prefix}:ratelimit*")) == []
 
 
 def test_store_round_trip(store, client, prefix):
