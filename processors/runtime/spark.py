@@ -31,7 +31,7 @@ from refold.processors.errors import ProcessorConfigError
 from refold.processors.runtime.checkpoints import is_local
 from refold.processors.runtime.class_archive import driver_java_options
 from refold.processors.runtime.spark_archives import with_worker_startup
-from refold.processors.runtime.spark_scratch import driver_scratch
+from refold.processors.runtime.spark_scratch import driver_scratch, java_temp_dir_option
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -230,9 +230,12 @@ def build_spark_session(
     submitted = _submitted_conf()
     builder = SparkSession.builder
     conf = spark_conf(app_name, settings, java_options)
-    # Temporary files where a kill -9 does not leave them for good (spark_scratch.py).
+    # Temporary files where a kill -9 does not leave them for good (spark_scratch.py): Spark's,
+    # and the JVM's own (its Python workers' sockets among them).
     scratch = driver_scratch()
     conf["spark.local.dir"] = str(scratch)
+    driver_options = f"{conf['spark.driver.extraJavaOptions']} {java_temp_dir_option(scratch)}"
+    conf["spark.driver.extraJavaOptions"] = driver_options.strip()
     for key, value in conf.items():
         # spark-submit's choices win, except the name (spark-submit's default is the file name).
         if key == "spark.app.name" or key not in submitted:

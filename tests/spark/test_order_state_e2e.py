@@ -106,8 +106,11 @@ def test_processor_survives_kill_9_three_times_and_ends_exactly_at_the_oracle(wo
     for fraction in (0.15, 0.45, 0.75):
         process = world.processor(name=f"crash-{fraction}").start()
         # Its driver's temporary files (the jars' copies among them) are in its own directory.
+        # So are the JVM's own (java.io.tmpdir: Spark's artifacts-<uuid>), not in /tmp.
         scratch.append(scratch_root() / str(process.pid))
-        assert_eventually(scratch[-1].is_dir, timeout=120, alive=process.alive)
+        assert_eventually(
+            lambda: any(scratch[-1].glob("artifacts-*")), timeout=120, alive=process.alive
+        )
         # SIGKILL, mid-stream: between or inside micro-batches
         kills.append(world.kill_after(process, int(fraction * total)))
     assert kills == sorted(kills)
