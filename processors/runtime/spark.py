@@ -234,8 +234,10 @@ def build_spark_session(
     # and the JVM's own (its Python workers' sockets among them).
     scratch = driver_scratch()
     conf["spark.local.dir"] = str(scratch)
-    driver_options = f"{conf['spark.driver.extraJavaOptions']} {java_temp_dir_option(scratch)}"
-    conf["spark.driver.extraJavaOptions"] = driver_options.strip()
+    driver_options = conf["spark.driver.extraJavaOptions"]
+    if "-Djava.io.tmpdir=" not in driver_options:  # a caller's own choice stays
+        driver_options = f"{driver_options} {java_temp_dir_option(scratch)}".strip()
+    conf["spark.driver.extraJavaOptions"] = driver_options
     for key, value in conf.items():
         # spark-submit's choices win, except the name (spark-submit's default is the file name).
         if key == "spark.app.name" or key not in submitted:
