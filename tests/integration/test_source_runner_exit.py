@@ -11,8 +11,12 @@ does, with refold's startup directory on its path, and a socket path that is gon
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +74,32 @@ def test_pysparks_runner_alone_prints_the_traceback(tmp_path):
     assert done.returncode == 1
     assert "Traceback" in done.stderr
     assert "CANNOT_OPEN_SOCKET" in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_runner_whose_driver_closes_its_socket_while_it_works_says_so_in_one_line():
+    # The driver's side accepts, leaves the runner's first write (its pid) unread and closes:
+    # the runner's next read is reset, and writing its error back finds the pipe broken.
+    # A short directory: a socket's path holds 107 bytes, more than pytest's tmp_path leaves.
+    with tempfile.TemporaryDirectory(prefix="refold-runner-") as short:
+        path = Path(short) / "driver.sock"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(str(path))
+            server.listen(1)
+
+            def close_on_connect() -> None:
+                connection, _ = server.accept()
+                connection.recv(0)  # nothing read: the runner's pid stays unread
+                time.sleep(0.5)  # its write has arrived
+                connection.close()
+
+            driver = threading.Thread(target=close_on_connect)
+            driver.start()
+            done = _run_runner(path, str(WORKER_STARTUP))
+            driver.join()
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines() == [
+        f"refold: -m {RUNNER} ended: Spark's driver closed its socket ({path}) while this "
+        "process worked (its query stopped)"
+    ]
