@@ -86,6 +86,7 @@ def test_a_runner_whose_driver_closes_its_socket_while_it_works_says_so_in_one_l
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
             server.bind(str(path))
             server.listen(1)
+            server.settimeout(60)  # a runner that never connects fails the test, not hangs
 
             def close_on_connect() -> None:
                 connection, _ = server.accept()
