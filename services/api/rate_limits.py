@@ -51,6 +51,13 @@ SHARE_DIVISOR = 100
 _SHARES_ENTRIES = 10_000
 
 
+def _not_counted(error: Exception) -> None:
+    """Log that Redis failed the count: an unreachable Redis lets requests through."""
+    logger.warning(
+        "rate limits not counted (Redis: %s); the request goes on", str(error) or "timed out"
+    )
+
+
 def parse_rate(text: str) -> RateLimitItem | None:
     """``"100/second"``, ``"5000 per minute"``...; ``""`` is no limit.
 
@@ -139,7 +146,7 @@ class RateLimits:
                         self.keep_share(scope, key_id, share - 1, item.get_expiry())
                         return
                 except redis.RedisError as exc:
-                    logger.warning("rate limits not counted (Redis: %s); the request goes on", exc)
+                    _not_counted(exc)
                     return
         self.count_one(scope, key_id)
 
@@ -157,7 +164,7 @@ class RateLimits:
                 return
             reset = self._limiter.get_window_stats(item, scope, key_id).reset_time
         except redis.RedisError as exc:
-            logger.warning("rate limits not counted (Redis: %s); the request goes on", exc)
+            _not_counted(exc)
             return
         retry = max(1, math.ceil(reset - time.time()))
         msg = (
@@ -243,9 +250,7 @@ class LoopShares:
                 if not await self._limiter.hit(item, *key, cost=share):
                     return False
         except (redis.RedisError, TimeoutError) as exc:
-            logger.warning(
-                "rate limits not counted (Redis: %s); the request goes on", str(exc) or "timed out"
-            )
+            _not_counted(exc)
             return None
         self.limits.keep_share(*key, share, item.get_expiry())
         return True
