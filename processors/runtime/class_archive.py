@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from refold.contracts.settings import SparkSettings
+from refold.processors.runtime.jvm_options import path_option
 
 __all__ = ["archive_path", "build_archive", "driver_java_options", "main"]
 
@@ -61,7 +62,7 @@ def driver_java_options(spark: SparkSettings) -> str:
     path = archive_path(spark)
     if not path.is_file():
         return ""
-    return f"-XX:SharedArchiveFile={path} {_LOG_TO_STDERR}"
+    return f"{path_option('-XX:SharedArchiveFile=', path)} {_LOG_TO_STDERR}"
 
 
 def build_archive(spark: SparkSettings) -> Path:
@@ -86,7 +87,7 @@ def build_archive(spark: SparkSettings) -> Path:
     session = build_spark_session(
         "refold-class-archive",
         spark,
-        java_options=f"-XX:ArchiveClassesAtExit={partial} {_QUIET_DUMP}",
+        java_options=f"{path_option('-XX:ArchiveClassesAtExit=', partial)} {_QUIET_DUMP}",
     )
     gateway = session.sparkContext._gateway  # noqa: SLF001 - PySpark's link to its JVM
     jvm = gateway.proc  # type: ignore[union-attr]

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from refold.contracts.process_group import alive
+from refold.processors.runtime.jvm_options import path_option
 
 __all__ = ["driver_scratch", "java_temp_dir_option", "scratch_root", "sweep_ended"]
 
@@ -61,4 +62,4 @@ def java_temp_dir_option(scratch: Path) -> str:
     directory (``TMPDIR``) the JVM keeps its default, ``/tmp``.
     """
     fits = len(os.fsencode(scratch)) + _SOCKET_NAME <= _SOCKET_PATH_MAX
-    return f"-Djava.io.tmpdir={scratch}" if fits else ""
+    return path_option("-Djava.io.tmpdir=", scratch) if fits else ""
