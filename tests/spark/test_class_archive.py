@@ -54,7 +54,8 @@ _SESSION_SCRIPT = textwrap.dedent(
     from refold.processors.runtime.spark import build_spark_session
 
     spark = build_spark_session("refold-space-in-paths")
-    assert spark.range(10).count() == 10
+    # A Python worker too: Spark makes its Unix socket in the JVM's temp dir.
+    assert spark.range(10).rdd.map(lambda row: row.id * 2).sum() == 90
     jvm = spark.sparkContext._gateway.proc
     print(spark.sparkContext._jvm.System.getProperty("java.io.tmpdir"))
     archive = Path(os.environ["REFOLD_SPARK__CLASS_ARCHIVE"]).resolve()
