@@ -19,7 +19,7 @@ from refold.deploy.local_stack import (
     LocalStack,
     LocalStackError,
 )
-from refold.deploy.processes import tcp_port
+from refold.deploy.processes import stop_hint, tcp_port
 from refold.deploy.stack_security import SCRAM_MECHANISM
 
 __all__ = ["main"]
@@ -69,7 +69,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         f"{stack.redis_url}\n"
         f"logs and pid files in {stack.state_dir}\n"
         f"use it:  export REFOLD_KAFKA__BOOTSTRAP_SERVERS={stack.bootstrap_servers} "
-        f"REFOLD_REDIS__URL={stack.redis_url}\n{_security_lines(stack)}stop it: refold down"
+        f"REFOLD_REDIS__URL={stack.redis_url}\n{_security_lines(stack)}"
+        f"stop it: {stop_hint('refold down', args.state_dir)}"
     )
     return 0
 

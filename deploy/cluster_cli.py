@@ -23,7 +23,7 @@ from refold.deploy.cluster import (
     ClusterSpec,
     SparkCluster,
 )
-from refold.deploy.processes import tcp_port
+from refold.deploy.processes import stop_hint, tcp_port
 
 __all__ = ["add_cluster_commands"]
 
@@ -62,9 +62,7 @@ def _cluster(args: argparse.Namespace) -> SparkCluster:
 def _cmd_up(args: argparse.Namespace) -> int:
     cluster = _cluster(args).start()
     spec = cluster.spec
-    down = "refold cluster down" + (
-        f" --state-dir {args.state_dir}" if args.state_dir != ".state" else ""
-    )
+    down = stop_hint("refold cluster down", args.state_dir)
     print(
         f"Spark standalone cluster up: master {spec.master_url} (web UI {spec.webui_url}), "
         f"one worker with {spec.worker_cores} cores and {spec.worker_memory}\n"

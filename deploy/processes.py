@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
-__all__ = ["tcp_port"]
+__all__ = ["stop_hint", "tcp_port"]
 
 
 def tcp_port(text: str) -> int:
@@ -17,3 +18,14 @@ def tcp_port(text: str) -> int:
         msg = f"{text!r} is not a TCP port 1-65535"
         raise argparse.ArgumentTypeError(msg)
     return port
+
+
+def stop_hint(command: str, state_dir: str) -> str:
+    """The command line that stops what ``up`` started in ``state_dir``, to print after ``up``.
+
+    ``command`` is the stopping command (``refold down``); ``--state-dir`` is added unless it
+    is the default, ``.state``: a bare ``refold down`` looks there and finds nothing to stop.
+    """
+    if state_dir == ".state":
+        return command
+    return f"{command} --state-dir {shlex.quote(state_dir)}"

@@ -113,6 +113,7 @@ def test_cluster_runs_shipped_user_code_and_down_leaves_no_process(tmp_path):
         assert up.returncode == 0, up.stderr
         master_url = f"spark://127.0.0.1:{master_port}"
         assert f"export REFOLD_SPARK__MASTER={master_url} REFOLD_SPARK__CORES_MAX=1" in up.stdout
+        assert f"stop it: refold cluster down --state-dir {tmp_path / 'state'}\n" in up.stdout
         status = _refold("cluster", "status", *state, timeout=30)
         assert status.returncode == 0, status.stderr
         assert status.stdout.count("running (pid") == 2

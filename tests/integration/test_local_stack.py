@@ -42,6 +42,8 @@ def test_up_status_down_through_the_cli(tmp_path):
     try:
         assert up.returncode == 0, up.stderr
         assert f"127.0.0.1:{kafka_port}" in up.stdout
+        # What `up` says stops it does: the state dir is not the default, so it is named.
+        assert f"stop it: refold down --state-dir {tmp_path}\n" in up.stdout
         status = subprocess.run([*base, "status"], capture_output=True, text=True, timeout=30)
         assert status.returncode == 0
         assert status.stdout.count("running (pid") == 2
@@ -52,7 +54,7 @@ def test_up_status_down_through_the_cli(tmp_path):
         pids = [_recorded_pid(tmp_path / "stack", name) for name in ("kafka", "redis")]
         assert [_recorded_pid(tmp_path / "stack", n) for n in ("kafka", "redis")] == pids
     finally:
-        down = subprocess.run([*base, "down"], capture_output=True, text=True, timeout=60)
+        down = _refold("down", "--state-dir", str(tmp_path))
     assert down.returncode == 0
     assert "stopped" in down.stdout
     for pid in pids:

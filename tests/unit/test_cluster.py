@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import zipfile
 import zipimport
 from pathlib import Path
@@ -21,6 +22,7 @@ from refold.deploy.cluster import (
     parse_pid_file,
 )
 from refold.deploy.cluster_cli import add_cluster_commands
+from refold.deploy.processes import stop_hint
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.runtime.spark import is_local_master, package_archive, spark_conf
 
@@ -163,6 +165,14 @@ def test_the_state_dir_may_come_before_or_after_the_cluster_subcommand():
         parser.parse_args(["--state-dir", "a", "cluster", "down", "--state-dir", "b"]).state_dir
         == "b"
     )
+
+
+@pytest.mark.parametrize("command", ["refold down", "refold cluster down"])
+def test_the_stop_hint_up_prints_names_the_state_dir_unless_it_is_the_default(command):
+    assert stop_hint(command, ".state") == command
+    spaced = "/home/me/My Projects/.state"
+    argv = shlex.split(stop_hint(command, spaced))[1:]  # as a shell would pass it
+    assert build_parser().parse_args(argv).state_dir == spaced
 
 
 def test_spark_conf_from_settings():
