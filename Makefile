@@ -48,7 +48,7 @@ $(JARS_STAMP): $(STAMP) deploy/jars/pom.xml $(wildcard deploy/jars/*/pom.xml)
 	@command -v mvn >/dev/null || { echo "Maven is required to fetch Apache Kafka's jars (apt-get install -y maven)"; exit 1; }
 	@echo "fetching Apache Kafka's, Spark's Kafka connector's, HDFS minicluster's and the benchmark peers' (Kafka Streams, Flink) jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
 	rm -rf $(JARS)
-	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir=$(CURDIR)/$(JARS) \
+	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir="$(CURDIR)/$(JARS)" \
 		-Dspark.version=$$($(BIN)/python -c 'import pyspark; print(pyspark.__version__)') \
 		-Dhadoop.version=$$($(BIN)/python -c "$(PYSPARK_HADOOP_VERSION)")
 	@touch $(JARS_STAMP)
