@@ -14,6 +14,9 @@ then passes it to its driver JVM (:func:`driver_java_options`). The JVM checks t
 against its own build and class path (each jar's size and time) and ignores one that does not
 match, with one warning line on stderr: a stale archive costs the speed-up, never a result.
 Rebuild after changing the JDK or PySpark (``make setup`` does, as the venv or jars change).
+JDK 17 archives no class from a class path with a space in it (a checkout or venv under
+``My Projects/``): the archive then holds the JDK's own classes only, and Spark starts without
+most of the gain (JDK 25 archives them).
 
 Only the driver's JVM uses it: a local master runs the executors in that JVM; a cluster's
 executors start from their own workers.
