@@ -27,7 +27,7 @@ from refold.contracts.errors import ContractError, RefoldError
 from refold.contracts.layout import StateLayout
 from refold.contracts.registry import default_registry
 from refold.contracts.settings import StackSettings
-from refold.contracts.store.connect import redis_client
+from refold.contracts.store.connect import redis_client, unreachable
 from refold.contracts.store.credentials import redis_refused
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.scan import SCAN_COUNT
@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"refold dlq: {redis_refused('refold dlq', client, exc)}", file=sys.stderr)
         return 1
     except redis.ConnectionError as exc:
-        print(f"refold dlq: cannot reach Redis ({exc})", file=sys.stderr)
+        print(f"refold dlq: {unreachable(exc)}", file=sys.stderr)
         return 1
     finally:
         client.close()

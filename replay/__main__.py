@@ -12,7 +12,7 @@ import redis
 
 from refold.contracts.errors import RefoldError
 from refold.contracts.logconfig import configure_logging
-from refold.contracts.store.connect import redis_client
+from refold.contracts.store.connect import redis_client, unreachable
 from refold.contracts.store.credentials import redis_refused
 from refold.replay.admin_commands import (
     cmd_check,
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except redis.AuthenticationError as exc:
         print(f"replay: {redis_refused('replay', client, exc)}", file=sys.stderr)
+        return 1
+    except redis.ConnectionError as exc:
+        print(f"replay: {unreachable(exc)}", file=sys.stderr)
         return 1
     except (RefoldError, redis.RedisError) as exc:
         print(f"replay: {exc}", file=sys.stderr)

@@ -14,9 +14,25 @@ from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.credentials import AuthWatch, refused
 from refold.contracts.topics import TopicSpec
 
-__all__ = ["delete_topics", "ensure_topics"]
+__all__ = ["KafkaUnreachableError", "delete_topics", "ensure_topics"]
 
 _CLIENT = "the admin client (topics)"
+# No broker answered: librdkafka's own errors for it (a refused login is told apart first).
+_NO_BROKER = frozenset(
+    {
+        KafkaError._TRANSPORT,  # noqa: SLF001 - librdkafka's public error names start with _
+        KafkaError._ALL_BROKERS_DOWN,  # noqa: SLF001
+        KafkaError._RESOLVE,  # noqa: SLF001
+        KafkaError._TIMED_OUT,  # noqa: SLF001
+    }
+)
+
+
+class KafkaUnreachableError(RefoldError):
+    """No broker of ``bootstrap.servers`` answered: down, or another address."""
+
+    code = "KAFKA_UNREACHABLE"
+    retriable = True
 
 
 def ensure_topics(
@@ -39,6 +55,7 @@ def ensure_topics(
     Raises:
         RefoldError: A topic exists with another partition count (keys would map elsewhere),
             or the broker refused to create one.
+        KafkaUnreachableError: No broker answered within ``timeout``.
     """
     watch = AuthWatch()
     config: dict[str, Any] = {**kafka, "error_cb": watch}
@@ -50,6 +67,13 @@ def ensure_topics(
         admin.poll(0)  # serves the error callbacks: a refused login is one
         if watch.failure is not None:
             raise refused(_CLIENT, kafka, watch.failure) from exc
+        if exc.args and exc.args[0].code() in _NO_BROKER:
+            msg = (
+                f"cannot reach Kafka at {kafka.get('bootstrap.servers')} "
+                f"({exc.args[0].str()}). Operator action: start the broker (`refold up` starts "
+                "the local stack) or set REFOLD_KAFKA__BOOTSTRAP_SERVERS to where it runs."
+            )
+            raise KafkaUnreachableError(msg) from exc
         raise
     for name, spec in wanted.items():
         if (

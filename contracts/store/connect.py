@@ -35,6 +35,7 @@ __all__ = [
     "pipelined_pfcount",
     "redis_client",
     "single_server_url",
+    "unreachable",
 ]
 
 # The cluster schemes, and the scheme redis-py parses each as.
@@ -121,3 +122,14 @@ def is_cluster(client: redis.Redis) -> bool:
 def pipelined_eval(pipe: Any, script: str, numkeys: int, *keys_and_args: Any) -> Any:
     """``EVAL script`` on a pipeline of either client (a cluster pipeline's ``eval`` takes none)."""
     return pipe.execute_command("EVAL", script, numkeys, *keys_and_args)
+
+
+def unreachable(error: redis.ConnectionError) -> str:
+    """What a command says when Redis does not answer: why, where and what to do.
+
+    redis-py's reason names the address it tried (``Error 111 connecting to host:port``).
+    """
+    return (
+        f"cannot reach Redis: {str(error).rstrip('.')}. Operator action: start it (`refold up` "
+        "starts the local stack) or set REFOLD_REDIS__URL to where it runs."
+    )
