@@ -11,21 +11,12 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from refold.contracts.errors import RefoldError
-from refold.contracts.kafka.credentials import AuthWatch, refused
+from refold.contracts.kafka.credentials import AuthWatch, not_answering, refused
 from refold.contracts.topics import TopicSpec
 
 __all__ = ["KafkaUnreachableError", "delete_topics", "ensure_topics"]
 
 _CLIENT = "the admin client (topics)"
-# No broker answered: librdkafka's own errors for it (a refused login is told apart first).
-_NO_BROKER = frozenset(
-    {
-        KafkaError._TRANSPORT,  # noqa: SLF001 - librdkafka's public error names start with _
-        KafkaError._ALL_BROKERS_DOWN,  # noqa: SLF001
-        KafkaError._RESOLVE,  # noqa: SLF001
-        KafkaError._TIMED_OUT,  # noqa: SLF001
-    }
-)
 
 
 class KafkaUnreachableError(RefoldError):
@@ -67,13 +58,9 @@ def ensure_topics(
         admin.poll(0)  # serves the error callbacks: a refused login is one
         if watch.failure is not None:
             raise refused(_CLIENT, kafka, watch.failure) from exc
-        if exc.args and exc.args[0].code() in _NO_BROKER:
-            msg = (
-                f"cannot reach Kafka at {kafka.get('bootstrap.servers')} "
-                f"({exc.args[0].str()}). Operator action: start the broker (`refold up` starts "
-                "the local stack) or set REFOLD_KAFKA__BOOTSTRAP_SERVERS to where it runs."
-            )
-            raise KafkaUnreachableError(msg) from exc
+        reason = not_answering(kafka, exc)
+        if reason is not None:
+            raise KafkaUnreachableError(reason) from exc
         raise
     for name, spec in wanted.items():
         if (

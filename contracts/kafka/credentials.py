@@ -1,4 +1,7 @@
-"""Kafka refusing a client's credentials: one error that names the client, never the password.
+"""Kafka refusing a client's credentials, or not answering: errors that say where and what to do.
+
+A refused login names the client, never the password; a broker that does not answer is named
+by its address, with how to start it (:func:`not_answering`).
 
 librdkafka reports a refused SASL login as a client error (``_AUTHENTICATION``) and keeps
 retrying, so a call then times out with a transport error that does not say why. An
@@ -10,11 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from refold.contracts.errors import RefoldError
 
-__all__ = ["AuthWatch", "KafkaCredentialsError", "is_refusal", "refused"]
+__all__ = ["AuthWatch", "KafkaCredentialsError", "is_refusal", "not_answering", "refused"]
+
+# No broker answered: librdkafka's local errors for it (a refused login is told apart first).
+_NO_BROKER = frozenset(
+    {
+        KafkaError._TRANSPORT,  # noqa: SLF001 - librdkafka's public error names start with _
+        KafkaError._ALL_BROKERS_DOWN,  # noqa: SLF001
+        KafkaError._RESOLVE,  # noqa: SLF001
+        KafkaError._TIMED_OUT,  # noqa: SLF001
+    }
+)
 
 
 class KafkaCredentialsError(RefoldError):
@@ -52,4 +65,19 @@ def refused(client: str, config: Mapping[str, object], reason: str) -> KafkaCred
         f"Kafka at {config.get('bootstrap.servers')} refused the credentials of {client} "
         f"(user {user!r}, {mechanism}): {reason}. Operator action: check sasl.username "
         "(REFOLD_KAFKA__CLIENT_PROPERTIES) and sasl.password (REFOLD_KAFKA__SECRET_PROPERTIES)."
+    )
+
+
+def not_answering(config: Mapping[str, object], exc: KafkaException) -> str | None:
+    """What to say when no broker of ``config`` answered the call that raised ``exc``.
+
+    None when ``exc`` is another error (the broker answered, and refused or failed).
+    """
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError) or error.code() not in _NO_BROKER:
+        return None
+    return (
+        f"cannot reach Kafka at {config.get('bootstrap.servers')} ({error.str()}). Operator "
+        "action: start the broker (`refold up` starts the local stack) or set "
+        "REFOLD_KAFKA__BOOTSTRAP_SERVERS to where it runs."
     )

@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.consumers import passive_consumer_config
-from refold.contracts.kafka.credentials import AuthWatch, refused
+from refold.contracts.kafka.credentials import AuthWatch, not_answering, refused
 from refold.contracts.kafka.logs import routed
 
 __all__ = ["LogOffsets", "OffsetsError", "TopicPartitionKey"]
@@ -161,7 +161,8 @@ class LogOffsets:
             self._metadata_client().poll(0)  # serves the error callbacks (a refused login)
             if self._auth.failure is not None:
                 raise refused(_CLIENT, self._config, self._auth.failure) from exc
-            msg = f"cannot read metadata of topic {topic}: {exc}"
+            reason = not_answering(self._config, exc) or exc
+            msg = f"cannot read metadata of topic {topic}: {reason}"
             raise OffsetsError(msg) from exc
         found = metadata.topics.get(topic)
         if found is None or found.error is not None or not found.partitions:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from refold.contracts.kafka.admin import KafkaUnreachableError, ensure_topics
+from refold.contracts.kafka.offsets import LogOffsets, OffsetsError
 from refold.contracts.topics import TopicSpec
 from refold.deploy.local_stack import free_port
 
@@ -53,3 +54,20 @@ def test_topics_without_a_broker_names_its_address_and_refold_up():
     assert message.startswith(f"[KAFKA_UNREACHABLE] cannot reach Kafka at 127.0.0.1:{port} (")
     assert "`refold up`" in message
     assert "REFOLD_KAFKA__BOOTSTRAP_SERVERS" in message
+
+
+def test_offsets_without_a_broker_name_its_address_and_refold_up():
+    # What `refold tail` and `replay plan` print (OFFSETS_UNAVAILABLE, which their callers
+    # catch and some retry): the same words, in the same error as before.
+    port = free_port()
+    with (
+        LogOffsets({"bootstrap.servers": f"127.0.0.1:{port}"}, timeout=2) as offsets,
+        pytest.raises(OffsetsError) as raised,
+    ):
+        offsets.partitions("orders-nowhere")
+    message = str(raised.value)
+    assert message.startswith(
+        f"[OFFSETS_UNAVAILABLE] cannot read metadata of topic orders-nowhere: cannot reach "
+        f"Kafka at 127.0.0.1:{port} ("
+    )
+    assert "`refold up`" in message
