@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from refold.contracts.errors import RefoldError
+from refold.contracts.store.outage import REDIS_UNAVAILABLE, RedisOutage
 
 if TYPE_CHECKING:
     from refold.contracts.store.generations import GenerationRegistry
@@ -87,6 +88,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+
+def _never_gives_up(waited: float, exc: Exception) -> Exception:  # patience_s=None: unused
+    return exc
 
 
 class LeaseHeldError(RefoldError):
@@ -191,12 +196,35 @@ class RedisLease(abc.ABC):
         self._renewer.start()
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(_RENEW_S):
+        # Redis unreachable for a moment (a restart, a failover): the TTL leaves time to retry,
+        # and a lease that expired meanwhile is re-taken if nobody else took it. An outage is
+        # one line when it starts and one when it ends (RedisOutage), not one per renewal.
+        outage: RedisOutage | None = None
+        while not self._stop.wait(0 if outage is not None else _RENEW_S):
             try:
                 renewed = self.client.eval(_RENEW, 1, self.key, self.owner, LEASE_TTL_MS)
-            except Exception:  # Redis unreachable for a moment: the TTL leaves time to retry
+            except REDIS_UNAVAILABLE as exc:
+                outage = outage or RedisOutage(
+                    f"the renewal of the lease of {self.label}",
+                    self.client,
+                    _never_gives_up,
+                    patience_s=None,
+                    max_delay_s=_RENEW_S,
+                    sleep=self._stop.wait,
+                )
+                try:
+                    outage.wait(exc)
+                except RefoldError:  # Redis refused the login: the lease cannot be kept
+                    logger.exception("lost the lease of %s", self.label)
+                    self.lost.set()
+                    return
+                continue
+            except Exception:  # not an outage (a script error...): say it, try again later
                 logger.warning("cannot renew the lease of %s", self.label, exc_info=True)
                 continue
+            if outage is not None:
+                outage.over()
+                outage = None
             if not renewed:
                 logger.error("lost the lease of %s: another process took it over", self.label)
                 self.lost.set()

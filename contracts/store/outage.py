@@ -51,10 +51,13 @@ class RedisOutage:
         client: The client whose login a refusal names.
         give_up: The error to raise after ``patience_s``, from the seconds waited and the last
             Redis error (it says what was not done and what the operator should do).
-        patience_s: How long to wait before giving up.
+        patience_s: How long to wait before giving up; ``None``: no bound (a lease's renewer,
+            which has nothing to give up to).
         first_delay_s: The first wait; each next one doubles, up to ``max_delay_s``.
         max_delay_s: The longest single wait.
         log_extra: ``extra`` of the log lines (generation, processor...).
+        sleep: How to wait (default ``time.sleep``; ``threading.Event.wait`` lets a stop cut
+            a wait short).
     """
 
     def __init__(
@@ -63,10 +66,11 @@ class RedisOutage:
         client: redis.Redis,
         give_up: Callable[[float, Exception], Exception],
         *,
-        patience_s: float = 600.0,
+        patience_s: float | None = 600.0,
         first_delay_s: float = 0.2,
         max_delay_s: float = 5.0,
         log_extra: dict[str, object] | None = None,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
         self.who = who
         self.client = client
@@ -77,6 +81,7 @@ class RedisOutage:
         self.started = time.monotonic()
         self.delay = first_delay_s
         self.waits = 0
+        self._sleep = sleep
 
     def wait(self, exc: Exception) -> None:
         """After a failed call: raise if it was a refusal or patience ran out, else sleep.
@@ -87,25 +92,24 @@ class RedisOutage:
         """
         raise_if_refused(exc, self.who, self.client)
         waited = time.monotonic() - self.started
-        if waited > self.patience_s:
+        if self.patience_s is not None and waited > self.patience_s:
             raise self.give_up(waited, exc) from exc
         if not self.waits:
+            bound = "for it" if self.patience_s is None else f"up to {self.patience_s:.0f}s"
             logger.warning(
-                "Redis unreachable (%s); %s waits up to %.0fs",
-                exc,
-                self.who,
-                self.patience_s,
-                extra=self.log_extra,
+                "Redis unreachable (%s); %s waits %s", exc, self.who, bound, extra=self.log_extra
             )
         self.waits += 1
-        time.sleep(self.delay)
+        (self._sleep or time.sleep)(self.delay)
         self.delay = min(self.delay * 2, self.max_delay_s)
 
     def over(self) -> None:
-        """After the first call that worked again: say how long it lasted."""
+        """After the first call that worked again: say how long it lasted and how many failed."""
         logger.warning(
-            "Redis reachable again after %.1fs; %s carries on",
+            "Redis reachable again after %.1fs (%d failed call%s); %s carries on",
             time.monotonic() - self.started,
+            self.waits,
+            "" if self.waits == 1 else "s",
             self.who,
             extra=self.log_extra,
         )

@@ -56,7 +56,7 @@ def test_an_outage_is_waited_out_with_doubling_waits_and_logged_at_both_ends(sle
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2  # once when it starts, once when it is over: not once per retry
     assert "waits up to 600s" in lines[0]
-    assert "reachable again after 16.2s" in lines[1]
+    assert "reachable again after 16.2s (7 failed calls)" in lines[1]
 
 
 def test_patience_ends_in_the_callers_own_error(slept):
