@@ -63,7 +63,11 @@ from refold.services.webhooks.positions import (
     mirror_positions,
     start_positions,
 )
-from refold.services.webhooks.scheduling import AttemptScheduler, UncommittedWindow
+from refold.services.webhooks.scheduling import (
+    AttemptScheduler,
+    ProgressReport,
+    UncommittedWindow,
+)
 from refold.services.webhooks.store import DispatcherLease, LogEntry, WebhookStore
 from refold.services.webhooks.thread import DispatcherThread
 
@@ -72,7 +76,7 @@ __all__ = ["DispatcherStats", "Role", "WebhookDispatcher"]
 logger = logging.getLogger(__name__)
 
 Role = Literal["dispatch", "redrive"]
-_PROGRESS_S = 10.0  # progress log period
+_PROGRESS_S = 10.0  # progress log period (a line only when something was settled meanwhile)
 _SCHEDULER_TICK_S = 0.2  # longest wait for answers when no new record could be read anyway
 _STEP_S = 0.05  # longest wait for answers while there is room to read new records
 _COMMIT_INTERVAL_S = 0.5  # commit settled records at least this often (log and positions)
@@ -290,8 +294,8 @@ class WebhookDispatcher:
         """Read, attempt and commit, interleaved, until stopped (or caught up)."""
         settings = self.settings
         window = UncommittedWindow()
-        last_commit = last_report = last_unseen = time.monotonic()
-        reported = 0
+        last_commit = last_unseen = time.monotonic()
+        progress = ProgressReport(_PROGRESS_S, last_commit)
         while not self._stop.is_set():
             if lease.lost.is_set():
                 msg = f"{settings.name}: lost the lease; another dispatcher took over"
@@ -323,8 +327,10 @@ class WebhookDispatcher:
             ):
                 self._commit(window, lease, consumer)
                 last_commit = now
-            if now - last_report >= _PROGRESS_S:
-                rate = (self.stats.delivered - reported) / (now - last_report)
+            stats = self.stats
+            settled = stats.delivered + stats.retried + stats.failed + stats.skipped
+            rate = progress.due(stats.delivered, settled, now)
+            if rate is not None:
                 logger.info(
                     "%s (%s): delivered %d (%.0f/s), retried %d, dead-lettered %d; %d in "
                     "progress, %d behind",
@@ -337,7 +343,6 @@ class WebhookDispatcher:
                     scheduler.pending,
                     lag(consumer, self.stats.committed),
                 )
-                last_report, reported = now, self.stats.delivered
         # Stopped: the attempts in flight finish; what was settled before the first unsettled
         # record of each partition is committed; the rest is delivered again by the next run.
         scheduler.drain()

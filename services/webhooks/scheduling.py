@@ -1,4 +1,4 @@
-"""Scheduling deliveries: attempts at their due times, and the window of uncommitted records.
+"""Scheduling deliveries: attempts at their due times, the window of uncommitted records, progress.
 
 :class:`AttemptScheduler` runs attempts in a thread pool, at most ``limit`` at a time, each when
 it is due (at once, or after its backoff): an insight waiting for a retry holds no thread and no
@@ -10,7 +10,10 @@ or dead-lettered), so :meth:`UncommittedWindow.pop_settled` takes each partition
 *prefix*; records settled behind an unsettled one wait for it. A crash re-delivers at most the
 window.
 
-Both are driven by the dispatcher's loop thread only (not thread-safe).
+:class:`ProgressReport` decides when the loop logs a progress line: at most once a period, and
+only when records were settled since the last one (an idle dispatcher writes nothing).
+
+All are driven by the dispatcher's loop thread only (not thread-safe).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from refold.services.webhooks.delivery import AttemptResult
 from refold.services.webhooks.items import DeliveryItem
 
-__all__ = ["AttemptScheduler", "UncommittedWindow"]
+__all__ = ["AttemptScheduler", "ProgressReport", "UncommittedWindow"]
 
 TP = tuple[str, int]
 
@@ -142,3 +145,39 @@ class UncommittedWindow:
                 positions[tp] = item.read_offset + 1
         self.size -= len(taken)
         return positions, taken
+
+
+class ProgressReport:
+    """When the dispatcher logs its progress: once a period at most, never while idle.
+
+    An idle dispatcher used to log "delivered 5 (0/s)" every 10 s: 39 of a log's 214 lines.
+
+    Args:
+        period_s: The shortest time between two lines.
+        now: The loop's clock at start (``time.monotonic()``).
+    """
+
+    def __init__(self, period_s: float, now: float) -> None:
+        self.period_s = period_s
+        self._since = now
+        self._settled = 0
+        self._delivered = 0
+
+    def due(self, delivered: int, settled: int, now: float) -> float | None:
+        """Whether a line is due; if so, the delivery rate (per second) since the last check.
+
+        Args:
+            delivered: Records delivered so far (a running total).
+            settled: Records settled so far, whatever the outcome (delivered, retried,
+                dead-lettered): a running total.
+            now: The loop's clock.
+
+        Returns:
+            The rate to report, or ``None``: no line (too soon, or nothing happened).
+        """
+        if now - self._since < self.period_s:
+            return None
+        rate = (delivered - self._delivered) / (now - self._since)
+        active = settled != self._settled
+        self._since, self._settled, self._delivered = now, settled, delivered
+        return rate if active else None

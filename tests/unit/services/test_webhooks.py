@@ -38,7 +38,7 @@ from refold.services.webhooks.items import (
     header_safe,
     item_from_message,
 )
-from refold.services.webhooks.scheduling import AttemptScheduler, UncommittedWindow
+from refold.services.webhooks.scheduling import AttemptScheduler, ProgressReport, UncommittedWindow
 from refold.services.webhooks.store import LogEntry
 from tests.support.waiting import assert_eventually
 
@@ -481,3 +481,14 @@ def test_the_cli_merges_the_environment_and_its_options(monkeypatch):
     args = build_parser().parse_args(["run", "--severity", "any", "--topic", "c"])
     settings = cli_settings(args, WebhookServiceSettings(), "dispatch")
     assert (settings.severities, settings.topics) == ((), ("c",))
+
+
+def test_progress_is_logged_once_a_period_and_never_while_idle():
+    progress = ProgressReport(10.0, now=0.0)
+    assert progress.due(delivered=5, settled=5, now=3.0) is None  # too soon
+    assert progress.due(delivered=5, settled=5, now=10.0) == 0.5  # 5 delivered in 10 s
+    idle = [progress.due(delivered=5, settled=5, now=10.0 + 10 * i) for i in range(1, 40)]
+    assert idle == [None] * 39  # the 39 "delivered 5 (0/s)" lines of an idle dispatcher
+    assert progress.due(delivered=5, settled=6, now=410.0) == 0.0  # a retry is activity too
+    assert progress.due(delivered=25, settled=26, now=412.0) is None
+    assert progress.due(delivered=25, settled=26, now=420.0) == 2.0  # the rate of the period
