@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.extras import MissingExtraError, needs_extra
@@ -21,6 +21,11 @@ from refold.deploy.local_stack import (
 )
 from refold.deploy.processes import stop_hint, tcp_port
 from refold.deploy.stack_security import SCRAM_MECHANISM
+from refold.deploy.stack_status import stack_verdict
+
+if TYPE_CHECKING:
+    from refold.contracts.registry import Registry
+    from refold.contracts.topics import TopicSpec
 
 __all__ = ["main"]
 
@@ -85,10 +90,9 @@ def _cmd_down(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     stack = _stack(args)
-    any_running = False
-    for server in stack.status():
-        state = f"running (pid {server.pid})" if server.running else "stopped"
-        any_running |= server.running
+    servers = stack.status()
+    verdict = stack_verdict(servers)
+    for server, state in zip(servers, verdict.states, strict=True):
         print(f"{server.name:<6} port {server.port:<6} {state:<22} log {server.log_file}")
         if server.data_dir is not None:
             print(
@@ -96,7 +100,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"({_size(server.disk_bytes)})"
             )
     print(_security_lines(stack), end="")
-    return 0 if any_running else 3
+    if verdict.exit_code:
+        print(verdict.message(stop_hint("refold up", args.state_dir)), file=sys.stderr)
+    return verdict.exit_code
 
 
 def _size(n: int) -> str:
@@ -205,8 +211,6 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     from refold.contracts.kafka.admin import ensure_topics
     from refold.contracts.registry import default_registry
     from refold.contracts.settings import StackSettings
-    from refold.contracts.topics import dead_letter_spec
-    from refold.processors.runtime.cli import configured_dead_letter_topic
 
     registry = default_registry()
     unknown = sorted(set(args.sets) - set(registry.contract_sets))
@@ -218,19 +222,52 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     specs = [t for contract_set in chosen for t in contract_set.topics]
     kafka = StackSettings().kafka
     try:
-        if not args.sets:
-            # Each processor's dead-letter topic as it will run (its option, if set).
-            specs += [
-                dead_letter_spec(name, configured_dead_letter_topic(spec, os.environ))
-                for name, spec in sorted(registry.processors.items())
-            ]
+        # Every processor's dead letters and outputs (with SETs: those of the processors that
+        # read their topics), so a consumer started before its processor finds its topic.
+        chosen_names = {t.name for t in specs}
+        readers = [
+            name
+            for name, processor in sorted(registry.processors.items())
+            if not args.sets or set(processor.topics) & chosen_names
+        ]
+        outputs = _processor_topics(registry, readers, chosen_names)
         ensure_topics(kafka.as_librdkafka(), specs)
+        # Output streams are created as a processor creates them: partitions not checked.
+        ensure_topics(kafka.as_librdkafka(), outputs, check_partitions=False)
     except (RefoldError, KafkaException) as exc:
         print(f"refold topics: {exc}", file=sys.stderr)
         return 1
-    for spec in specs:
+    for spec in [*specs, *outputs]:
         print(f"{spec.name:<28} {spec.partitions:>3} partitions  key {spec.key_field}")
     return 0
+
+
+def _processor_topics(registry: Registry, names: list[str], listed: set[str]) -> list[TopicSpec]:
+    """Each processor's dead-letter topic and the other topics it writes, as it will run.
+
+    Insights, output streams, closed windows and late records, its options included; the
+    topics in ``listed`` (the chosen contract sets') left out.
+    """
+    from refold.contracts.topics import dead_letter_spec
+    from refold.processors.runtime.cli import (
+        configured_dead_letter_topic,
+        configured_output_topics,
+    )
+    from refold.processors.runtime.output_topics import output_topic_specs
+
+    found: dict[str, TopicSpec] = {}
+    for name in names:
+        spec = registry.processors[name]
+        dead_letters = dead_letter_spec(name, configured_dead_letter_topic(spec, os.environ))
+        found.setdefault(dead_letters.name, dead_letters)
+        try:
+            outputs = configured_output_topics(spec, os.environ)
+        except ImportError as exc:  # a missing extra or module: it would not start either
+            print(f"refold topics: {name}: output topics not created ({exc})", file=sys.stderr)
+            continue
+        for output in output_topic_specs(outputs, registry.topics):
+            found.setdefault(output.name, output)
+    return [t for t in found.values() if t.name not in listed]
 
 
 def _add_stack_options(parser: argparse.ArgumentParser, *, after_subcommand: bool) -> None:
@@ -326,7 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, text in (
         ("up", _cmd_up, "start the local stack (Apache Kafka + redis-server)"),
         ("down", _cmd_down, "stop the local stack"),
-        ("status", _cmd_status, "show the local stack (exit 3 when stopped)"),
+        (
+            "status",
+            _cmd_status,
+            "show the local stack (exit 3 when stopped, 6 when a part is down)",
+        ),
     ):
         command = sub.add_parser(name, help=text)
         _add_stack_options(command, after_subcommand=True)
@@ -370,10 +411,16 @@ def build_parser() -> argparse.ArgumentParser:
         passing.set_defaults(func=functools.partial(_pass_on, f"{module}:main"))
     topics = sub.add_parser(
         "topics",
-        help="create the topics of the installed contract sets (and each processor's "
-        "dead-letter topic) where missing; check the partition counts of the others",
+        help="create the topics of the installed contract sets and every topic their "
+        "processors write (dead letters, insights, output streams, closed windows, late "
+        "records) where missing; check the partition counts of the others",
     )
-    topics.add_argument("sets", nargs="*", metavar="SET", help="contract sets (default: all)")
+    topics.add_argument(
+        "sets",
+        nargs="*",
+        metavar="SET",
+        help="contract sets (default: all, and every processor's topics)",
+    )
     topics.set_defaults(func=_cmd_topics)
     return parser
 

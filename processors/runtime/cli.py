@@ -41,6 +41,7 @@ from refold.processors.errors import ProcessorConfigError
 from refold.processors.fold.projection import Projection
 from refold.processors.runtime.checkpoints import checkpoint_root
 from refold.processors.runtime.code_identity import build_fingerprints
+from refold.processors.runtime.output_topics import output_topics
 from refold.processors.runtime.runner import (
     GenerationChoice,
     ProcessorJob,
@@ -53,6 +54,7 @@ __all__ = [
     "build_job",
     "build_parser",
     "configured_dead_letter_topic",
+    "configured_output_topics",
     "load_options",
     "main",
 ]
@@ -121,6 +123,22 @@ def configured_dead_letter_topic(spec: ProcessorSpec, environ: Mapping[str, str]
     return dead_letter_topic(spec.name, load_options(spec, environ).dead_letter_topic)
 
 
+def configured_output_topics(spec: ProcessorSpec, environ: Mapping[str, str]) -> list[str]:
+    """The output topics the processor writes (dead letters aside), its options included.
+
+    For ``refold topics``, which creates them before the processor first runs: a pattern
+    processor's insights, an output stream, closed windows, late records
+    (:func:`~refold.processors.runtime.output_topics.output_topics`). Builds the projection
+    (imports its module), as the processor does.
+
+    Raises:
+        ProcessorConfigError: The processor's options are invalid (it would not start either).
+    """
+    options = load_options(spec, environ)
+    projection = import_reference(spec.projection)(options)
+    return output_topics(projection, spec.event_time, options.windows_topic)
+
+
 def _topics(spec: ProcessorSpec, options: ProcessorOptions, registry: Registry) -> list[TopicSpec]:
     specs = [registry.topic(name) for name in spec.topics]
     if options.topics is None:
@@ -142,7 +160,7 @@ def build_job(
     projection: Projection = factory(options)
     # Fingerprinted right after the import: the process keeps the fingerprint of the code it
     # loaded, whatever happens to the files later (refold.processors.runtime.code_identity).
-    build_fingerprints(projection)
+    build_fingerprints(projection, spec.declared_code)
     if projection.name != spec.name:
         msg = f"{spec.projection} builds a projection named {projection.name!r}, not {spec.name!r}"
         raise ProcessorConfigError(msg)
@@ -272,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             importlib.import_module("refold.processors.runtime.spark")
         jobs = _jobs(args, settings)
         if args.print_fingerprint:
-            prints: dict[str, Any] = {j.spec.name: build_fingerprints(j.projection) for j in jobs}
+            prints: dict[str, Any] = {
+                j.spec.name: build_fingerprints(j.projection, j.spec.declared_code) for j in jobs
+            }
             print(
                 json.dumps(prints if len(jobs) > 1 else prints[jobs[0].spec.name], sort_keys=True)
             )

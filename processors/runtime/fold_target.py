@@ -14,10 +14,12 @@ from typing import Any
 
 import redis
 
+from refold.contracts.fingerprints import NOTHING_DECLARED, DeclaredCode
 from refold.contracts.layout import GenerationKeys, StateLayout
 from refold.contracts.processors import EventId, EventTime
 from refold.contracts.store.positions import GenerationPositions
 from refold.processors.fold.records import SourceRecord
+from refold.processors.runtime.output_topics import late_topic
 
 __all__ = ["BatchOutcome", "FoldTarget", "PendingRecord", "add_outcome"]
 
@@ -80,6 +82,8 @@ class FoldTarget:
             partition id over all of them).
         code_fingerprint: The driver's code fingerprint: a Spark worker that loaded other code
             (the file edited under the running process) refuses to write ("": unchecked).
+        declared_code: What the processor's spec declares about its code (its fingerprint
+            covers it): a worker recomputes the fingerprint with it.
         created_at: The generation's ``created_at`` (registry meta). It names the output
             streams, so a generation number that gc frees and a new generation takes again
             starts new streams and markers.
@@ -115,6 +119,7 @@ class FoldTarget:
     event_time: EventTime | None = None
     topics: tuple[str, ...] = ()
     code_fingerprint: str = ""
+    declared_code: DeclaredCode = NOTHING_DECLARED
     dedupe: EventId | None = None
     created_at: str = ""
     marked: tuple[tuple[str, str], ...] = ()
@@ -126,8 +131,7 @@ class FoldTarget:
     @property
     def late_topic(self) -> str:
         """Where late records go under the ``side-output`` policy."""
-        custom = self.event_time.late_topic if self.event_time else ""
-        return custom or f"{self.processor}.late"
+        return late_topic(self.processor, self.event_time)
 
     @property
     def layout(self) -> StateLayout:

@@ -17,7 +17,7 @@ from refold.contracts.processors import EventTime
 from refold.contracts.registry import default_registry, processor_spec
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.store.generations import Positions
-from refold.contracts.topics import TopicSpec, dead_letter_spec, effects_spec
+from refold.contracts.topics import TopicSpec, dead_letter_spec
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.fold.archive import ArchiveProcessor, is_archive_processor
 from refold.processors.fold.dataframe import DataFrameProcessor, is_dataframe_processor
@@ -31,6 +31,7 @@ from refold.processors.runtime.dataframe import DataFrameSink, build_dataframe_q
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.kafka_ranges import TaskPlan
 from refold.processors.runtime.lookup_store import LookupJoiner
+from refold.processors.runtime.output_topics import output_topic_specs, output_topics
 from refold.processors.runtime.run_plan import ProcessorRun, RunOptions
 from refold.processors.runtime.sink import RedisFoldSink
 from refold.processors.runtime.window_store import WindowCloser
@@ -57,13 +58,12 @@ def driver_task(
     projection: Projection, run: ProcessorRun, kafka: KafkaSettings, options: RunOptions
 ) -> tuple[DriverTask | None, list[str]]:
     """The fold's driver task (a window closer or a lookup joiner), and its output topics."""
-    outputs = list(getattr(projection, "effect_topics", ()))
+    outputs = output_topics(projection, run.target.event_time, options.windows_topic)
     closer: DriverTask | None = None
     if getattr(projection, "lookup", None):
         closer = _lookup_joiner(cast("LookupFold", projection), run, kafka)
     if getattr(projection, "windows", None):
         results_topic = options.windows_topic or windows_topic(projection.name)
-        outputs.append(results_topic)
         event_time = cast("EventTime", run.target.event_time)
         closer = WindowCloser(
             run.target.layout,
@@ -74,8 +74,6 @@ def driver_task(
             kafka.as_librdkafka(),
             results_topic,
         )
-    if run.target.event_time is not None and run.target.event_time.late == "side-output":
-        outputs.append(run.target.late_topic)
     return closer, outputs
 
 
@@ -88,10 +86,7 @@ def ensure_generation_topics(
 ) -> None:
     """Create the sources (checked), the dead-letter topic and the output topics if missing."""
     dead_letters = dead_letter_spec(projection.name, run.target.dlq_topic)
-    # An output stream with a contract is declared by a contract set (its partitions and key);
-    # any other output topic gets the side-effect defaults.
-    declared = default_registry().topics
-    effect_topics = [declared.get(t) or effects_spec(t) for t in outputs]
+    effect_topics = output_topic_specs(outputs, default_registry().topics)
     ensure_topics(kafka.as_librdkafka(), [*topics, dead_letters])
     ensure_topics(kafka.as_librdkafka(), effect_topics, check_partitions=False)
 
