@@ -49,6 +49,7 @@ from refold.contracts.store.generations import (
     Positions,
 )
 from refold.contracts.store.lease import BuilderLease
+from refold.contracts.store.stats import ProcessorStats
 from refold.processors.runtime.checkpoints import (
     checkpoint_location,
     checkpoint_root,
@@ -67,9 +68,10 @@ from refold.replay.shadow import (
 )
 from refold.replay.snapshots import Snapshot, SnapshotStore
 from refold.replay.validate import (
-    REBUILD_STARTUP_S,
+    RebuildRate,
     decode_check,
     estimate_check,
+    rebuild_rate_of,
     retention_check,
     scan_fingerprints,
     state_check,
@@ -185,24 +187,23 @@ def plan_replay(
                 )
             )
     scan = scan_fingerprints(kafka.as_librdkafka(), plan, scan_limit)
-    rate, measured_by = _measured_rate(registry)
     return plan.with_checks(
         (
             retention_check(plan),
             state_check(plan, spec.name),
             decode_check(scan, EventCodec(), accept_dead_letters=accept_dead_letters),
-            estimate_check(plan, rate, measured_by),
+            estimate_check(plan, _measured_rate(registry)),
         )
     )
 
 
-def _measured_rate(registry: GenerationRegistry) -> tuple[float | None, str]:
-    """Records/s of the newest generation whose rebuild was measured."""
+def _measured_rate(registry: GenerationRegistry) -> RebuildRate | None:
+    """The rate of the newest generation whose rebuild was measured."""
     for info in reversed(registry.list()):
-        rate = info.meta.get("rebuild_rate")
-        if rate:
-            return float(rate), f"measured by the rebuild of g{info.generation}"
-    return None, ""
+        rate = rebuild_rate_of(info.generation, info.meta)
+        if rate is not None:
+            return rate
+    return None
 
 
 def run_rebuild(
@@ -298,6 +299,8 @@ def run_rebuild(
             )
             rebuilding.until_flipped(guard, started, timeout_s, lag_threshold, on_progress)
             cutover_at = time.monotonic()
+            # Read at the flip, before the processor's later (live) batches add to them.
+            measured = _measure(registry, generation, starts)
         except InterruptedBySignalError:
             pass  # reported below, once the processor has stopped
         finally:
@@ -317,25 +320,40 @@ def run_rebuild(
         )
         raise ReplayInterruptedError(msg, guard.signal_number)
     seconds = cutover_at - started
-    applied = _record_rate(registry, generation, starts, seconds)
+    applied = _record_rate(registry, generation, measured, seconds)
     # It flipped: nothing else leaves the block above without raising.
     flipped = cast("Rebuilding", rebuilding)
     return RebuildResult(generation, flipped.previous, applied, seconds, flipped.flip_ms)
 
 
-def _record_rate(
-    registry: GenerationRegistry, generation: int, starts: Positions, seconds: float
-) -> int:
-    """Record what the rebuild applied and how fast (the next plan's estimate); return it."""
+def _measure(registry: GenerationRegistry, generation: int, starts: Positions) -> tuple[int, float]:
+    """Records applied since ``starts`` and seconds spent in micro-batches (processor's stats)."""
     positions = registry.positions(generation)[0]
+    stats = ProcessorStats(registry.client, registry.layout).read(generation)
     applied = sum(max(0, positions.get(tp, s) - s) for tp, s in starts.items())
+    return applied, stats.duration_sum_ms / 1000
+
+
+def _record_rate(
+    registry: GenerationRegistry,
+    generation: int,
+    measured: tuple[int, float],
+    seconds: float,
+) -> int:
+    """Record what the rebuild applied and how long it took (the next plan's estimate).
+
+    ``rebuild_seconds`` is the wall time from the processor's start to the flip,
+    ``rebuild_batch_seconds`` the part of it in micro-batches: the estimate folds at
+    ``rebuild_events / rebuild_batch_seconds`` after the rest as start-up
+    (:class:`~refold.replay.validate.RebuildRate`). Returns the records applied.
+    """
+    applied, batch_seconds = measured
     registry.update_meta(
         generation,
         {
             "rebuild_events": str(applied),
             "rebuild_seconds": f"{seconds:.3f}",
-            # Without the start-up, which the estimate adds back.
-            "rebuild_rate": f"{applied / max(seconds - REBUILD_STARTUP_S, 1.0):.0f}",
+            "rebuild_batch_seconds": f"{batch_seconds:.3f}",
         },
     )
     return applied

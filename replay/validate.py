@@ -8,7 +8,9 @@
   each value), and each writer schema is checked against today's reader schema of its type with
   Avro schema resolution; unknown fingerprints and non-Avro records are reported (they would
   go to the dead-letter topic);
-* estimate: the rebuild time from the throughput of the last measured rebuild (informational).
+* estimate: the rebuild time from the last measured rebuild (informational): its records over
+  the time its processor spent in micro-batches (the processor's stats), plus the start-up it
+  measured (:class:`RebuildRate`).
 """
 
 from __future__ import annotations
@@ -29,18 +31,82 @@ from refold.replay.errors import PlanError
 from refold.replay.plan import PlanCheck, ReplayPlan
 
 __all__ = [
-    "REBUILD_STARTUP_S",
     "FingerprintScan",
+    "RebuildRate",
     "decode_check",
     "estimate_check",
+    "rebuild_rate_of",
     "retention_check",
     "scan_fingerprints",
     "state_check",
 ]
 
 NOT_AVRO = "not-avro"
-# Start-up of a rebuild's Spark processor before its first batch (JVM, session, workers).
-REBUILD_STARTUP_S = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildRate:
+    """How fast a past rebuild went, as its generation's metadata recorded it.
+
+    Attributes:
+        generation: The generation the rebuild built.
+        records: Records it applied (positions moved, dead letters included).
+        seconds: Wall time from its processor's start to the flip.
+        batch_seconds: Of that, the time its micro-batches took (the processor's stats,
+            ``dur_sum_ms``); 0 when unknown (a rebuild recorded before it was kept, or stats
+            that could not be read).
+    """
+
+    generation: int
+    records: int
+    seconds: float
+    batch_seconds: float = 0.0
+
+    @property
+    def _batches_known(self) -> bool:
+        return 0 < self.batch_seconds <= self.seconds
+
+    @property
+    def per_s(self) -> float:
+        """Records/s while folding (over the batches' time), else over the whole wall time."""
+        return self.records / (self.batch_seconds if self._batches_known else self.seconds)
+
+    @property
+    def startup_s(self) -> float:
+        """The wall time outside micro-batches (JVM, session, first trigger); 0 when unknown.
+
+        Unknown means the rate is over the whole wall time, start-up included already.
+        """
+        return self.seconds - self.batch_seconds if self._batches_known else 0.0
+
+    def describe(self) -> str:
+        """Where the rate comes from, for the plan's estimate line."""
+        done = f"measured by the rebuild of g{self.generation}: {self.records:,} records in "
+        if self._batches_known:
+            return (
+                f"{done}{self.batch_seconds:,.1f}s of micro-batches (the processor's stats) "
+                f"after {self.startup_s:,.1f}s of start-up"
+            )
+        return f"{done}{self.seconds:,.1f}s, start-up included"
+
+
+def rebuild_rate_of(generation: int, meta: Mapping[str, Any]) -> RebuildRate | None:
+    """The rate a generation's rebuild recorded (pure), or None when it measured none.
+
+    Reads ``rebuild_events``, ``rebuild_seconds`` and ``rebuild_batch_seconds`` (written by
+    :func:`~refold.replay.rebuild.run_rebuild` at the flip). ``rebuild_rate``, which older
+    rebuilds wrote, is ignored: it divided by the wall time less a 20 s start-up floored at 1 s,
+    so a rebuild shorter than 21 s recorded its record count as its rate.
+    """
+    try:
+        records = int(meta.get("rebuild_events") or 0)
+        seconds = float(meta.get("rebuild_seconds") or 0)
+        batch_seconds = float(meta.get("rebuild_batch_seconds") or 0)
+    except (TypeError, ValueError):
+        return None
+    if records <= 0 or seconds <= 0:
+        return None
+    return RebuildRate(generation, records, seconds, max(0.0, batch_seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,17 +270,17 @@ def state_check(plan: ReplayPlan, processor: str) -> PlanCheck:
     )
 
 
-def estimate_check(plan: ReplayPlan, rate: float | None, measured_by: str) -> PlanCheck:
-    """Informational: the expected rebuild time."""
+def estimate_check(plan: ReplayPlan, rate: RebuildRate | None) -> PlanCheck:
+    """Informational: the expected rebuild time, from a past rebuild's measured rate."""
     events = plan.total_events
-    if rate is None or rate <= 0:
+    if rate is None:
         return PlanCheck(
             "estimate", True, f"{events} records; no measured rebuild yet to estimate the time"
         )
-    seconds = REBUILD_STARTUP_S + events / rate
+    seconds = rate.startup_s + events / rate.per_s
     return PlanCheck(
         "estimate",
         True,
-        f"{events} records at {rate:,.0f} records/s ({measured_by}): about {seconds:,.0f}s "
-        "including start-up",
+        f"{events} records at {rate.per_s:,.0f} records/s ({rate.describe()}): about "
+        f"{seconds:,.0f}s including start-up",
     )

@@ -258,6 +258,42 @@ def test_the_decode_check_reports_unknown_fingerprints_and_garbage(world):
     assert "not scanned" in next(c for c in unscanned.checks if c.name == "decode").detail
 
 
+def test_the_estimate_quotes_the_rate_a_past_rebuild_measured_and_says_how(world):
+    """A rebuild recorded its records, wall time and micro-batch time; the plan divides them."""
+    spec = processor_spec("order_state")
+    # A rebuild recorded before the batch time was kept: 51,020 records in 8.6 s, and a
+    # "rebuild_rate" that was its record count (it divided by the wall time less 20 s, floored).
+    old = world.registry.create({"topics": [world.topic]})
+    world.registry.update_meta(
+        old, {"rebuild_events": "51020", "rebuild_seconds": "8.6", "rebuild_rate": "51020"}
+    )
+    estimate = next(
+        c
+        for c in plan_replay(spec, ToEarliest(), world.kafka, world.client, world.prefix).checks
+        if c.name == "estimate"
+    )
+    assert "51,020 records/s" not in estimate.detail
+    assert f"at 5,933 records/s (measured by the rebuild of g{old}: 51,020 records in 8.6s" in (
+        estimate.detail
+    )
+    # A newer rebuild, measured by its processor's stats: the newest one counts.
+    new = world.registry.create({"topics": [world.topic]})
+    world.registry.update_meta(
+        new,
+        {"rebuild_events": "1000", "rebuild_seconds": "7.5", "rebuild_batch_seconds": "0.5"},
+    )
+    estimate = next(
+        c
+        for c in plan_replay(spec, ToEarliest(), world.kafka, world.client, world.prefix).checks
+        if c.name == "estimate"
+    )
+    assert estimate.detail == (
+        f"{len(world.records)} records at 2,000 records/s (measured by the rebuild of g{new}: "
+        "1,000 records in 0.5s of micro-batches (the processor's stats) after 7.0s of "
+        f"start-up): about {7.0 + len(world.records) / 2000:,.0f}s including start-up"
+    )
+
+
 def test_snapshot_cli_takes_and_lists_snapshots(world, capsys):
     with pytest.raises(SnapshotError, match="applied nothing"):
         SnapshotStore(world.registry).take(world.live)

@@ -174,3 +174,15 @@ def test_replay_rebuilds_a_new_generation_while_readers_stay_on_the_old_one(
     assert generations == sorted(generations)
     assert set(generations) <= {live, result.generation}
     assert all(ok for _, ok in seen)
+    # The next plan's estimate quotes the rate this rebuild measured: its records over its
+    # micro-batches' time (the processor's stats), the rest of its wall time as start-up.
+    meta = reader.registry.meta(result.generation)
+    batch_seconds = float(meta["rebuild_batch_seconds"])
+    assert 0 < batch_seconds < float(meta["rebuild_seconds"])
+    assert int(meta["rebuild_events"]) == len(events)
+    again = plan_replay(spec, ToEarliest(), world.kafka, world.client, world.redis.key_prefix)
+    estimate = next(c for c in again.checks if c.name == "estimate").detail
+    rate = len(events) / batch_seconds
+    assert f" at {rate:,.0f} records/s (measured by the rebuild of g{result.generation}: " in (
+        estimate
+    )
