@@ -155,9 +155,18 @@ def test_up_starts_the_missing_redis_and_redis_keeps_its_keys_through_a_kill(tmp
         client.set("refold-test:kept", "yes")
         time.sleep(1.5)  # appendfsync everysec
         stack.kill("redis")
+        # Half a stack is not a running one: status names what is down and exits 6.
+        status = _refold("status", *state, timeout=30)
+        assert status.returncode == 6, status.stdout + status.stderr
+        assert f"down: redis (port {redis_port})" in status.stderr
+        assert "Operator action: refold up" in status.stderr
+        lines = {line.split()[0]: line for line in status.stdout.splitlines()}
+        assert f"running (pid {kafka_pid})" in lines["kafka"]
+        assert "stopped" in lines["redis"]
         up = _refold("up", *state)
         assert up.returncode == 0, up.stderr
         assert f"kafka was running already (pid {kafka_pid}" in up.stdout
+        assert _refold("status", *state, timeout=30).returncode == 0
         assert _recorded_pid(tmp_path / "stack", "kafka") == kafka_pid
         assert redis.Redis(port=redis_port).get("refold-test:kept") == b"yes"
     finally:
