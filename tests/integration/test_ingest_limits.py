@@ -134,3 +134,36 @@ def test_the_worker_answers_health_while_a_hostile_upload_is_refused(base_url):
     upload.join()
     assert refused == [413]
     assert slowest < 1.0, f"/health/live took {slowest:.3f}s during the upload"
+
+
+def test_ten_thousand_bad_events_answer_about_60_kb_with_the_default_settings(
+    kafka_bootstrap, redis_url, make_topic, unique
+):
+    # docs/serving.md's figure: the default 100 refusals described in full (six wrong fields
+    # each here, ~600 bytes), the other 9,900 counted; the size does not grow with the batch.
+    topic = make_topic(partitions=2, prefix="orders")
+    settings = ServeSettings(
+        kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap),
+        redis=RedisSettings(url=redis_url, key_prefix=f"test-{unique}"),
+        serve=HttpSettings(auth="off"),
+    )
+    context = ServiceContext(
+        settings, redis_client(redis_url), [dataclasses.replace(ORDERS, name=topic)]
+    )
+    sizes = []
+    try:
+        with served(create_app(settings, context=context)) as url:
+            for count in (1_000, 10_000):
+                answer = httpx.post(
+                    f"{url}/v1/events",
+                    content=_bad_events(count),
+                    headers={"Content-Type": "application/json"},
+                    timeout=60,
+                )
+                assert answer.status_code == 422
+                assert answer.json()["error"]["errors_omitted"] == count - 100
+                sizes.append(len(answer.content))
+    finally:
+        context.close()
+    assert 50_000 < sizes[1] < 70_000, sizes
+    assert abs(sizes[1] - sizes[0]) < 100, sizes

@@ -59,6 +59,17 @@ def _env(*paths: Path) -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join(str(p) for p in (*paths, ROOT))}
 
 
+def _internal_reference(node: ast.AST) -> list[str]:
+    """A ``"module:Name"`` string (``ProcessorSpec(options=...)``, ``projection=...``) that
+    names a public name through refold's internal module: ``"refold:Name"`` says it."""
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return []
+    module, colon, name = node.value.partition(":")
+    if not (colon and module.startswith("refold.") and name in refold.__all__):
+        return []
+    return [f"{node.value!r} names the internal {module}: write 'refold:{name}'"]
+
+
 def _problems(page: Path) -> list[str]:
     found = []
     for block in (b for b in BLOCKS if b.page == page):
@@ -69,6 +80,7 @@ def _problems(page: Path) -> list[str]:
             found.append(f"line {line}: {exc}")
             continue
         for node in ast.walk(tree):
+            found += [f"line {line}: {p}" for p in _internal_reference(node)]
             modules = (
                 [node.module or ""]
                 if isinstance(node, ast.ImportFrom)
