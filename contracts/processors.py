@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from refold.contracts.errors import ContractError
+from refold.contracts.fingerprints import DeclaredCode
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 
@@ -238,6 +239,12 @@ class ProcessorSpec:
         options: ``module:Class`` of its options (a :class:`ProcessorOptions` subclass), or
             empty for the common ones.
         description: One line for ``refold processors``.
+        code_version: An explicit version of the fold, part of its code identity: bump it when
+            something a hash of the package's modules cannot see changes the state (a data
+            file, a model). "" declares none.
+        depends_on: Distributions whose installed versions are part of its code identity
+            (a library the fold calls into, outside its own package); ``"refold"`` makes
+            refold's own upgrades count too.
         package: The distribution that registered it (filled in by the registry).
     """
 
@@ -253,7 +260,15 @@ class ProcessorSpec:
     options: str = ""
     dedupe: EventId | None = None
     description: str = ""
+    code_version: str = ""
+    depends_on: tuple[str, ...] = ()
     package: str = ""
+
+    @property
+    def declared_code(self) -> DeclaredCode:
+        """What it declares about its code (part of the code fingerprint)."""
+        factory_module = self.projection.partition(":")[0]
+        return DeclaredCode(self.code_version, self.depends_on, factory_module)
 
     def __post_init__(self) -> None:
         problems = []

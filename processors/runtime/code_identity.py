@@ -27,7 +27,13 @@ import socket
 import time
 
 from refold.contracts.catalog import default_catalog
-from refold.contracts.fingerprints import code_fingerprint, schema_fingerprints
+from refold.contracts.fingerprints import (
+    NOTHING_DECLARED,
+    DeclaredCode,
+    code_fingerprint,
+    fold_modules,
+    schema_fingerprints,
+)
 from refold.contracts.layout import STATE_LAYOUT_VERSION
 from refold.contracts.store.generations import CODE_REFUSED_FIELD, GenerationRegistry
 from refold.processors.errors import CodeChangedError
@@ -44,17 +50,33 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def build_fingerprints(projection: Projection) -> dict[str, str]:
+def build_fingerprints(
+    projection: Projection, declared: DeclaredCode = NOTHING_DECLARED
+) -> dict[str, str]:
     """What a generation records about the code that builds it (the deploy gate compares it).
 
-    The code fingerprint covers the projection's module, the fold contract and the state
-    layout version; the schema fingerprints are the reader schemas of its event types.
+    The code fingerprint covers the projection's module and every module of its package that
+    it depends on (:func:`~refold.contracts.fingerprints.fold_modules`), the fold contract,
+    the state layout version and what the processor declares (its ``code_version`` and the
+    installed versions of its ``depends_on`` distributions); the schema fingerprints are the
+    reader schemas of its event types. A fold in one module that declares nothing keeps the
+    fingerprint it had before the other modules counted.
+
+    Args:
+        projection: The fold, as this process loaded it.
+        declared: What the processor's spec declares about its code.
     """
     from refold.processors.fold import projection as fold_contract
 
+    fold = type(projection)
+    marker = declared.marker()
     return {
         "code_fingerprint": code_fingerprint(
-            type(projection), fold_contract, f"layout-v{STATE_LAYOUT_VERSION}"
+            fold,
+            *fold_modules(fold, declared.factory_module),
+            fold_contract,
+            f"layout-v{STATE_LAYOUT_VERSION}",
+            *([marker] if marker else []),
         ),
         "schema_fingerprints": json.dumps(
             schema_fingerprints(default_catalog(), projection.event_types), sort_keys=True
@@ -72,7 +94,11 @@ def _what(changed: list[str]) -> str:
 
 
 def check_resume(
-    registry: GenerationRegistry, projection: Projection, generation: int, accept: bool
+    registry: GenerationRegistry,
+    projection: Projection,
+    generation: int,
+    accept: bool,
+    declared: DeclaredCode = NOTHING_DECLARED,
 ) -> None:
     """Refuse to resume a generation built by other code, unless told to accept the change.
 
@@ -80,7 +106,7 @@ def check_resume(
         CodeChangedError: The fingerprints differ and ``accept`` is false.
     """
     stored = registry.meta(generation)
-    current = build_fingerprints(projection)
+    current = build_fingerprints(projection, declared)
     changed = changed_fingerprints(stored, current)
     if changed and not accept:
         msg = (
@@ -102,7 +128,11 @@ def check_resume(
 
 
 def check_follow(
-    registry: GenerationRegistry, projection: Projection, retired: int, live: int
+    registry: GenerationRegistry,
+    projection: Projection,
+    retired: int,
+    live: int,
+    declared: DeclaredCode = NOTHING_DECLARED,
 ) -> None:
     """Before a running processor continues the new live generation after a cutover.
 
@@ -111,7 +141,7 @@ def check_follow(
             The process must stop (the caller does) and leave the generation to a process with
             its code; the refusal is recorded in the generation's meta.
     """
-    current = build_fingerprints(projection)
+    current = build_fingerprints(projection, declared)
     changed = changed_fingerprints(registry.meta(live), current)
     if not changed:
         return
@@ -138,7 +168,9 @@ def check_follow(
 _CHECKED: set[tuple[str, str]] = set()
 
 
-def check_executor_code(projection: Projection, expected: str) -> None:
+def check_executor_code(
+    projection: Projection, expected: str, declared: DeclaredCode = NOTHING_DECLARED
+) -> None:
     """On an executor, before a task writes: is this worker's code the driver's code?
 
     Executor side (a Spark Python worker). A worker imports the processor's module when it
@@ -149,13 +181,14 @@ def check_executor_code(projection: Projection, expected: str) -> None:
     Args:
         projection: The fold, as this worker unpickled it.
         expected: The driver's code fingerprint ("" skips the check).
+        declared: What the processor's spec declares about its code (the driver's).
 
     Raises:
         CodeChangedError: The worker's code differs; the task fails before writing anything.
     """
     if not expected or (projection.name, expected) in _CHECKED:
         return
-    found = build_fingerprints(projection)["code_fingerprint"]
+    found = build_fingerprints(projection, declared)["code_fingerprint"]
     if found != expected:
         msg = (
             f"{projection.name}: the code of this processor changed on disk under the running "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import redis
 
+from refold.contracts.fingerprints import NOTHING_DECLARED, DeclaredCode
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.kafka.offsets_json import to_offsets_json
 from refold.contracts.layout import position_field
@@ -135,10 +136,11 @@ def resolve_run(
     keying: Keying | None = None,
     event_time: EventTime | None = None,
     dedupe: EventId | None = None,
+    declared: DeclaredCode = NOTHING_DECLARED,
 ) -> ProcessorRun:
     """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
     registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
-    fingerprints = build_fingerprints(projection)
+    fingerprints = build_fingerprints(projection, declared)
     shards = wanted_shards(
         projection, topics, keying, redis_settings.shard_state, is_cluster(client)
     )
@@ -172,7 +174,7 @@ def resolve_run(
                 "again, or rebuild online and flip to the new generation."
             )
             raise ProcessorConfigError(msg)
-        check_resume(registry, projection, generation, options.accept_code_change)
+        check_resume(registry, projection, generation, options.accept_code_change, declared)
     windows = getattr(projection, "windows", None)
     if windows:  # readers (the query API) build the windows from it, without the code
         described = window_meta(windows, getattr(projection, "distinct", ()), scales_of(projection))
@@ -193,6 +195,7 @@ def resolve_run(
         processor=projection.name,
         generation=generation,
         code_fingerprint=fingerprints["code_fingerprint"],
+        declared_code=declared,
         created_at=registry.meta(generation).get("created_at", ""),
         redis_url=redis_settings.client_url(),
         key_prefix=redis_settings.key_prefix,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 import redis
 
 from refold.contracts.errors import RefoldError
+from refold.contracts.fingerprints import NOTHING_DECLARED, DeclaredCode
 from refold.contracts.processors import EventId, EventTime, ProcessorSpec, consumer_group
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.connect import redis_client
@@ -93,6 +94,7 @@ class _Processor:
     keying: Keying | None
     event_time: EventTime | None
     dedupe: EventId | None
+    declared: DeclaredCode
 
     @property
     def who(self) -> str:
@@ -110,6 +112,7 @@ class _Processor:
             self.keying,
             self.event_time,
             dedupe=self.dedupe,
+            declared=self.declared,
         )
 
     def until_redis_answers(self, call: Callable[[], _T]) -> _T:
@@ -136,8 +139,18 @@ def _checked(
     check_marker_source(projection, topics, options)
     client = redis_client(redis_settings.client_url())
     registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
+    declared = NOTHING_DECLARED if spec is None else spec.declared_code
     return _Processor(
-        projection, topics, kafka, redis_settings, client, registry, keying, event_time, dedupe
+        projection,
+        topics,
+        kafka,
+        redis_settings,
+        client,
+        registry,
+        keying,
+        event_time,
+        dedupe,
+        declared,
     )
 
 
@@ -321,7 +334,12 @@ class _Loop:
             # was for the generation it started on, not for a later rebuild's).
             processor.until_redis_answers(
                 functools.partial(
-                    check_follow, registry, processor.projection, run.generation, live
+                    check_follow,
+                    registry,
+                    processor.projection,
+                    run.generation,
+                    live,
+                    processor.declared,
                 )
             )
             self.options = dataclasses.replace(self.options, accept_code_change=False)

@@ -72,7 +72,7 @@ _APPLY_CHUNK = 25_000
 def _writer(
     target: FoldTarget, projection: Projection, codec: EventCodec, slot: int | None = None
 ) -> FoldWriter:
-    check_executor_code(projection, target.code_fingerprint)
+    check_executor_code(projection, target.code_fingerprint, target.declared_code)
     key = (target, projection.name, slot)
     writer = _WRITERS.get(key)
     if writer is None:

@@ -58,3 +58,118 @@ def test_a_process_keeps_the_fingerprint_of_the_code_it_loaded(tmp_path, monkeyp
     source.write_text("def apply(state):\n    return {**state, 'x': 1}\n")  # edited under it
     assert code_fingerprint(module.apply, "layout-v1") == loaded
     assert code_fingerprint(importlib.reload(module).apply, "layout-v1") != loaded
+
+
+# A user's fold spread over their package: a base class, a helper, its constants, and a
+# library of another distribution. The identity must see a change in each (issue 44).
+PACKAGE_FILES = {
+    "__init__.py": "",
+    "constants.py": "RATE = 2\n",
+    "pricing.py": "from .constants import RATE\n\n\ndef price(n):\n    return n * RATE\n",
+    "base.py": "class Base:\n    def step(self):\n        return 1\n",
+    "lazy.py": "def bonus():\n    return 0\n",
+    "projection.py": (
+        "import json\n"
+        "from spread_fold import pricing\n"
+        "from spread_fold.base import Base\n\n\n"
+        "class Fold(Base):\n"
+        "    def apply(self, n):\n"
+        "        from spread_fold.lazy import bonus\n"
+        "        return pricing.price(n) + self.step() + bonus()\n"
+    ),
+    "unused.py": "X = 1\n",
+}
+
+
+def _fresh_package(root, files, module="spread_fold.projection"):
+    """Write the package and import ``module`` as a new process would (nothing cached)."""
+    import importlib
+    import sys
+
+    package = root / "spread_fold"
+    package.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (package / name).write_text(text)
+    for name in [m for m in sys.modules if m.split(".")[0] == "spread_fold"]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    return importlib.import_module(module)
+
+
+def test_the_fold_modules_are_those_of_its_package_it_depends_on(tmp_path, monkeypatch):
+    from refold.contracts.fingerprints import fold_modules
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fold = _fresh_package(tmp_path, PACKAGE_FILES).Fold
+    names = [m.__name__ for m in fold_modules(fold)]
+    assert names == [
+        "spread_fold",
+        "spread_fold.base",
+        "spread_fold.constants",
+        "spread_fold.lazy",
+        "spread_fold.pricing",
+    ]  # json is not the package's; unused.py is imported by nothing
+
+
+def test_a_change_in_any_module_the_fold_depends_on_changes_the_fingerprint(tmp_path, monkeypatch):
+    from refold.contracts.fingerprints import fold_modules
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def fingerprint(**changed: str) -> str:
+        fold = _fresh_package(tmp_path, {**PACKAGE_FILES, **changed}).Fold
+        return code_fingerprint(fold, *fold_modules(fold))
+
+    before = fingerprint()
+    assert fingerprint() == before
+    assert fingerprint(**{"unused.py": "X = 2\n"}) == before
+    for name, text in [
+        ("constants.py", "RATE = 3\n"),
+        ("base.py", PACKAGE_FILES["base.py"].replace("return 1", "return 2")),
+        ("lazy.py", "def bonus():\n    return 1\n"),
+        ("pricing.py", PACKAGE_FILES["pricing.py"].replace("n * RATE", "n * RATE + 1")),
+    ]:
+        assert fingerprint(**{name: text}) != before, name
+
+
+def test_declared_code_names_its_version_and_the_installed_distributions(tmp_path, monkeypatch):
+    from refold.contracts.fingerprints import DeclaredCode
+
+    dist = tmp_path / "pricing_lib-1.4.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pricing-lib\nVersion: 1.4\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert DeclaredCode().marker() == ""
+    declared = DeclaredCode("7", ("pricing-lib", "no-such-dist"))
+    assert declared.marker() == "code_version=7;no-such-dist==not-installed;pricing-lib==1.4"
+
+
+def test_a_library_fold_configured_in_the_users_factory_module_counts_that_module(
+    tmp_path, monkeypatch
+):
+    # A pattern or window fold is a library class configured by the spec's factory module:
+    # the class's module is the library's, the rules are the user's.
+    from refold.contracts.fingerprints import fold_modules
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "generic_folds.py").write_text(
+        "class Rules:\n    def __init__(self, n):\n        self.n = n\n"
+    )
+
+    def fingerprint(count: int) -> str:
+        alerts = _fresh_package(
+            tmp_path,
+            {
+                "__init__.py": "",
+                "alerts.py": f"from generic_folds import Rules\n\nCOUNT = {count}\n\n\n"
+                "def build(options):\n    return Rules(COUNT)\n",
+            },
+            "spread_fold.alerts",
+        )
+        rules = alerts.build(None)
+        modules = fold_modules(type(rules), "spread_fold.alerts")
+        assert [m.__name__ for m in modules] == ["spread_fold.alerts"]
+        return code_fingerprint(type(rules), *modules)
+
+    assert fingerprint(2) == fingerprint(2)
+    assert fingerprint(2) != fingerprint(3)
