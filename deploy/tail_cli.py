@@ -169,6 +169,9 @@ def _consumer(config: dict[str, Any]) -> Consumer:
         config,
         "refold-tail",  # librdkafka wants one; never joined nor committed
         tuning={"fetch.queue.backoff.ms": 10},  # the 1 s default throttles bulk reads ~8x
+        # The end is known by position: a transactional topic (dead letters, outputs) ends
+        # with a commit or abort marker, which is no record, so no record's offset reaches it.
+        eof=True,
     )
 
 
@@ -207,9 +210,11 @@ def tail(
             for message in messages:
                 error = message.error()
                 if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:  # noqa: SLF001
-                        continue
-                    raise RefoldError(str(error))
+                    if error.code() != KafkaError._PARTITION_EOF:  # noqa: SLF001
+                        raise RefoldError(str(error))
+                    if not follow:  # read up to the committed end: markers and aborts passed
+                        todo.discard((message.topic() or "", message.partition() or 0))
+                    continue
                 tp = (message.topic() or "", message.partition() or 0)
                 if not follow and (message.offset() or 0) >= ends[tp]:
                     todo.discard(tp)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 from confluent_kafka import Producer
 
@@ -63,3 +64,27 @@ def test_tail_of_an_unknown_topic_is_a_one_line_error(kafka_bootstrap, monkeypat
     err = capsys.readouterr().err
     assert err.startswith("refold tail: ")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_tail_ends_at_a_transactional_topic_s_end_a_commit_marker(
+    kafka_bootstrap, make_topic, monkeypatch, capsys
+):
+    # A dead-letter topic is written in transactions: its last offset is a commit marker, no
+    # record, so reaching the end is known by position (before: 30 s, then an error).
+    monkeypatch.setenv("REFOLD_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    dlq = make_topic(partitions=1, prefix="dlq")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": dlq})
+    producer.init_transactions(30)
+    for committed in (True, False):  # the log ends with an aborted transaction's marker
+        producer.begin_transaction()
+        for i in range(3):
+            producer.produce(dlq, f"letter-{committed}-{i}".encode(), b"k")
+        if committed:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    started = time.monotonic()
+    assert tail([dlq, "--from", "earliest", "--json"]) == 0
+    assert time.monotonic() - started < 10
+    shown = _lines(capsys)
+    assert [r["value"] for r in shown] == [f"letter-True-{i}" for i in range(3)]
