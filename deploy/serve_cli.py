@@ -17,7 +17,12 @@ from fastapi import APIRouter, Depends, FastAPI
 from pydantic import ValidationError
 
 from refold.contracts.cli_parser import CommandParser
-from refold.contracts.logconfig import configure_logging
+from refold.contracts.logconfig import (
+    LOG_FORMAT_ENV,
+    LOG_LEVEL_ENV,
+    add_log_format_argument,
+    configure_logging,
+)
 from refold.contracts.settings import RedisSettings
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.credentials import RedisCredentialsError, redis_refused
@@ -54,7 +59,10 @@ def build_app(settings: ServeSettings, context: ServiceContext | None = None) ->
 
 def app_from_env() -> FastAPI:
     """Uvicorn's factory (each worker process builds its app from the environment)."""
-    configure_logging()
+    # The format and level main() chose, recorded in the environment the workers inherit.
+    configure_logging(
+        os.environ.get(LOG_LEVEL_ENV, "INFO"), log_format=os.environ.get(LOG_FORMAT_ENV, "plain")
+    )
     return build_app(ServeSettings())
 
 
@@ -76,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", help="and this private key")
-    parser.add_argument("--log-level", default="info", help="uvicorn's log level")
+    parser.add_argument("--log-level", default="info", help="log level (refold's and uvicorn's)")
+    add_log_format_argument(parser, os.environ)
     parser.add_argument(
         "--access-log",
         action=argparse.BooleanOptionalAction,
@@ -123,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
+    # One handler for refold's and uvicorn's lines (its error and access logs): uvicorn gets
+    # no logging config of its own (log_config=None), so its loggers propagate to this one.
+    configure_logging(args.log_level, log_format=args.log_format, environ=os.environ)
     print(
         f"refold serve: http://{serve.host}:{serve.port}/docs (API), /dashboard, /metrics; "
         f"auth {serve.auth}",
@@ -135,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         port=serve.port,
         workers=serve.workers,
         log_level=args.log_level,
+        log_config=None,
         access_log=args.access_log,
         ssl_certfile=None if serve.ssl_certfile is None else str(serve.ssl_certfile),
         ssl_keyfile=None if serve.ssl_keyfile is None else str(serve.ssl_keyfile),

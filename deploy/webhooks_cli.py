@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -31,7 +32,7 @@ from pydantic import ValidationError
 
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.errors import RefoldError
-from refold.contracts.logconfig import configure_logging
+from refold.contracts.logconfig import add_log_format_argument, configure_logging
 from refold.contracts.store.connect import redis_client
 from refold.services.webhooks.config import DEFAULT_NAME, WebhookServiceSettings, WebhookSettings
 from refold.services.webhooks.dispatcher import Role, WebhookDispatcher
@@ -111,6 +112,7 @@ def _add_delivery_options(command: argparse.ArgumentParser, *, topics: bool) -> 
     command.add_argument("--client-cert", metavar="PEM", help="client certificate (mutual TLS)")
     command.add_argument("--client-key", metavar="PEM", help="its key, if not in --client-cert")
     command.add_argument("--log-level", default="INFO")
+    add_log_format_argument(command, os.environ)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -285,7 +287,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(None if argv is None else list(argv))
-    configure_logging(getattr(args, "log_level", "WARNING"), json_lines=False)
+    configure_logging(
+        getattr(args, "log_level", "WARNING"),
+        log_format=getattr(args, "log_format", "plain"),
+        environ=os.environ,
+    )
     for chatty in ("httpx", "httpcore"):  # one line per request otherwise
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:

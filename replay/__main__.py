@@ -6,6 +6,7 @@ the live one keeps serving readers, waits until it has caught up, then flips rea
 
 from __future__ import annotations
 
+import os
 import sys
 
 import redis
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     were).
     """
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    configure_logging(args.log_level, json_lines=False)
+    configure_logging(args.log_level, log_format=args.log_format, environ=os.environ)
     settings = ReplaySettings()
     try:
         client = redis_client(settings.redis.client_url())

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 from refold.contracts.cli_parser import CommandParser
+from refold.contracts.logconfig import add_log_format_argument
 from refold.contracts.registry import default_registry, with_fallback
 from refold.replay.errors import PlanError
 from refold.replay.reset_specs import (
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--log-level", default="WARNING")
+    add_log_format_argument(parser, os.environ)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan_command(sub)
     _add_generation_commands(sub)

@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from refold.contracts.cli_parser import CommandParser
 from refold.contracts.errors import RefoldError
 from refold.contracts.extras import needs_extra
-from refold.contracts.logconfig import configure_logging
+from refold.contracts.logconfig import add_log_format_argument, configure_logging
 from refold.contracts.processors import (
     STOP_WITH_PARENT_ENV,
     ProcessorOptions,
@@ -232,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("REFOLD_LOG_LEVEL", "INFO"),
         help="DEBUG adds Spark's phase timings per batch (default: $REFOLD_LOG_LEVEL or INFO)",
     )
+    add_log_format_argument(parser, os.environ)
     return parser
 
 
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     except RefoldError as exc:
         print(f"refold process: {exc}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, log_format=args.log_format, environ=os.environ)
     parent = os.environ.get(STOP_WITH_PARENT_ENV, "")
     if parent.isdigit():
         _stop_with_parent(int(parent))

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from refold.contracts.logconfig import LOG_FORMAT_ENV, LOG_LEVEL_ENV
 from refold.contracts.settings import SparkSettings
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.runtime.checkpoints import is_local
@@ -238,6 +239,11 @@ def build_spark_session(
     if "-Djava.io.tmpdir=" not in driver_options:  # a caller's own choice stays
         driver_options = f"{driver_options} {java_temp_dir_option(scratch)}".strip()
     conf["spark.driver.extraJavaOptions"] = driver_options
+    for name in (LOG_FORMAT_ENV, LOG_LEVEL_ENV):
+        # Executors' Python workers log like the driver (spark_daemon.log_like_the_driver);
+        # a local master's inherit the environment anyway, a cluster's get it from here.
+        if name in os.environ:
+            conf[f"spark.executorEnv.{name}"] = os.environ[name]
     for key, value in conf.items():
         # spark-submit's choices win, except the name (spark-submit's default is the file name).
         if key == "spark.app.name" or key not in submitted:

@@ -18,15 +18,18 @@ import gc
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
 from types import CodeType, ModuleType
 
+from refold.contracts.logconfig import LOG_FORMAT_ENV, LOG_LEVEL_ENV, configure_logging
 from refold.processors.runtime.spark_archives import strip_spark_zips
 
 __all__ = [
     "PlannerDaemonRedirect",
+    "log_like_the_driver",
     "preload_worker_modules",
     "quiet_when_spark_closed",
     "run_daemon",
@@ -79,6 +82,23 @@ def quiet_when_spark_closed(worker: Worker) -> Worker:
     return run
 
 
+def log_like_the_driver() -> None:
+    """Log in the driver's format (``REFOLD_LOG_FORMAT``), in the daemon and the workers it forks.
+
+    What a task logs (a batch's dead-letter summary, an outage) otherwise went through Python's
+    last-resort handler: a bare message in the middle of the processor's log. The driver's
+    :func:`~refold.contracts.logconfig.configure_logging` records its format and level in the
+    environment the JVM and these daemons inherit (on a cluster: ``spark.executorEnv.*``).
+    """
+    log_format = os.environ.get(LOG_FORMAT_ENV)
+    if log_format is None:
+        return  # not started by a refold driver: leave logging as it is
+    try:
+        configure_logging(os.environ.get(LOG_LEVEL_ENV, "INFO"), log_format=log_format)
+    except ValueError:  # a misspelt format: the driver said so already
+        return
+
+
 def run_daemon(*, preload: bool) -> None:
     """Run PySpark's daemon in this process, its workers ending quietly; returns when it ends.
 
@@ -87,6 +107,7 @@ def run_daemon(*, preload: bool) -> None:
             a planner's daemon.
     """
     strip_spark_zips()
+    log_like_the_driver()
     if preload:
         preload_worker_modules()
     # PySpark's daemon runs a full gc.collect() in each worker after every task, which walks
