@@ -15,10 +15,12 @@ first. Anything imported from refold's other modules is internal and moves witho
   tables with :func:`add_version`, :class:`VersionRetention` and :func:`as_of`); patterns
   (:class:`PatternProjection`, :class:`Sequence`, :class:`Absence`, :class:`CountWithin`,
   :class:`On`, conditions such as :func:`above`); Spark transforms
-  (:class:`DataFrameProcessor`); the Parquet archive (:class:`ArchiveProcessor`);
+  (:class:`DataFrameProcessor`); the Parquet archive (:class:`ArchiveProcessor`, its files
+  read through :class:`ArchiveStore`);
   :func:`event_time_ms`.
 - **The oracle**: :func:`fold_all`, :func:`fold_timed`, :func:`fold_windows`,
-  :func:`fold_lookups`, a plain-Python fold that live state must equal.
+  :func:`fold_lookups`, a plain-Python fold that live state must equal; a re-keyed
+  processor's oracle takes its :class:`KeyResolver`.
 - **Producing and reading**: :class:`EventPublisher`, :class:`StateReader`,
   :class:`WindowReader`, the HTTP :class:`RefoldClient` and its errors, webhooks
   (:class:`WebhookDispatcher`, :class:`WebhookSettings`).
@@ -97,8 +99,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "State",
         "UnstorableStateError",
     ),
+    "refold.processors.fold.rekey": ("KeyResolver",),
     "refold.processors.fold.timers": ("TIMER_EVENT", "TimedFold"),
     "refold.processors.fold.windows": ("Hopping", "Measure", "Sliding", "Tumbling", "WindowFold"),
+    "refold.processors.runtime.archive_store": ("ArchiveStore",),
     "refold.services.client": (
         "ClientError",
         "ConsistencyTimeoutError",
@@ -175,6 +179,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
         State as State,
         UnstorableStateError as UnstorableStateError,
     )
+    from refold.processors.fold.rekey import KeyResolver as KeyResolver
     from refold.processors.fold.timers import TIMER_EVENT as TIMER_EVENT, TimedFold as TimedFold
     from refold.processors.fold.windows import (
         Hopping as Hopping,
@@ -183,6 +188,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
         Tumbling as Tumbling,
         WindowFold as WindowFold,
     )
+    from refold.processors.runtime.archive_store import ArchiveStore as ArchiveStore
     from refold.services.client import (
         ClientError as ClientError,
         ConsistencyTimeoutError as ConsistencyTimeoutError,

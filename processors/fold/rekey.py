@@ -63,9 +63,14 @@ def decode_link(raw: bytes | str) -> Link:
 class KeyResolver:
     """Resolves entity keys in log order per partition, learning links as it goes.
 
+    A re-keyed processor's oracle takes one: ``fold_windows(..., resolver=KeyResolver(
+    "customer_id", ("order_id",)))`` (docs/event-time.md, "On re-keyed processors").
+
     Args:
         key: The entity key field.
-        links: ``via`` field per key field (only links to ``key`` are used).
+        via: The fields whose links lead to ``key`` (an event without ``key`` finds its entity
+            through the link an earlier event of its partition made).
+        learned: The links learned so far, keyed ``(via field, via value)``; empty to start.
 
     Lifecycle: one per task (executor) or per oracle run; not shared between threads. Feed it
     each partition's records in offset order. ``stored`` links (from Redis) are trusted only

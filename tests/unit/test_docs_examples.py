@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -105,6 +106,37 @@ def _problems(page: Path) -> list[str]:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_python_example_parses_and_imports_only_public_names(page: Path) -> None:
     assert _problems(page) == []
+
+
+# Shapes the docs show a method returning, which no user builds.
+_RETURNED_ONLY = {"Watermark"}
+
+
+def _refold_classes() -> set[str]:
+    """The public-looking classes refold's source defines (top level, no leading ``_``)."""
+    found = set()
+    for folder in ("contracts", "processors", "services", "replay", "deploy"):
+        for path in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            found |= {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    return {name for name in found if not name.startswith("_")}
+
+
+def test_every_refold_class_the_docs_text_calls_is_public() -> None:
+    """A call written in the text (``resolver=KeyResolver(...)``), outside code blocks, is
+    an example too: the user writes ``from refold import KeyResolver`` next."""
+    classes = _refold_classes() - set(refold.__all__) - _RETURNED_ONLY
+    problems = []
+    for page in PAGES:
+        text = page.read_text()
+        # fenced blocks blanked (the test above reads them), line numbers kept
+        text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+        for span in re.finditer(r"`([^`]+)`", text):
+            for name in re.findall(r"\b([A-Z][A-Za-z0-9]+)\(", span.group(1)):
+                if name in classes:
+                    line = text[: span.start()].count("\n") + 1
+                    problems.append(f"{page.relative_to(ROOT)}:{line}: {name} is not public")
+    assert problems == []
 
 
 def test_every_python_example_says_one_way_it_is_run() -> None:

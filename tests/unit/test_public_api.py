@@ -23,11 +23,11 @@ PUBLIC = {
     "TimedFold", "TIMER_EVENT", "LookupFold", "TableRef", "VersionRetention", "add_version",
     "as_of", "EXPIRED", "PatternProjection", "PatternOptions",
     "Sequence", "Absence", "CountWithin", "On", "above", "at_least", "at_most", "below",
-    "between", "not_equal", "one_of", "DataFrameProcessor", "ArchiveProcessor",
+    "between", "not_equal", "one_of", "DataFrameProcessor", "ArchiveProcessor", "ArchiveStore",
     "event_time_ms",
-    # the oracle
+    # the oracle (a re-keyed processor's takes its KeyResolver)
     "fold_all", "fold_timed", "fold_windows", "fold_lookups", "FoldResult", "TimedResult",
-    "WindowOracle",
+    "WindowOracle", "KeyResolver",
     # producing and reading
     "EventPublisher", "DeliveryToken", "StateReader", "WindowReader", "RefoldClient",
     "ClientError", "ConsistencyTimeoutError", "InvalidEventsError", "NotFoundError",
