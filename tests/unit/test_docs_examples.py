@@ -113,10 +113,14 @@ _RETURNED_ONLY = {"Watermark"}
 
 
 def _refold_classes() -> set[str]:
-    """The public-looking classes refold's source defines (top level, no leading ``_``)."""
+    """The public-looking classes refold's source defines (top level, no leading ``_``),
+    refold's example processors' own aside (the docs may import those)."""
     found = set()
     for folder in ("contracts", "processors", "services", "replay", "deploy"):
         for path in (ROOT / folder).rglob("*.py"):
+            module = "refold." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            if any(module.startswith(f"{p}.") for p in EXAMPLE_PACKAGES):
+                continue
             tree = ast.parse(path.read_text())
             found |= {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     return {name for name in found if not name.startswith("_")}
