@@ -44,6 +44,7 @@ from refold.deploy.kafka_broker import (
     java_binary,
     kafka_version,
 )
+from refold.deploy.kafka_ready import coordinators_unready
 from refold.deploy.redis_cluster import CLUSTER_PORTS_FROM, LocalRedisCluster, RedisClusterError
 from refold.deploy.stack_security import StackSecurity
 
@@ -403,10 +404,24 @@ class LocalStack:
             if pid is None or not alive(pid):
                 break
             if _port_open(self._port(name)) and (name == "redis" or self._kafka_answers()):
+                if name == "kafka":
+                    self._wait_coordinators(deadline)
                 return
             time.sleep(0.05)
         tail = self._log_tail(name)
         msg = f"{name} did not start on port {self._port(name)}; its log ends with:\n{tail}"
+        raise LocalStackError(msg)
+
+    def _wait_coordinators(self, deadline: float) -> None:
+        """Return once the broker's group and transaction coordinators answer (kafka_ready)."""
+        unready = coordinators_unready(self.kafka_settings().as_librdkafka(), deadline)
+        if unready is None:
+            return
+        msg = (
+            f"kafka answers on port {self._port('kafka')}, but its group or transaction "
+            f"coordinator did not within {_READY_TIMEOUT_S:.0f}s ({unready}); its log ends "
+            f"with:\n{self._log_tail('kafka')}"
+        )
         raise LocalStackError(msg)
 
     def _kafka_answers(self) -> bool:
