@@ -20,10 +20,27 @@ from refold.processors.runtime.dead_letters import DeadLetter, letter_message, l
 from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.output_transactions import Outbox
 
-__all__ = ["queue_letters"]
+__all__ = ["count_letters", "queue_letters"]
 
-# Dead-letter reasons that mean the bytes did not decode (the rest: the record was refused).
+# Dead-letter reasons that mean the bytes did not decode.
 _DECODE_REASONS = frozenset({"bad-magic", "unknown-fingerprint", "bad-body", "undecodable"})
+# Reasons of a record dead-lettered for its event time: counted as late (``BatchOutcome.late``),
+# not as rejected.
+_LATENESS_REASONS = frozenset({"late", "expired"})
+
+
+def count_letters(dead: list[DeadLetter], outcome: BatchOutcome) -> None:
+    """Count a batch's dead letters in ``outcome``: undecodable, rejected, per reason.
+
+    ``rejected`` counts the records refused by the fold's rules (and the envelope's, such as
+    ``key-mismatch``) only: not the undecodable, not the late (their own counter), not a
+    failing timer's letter (its record was applied).
+    """
+    outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
+    outcome.rejected = sum(
+        not d.timer and d.reason not in _DECODE_REASONS | _LATENESS_REASONS for d in dead
+    )
+    outcome.dead_letters = dict(Counter(d.reason for d in dead))
 
 
 def queue_letters(
@@ -42,9 +59,7 @@ def queue_letters(
         the positions. A building generation does not queue the letters the live one sent
         already (:mod:`refold.processors.runtime.dead_letter_index`).
     """
-    outcome.undecodable = sum(d.reason in _DECODE_REASONS for d in dead)
-    outcome.rejected = sum(not d.timer for d in dead) - outcome.undecodable
-    outcome.dead_letters = dict(Counter(d.reason for d in dead))
+    count_letters(dead, outcome)
     letters = [*dead, *late_out]
     if not letters:
         return {}
