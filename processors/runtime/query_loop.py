@@ -364,6 +364,9 @@ class _RedisWatch:
 
     # Seconds between the behind checks (one HGETALL and Spark's last progress).
     _EVERY_S = 5.0
+    # A check that answers only after this long was a stall (a failover, a hung socket): said
+    # in one line, though no call failed. Redis answers a status in milliseconds.
+    _STALL_S = 2.0
 
     def __init__(self, registry: GenerationRegistry, generation: int, exact_ends: bool):
         self.registry = registry
@@ -372,17 +375,36 @@ class _RedisWatch:
         self.exact_ends = exact_ends
         self._next = time.monotonic() + self._EVERY_S
         self._down_since: float | None = None
+        self._called_at = time.monotonic()
+        self._failed_calls = 0
 
     def unreachable(self, exc: Exception) -> None:
+        """Note a failed check; the outage began when that call was made.
+
+        Not when it failed: a call waits out its socket timeout first.
+        """
+        self._failed_calls += 1
         if self._down_since is None:
-            self._down_since = time.monotonic()
+            self._down_since = self._called_at
             logger.warning("Redis unreachable (%s); the query waits for it", exc)
 
     def check(self, query: StreamingQuery, following: bool) -> Outcome | None:
+        self._called_at = time.monotonic()
         status = self.registry.status(self.generation)
+        answered = time.monotonic()
         if self._down_since is not None:
-            logger.warning("Redis reachable again after %.1fs", time.monotonic() - self._down_since)
-            self._down_since = None
+            logger.warning(
+                "Redis reachable again after %.1fs (%d failed check%s); the query carries on",
+                answered - self._down_since,
+                self._failed_calls,
+                "" if self._failed_calls == 1 else "s",
+            )
+            self._down_since, self._failed_calls = None, 0
+        elif answered - self._called_at > self._STALL_S:
+            logger.warning(
+                "Redis answered after %.1fs (stalled, no call failed); the query carries on",
+                answered - self._called_at,
+            )
         if status is None:
             logger.error("g%d vanished from Redis (restarted empty?)", self.generation)
             return "vanished"
