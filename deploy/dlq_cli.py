@@ -1,4 +1,4 @@
-"""``refold dlq list`` and ``redrive``: a processor's dead letters by reason, and sent back.
+"""``refold dlq list``, ``export``, ``redrive``: a processor's dead letters, counted or sent back.
 
 Reads the dead-letter index a generation keeps in Redis (``dl:letters``: every letter it
 decided, with its reason; see :mod:`refold.processors.runtime.dead_letter_index`), the live
@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import cast
 
@@ -40,6 +40,7 @@ __all__ = ["build_parser", "dead_letter_topic_of", "main"]
 _EXAMPLES = """examples:
   refold dlq list --processor order_state
   refold dlq list --processor order_state --generation 2 --examples 10 --json
+  refold dlq export --processor order_state --generation 2 --out letters.jsonl   # every one
   refold tail order_state.dlq -n 20        # the letters themselves: error, origin, headers
 
   refold dlq redrive --processor order_state --reason bad-body --dry-run
@@ -91,6 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--examples", type=int, default=3, metavar="N", help="origins shown per reason (3)"
     )
     listing.add_argument("--json", action="store_true", help="as JSON")
+    export = sub.add_parser(
+        "export",
+        help="write every dead letter a generation decided, one JSON line each",
+        description=(
+            "Write every dead letter a generation decided (its origin and reason), one JSON\n"
+            "object a line, to --out or standard output; progress goes to standard error."
+        ),
+        epilog="examples:\n  refold dlq export --processor order_state --out letters.jsonl\n"
+        "  refold dlq export --processor order_state --generation 2 | grep '\"late\"'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export.add_argument("--processor", required=True, help="processor name")
+    export.add_argument(
+        "--generation", type=int, help="generation (default: the live one)", metavar="N"
+    )
+    export.add_argument("--out", metavar="FILE", help="the JSON lines file (default: stdout)")
     _redrive_arguments(
         sub.add_parser(
             "redrive",
@@ -140,19 +157,62 @@ def dead_letter_topic_of(processor: str, environ: Mapping[str, str]) -> str:
     return configured_dead_letter_topic(spec, environ)
 
 
-def _list(args: argparse.Namespace, client: redis.Redis, prefix: str, topic: str) -> int:
-    layout = StateLayout(args.processor, prefix)
-    registry = GenerationRegistry(client, layout)
+def _generation(args: argparse.Namespace, registry: GenerationRegistry, command: str) -> int | None:
+    """The generation the command reads (``--generation``, else the live one); None: said."""
     generation = args.generation if args.generation is not None else registry.live()
     if generation is None or registry.status(generation) is None:
         which = "no live generation" if generation is None else f"no generation {generation}"
-        print(f"refold dlq list: {args.processor} has {which}", file=sys.stderr)
+        print(f"refold dlq {command}: {args.processor} has {which}", file=sys.stderr)
+        return None
+    return generation
+
+
+def _index_entries(
+    client: redis.Redis, registry: GenerationRegistry, generation: int
+) -> Iterator[tuple[str, str]]:
+    """A generation's dead-letter index, ``(origin, reason)``, read with SCAN."""
+    for keys in registry.keys(generation).each_shard():  # sharded: each shard's letters
+        for field, reason in client.hscan_iter(keys.dead_letters, count=SCAN_COUNT):
+            yield cast("bytes", field).decode(), cast("bytes", reason).decode()
+
+
+# Letters between two progress lines of an export.
+_PROGRESS_EVERY = 50_000
+
+
+def _export(args: argparse.Namespace, client: redis.Redis, prefix: str, topic: str) -> int:
+    registry = GenerationRegistry(client, StateLayout(args.processor, prefix))
+    generation = _generation(args, registry, "export")
+    if generation is None:
         return 1
-    entries = {  # a sharded generation keeps each partition id's letters in its shard
-        cast("bytes", field).decode(): cast("bytes", reason).decode()
-        for keys in registry.keys(generation).each_shard()
-        for field, reason in client.hscan_iter(keys.dead_letters, count=SCAN_COUNT)
-    }
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    count = 0
+    try:
+        for origin, reason in _index_entries(client, registry, generation):
+            line = {"origin": origin, "reason": reason, "generation": generation}
+            out.write(json.dumps(line) + "\n")
+            count += 1
+            if count % _PROGRESS_EVERY == 0:
+                print(f"refold dlq export: {count} letters...", file=sys.stderr, flush=True)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    where = args.out or "stdout"
+    print(
+        f"refold dlq export: {count} dead letter(s) of {args.processor} generation "
+        f"{generation} to {where} (the records: refold tail {topic})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _list(args: argparse.Namespace, client: redis.Redis, prefix: str, topic: str) -> int:
+    layout = StateLayout(args.processor, prefix)
+    registry = GenerationRegistry(client, layout)
+    generation = _generation(args, registry, "list")
+    if generation is None:
+        return 1
+    entries = dict(_index_entries(client, registry, generation))
     summaries = summarise_index(entries, args.examples)
     if args.json:
         print(
@@ -332,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "redrive":
             kafka = settings.kafka.as_librdkafka()
             return redrive_command(args, client, settings.redis.key_prefix, topic, kafka)
+        if args.command == "export":
+            return _export(args, client, settings.redis.key_prefix, topic)
         return _list(args, client, settings.redis.key_prefix, topic)
     except redis.AuthenticationError as exc:
         print(f"refold dlq: {redis_refused('refold dlq', client, exc)}", file=sys.stderr)
