@@ -12,6 +12,7 @@ __all__ = [
     "NoLiveGenerationError",
     "PublishError",
     "ServiceError",
+    "StateRebuildingError",
     "UnacknowledgedEvent",
     "UnknownWindowError",
     "WindowQueryError",
@@ -93,6 +94,54 @@ class NoLiveGenerationError(ServiceError):
     """A reader asked for a processor that has no live generation yet."""
 
     code = "NO_LIVE_GENERATION"
+
+
+class StateRebuildingError(ServiceError):
+    """A read of a generation that is still catching up from far behind the log (rebuilding).
+
+    The processor started the generation from nothing (its first start, or Redis restarted
+    empty) and has not folded the log up to where it ended when it started: an entity may be
+    missing or an older version of itself. Ask again later (``retry_after_s``). A generation in
+    normal operation, however far behind, never raises this
+    (:mod:`refold.contracts.store.catch_up`).
+
+    Attributes:
+        processor: The processor.
+        generation: The generation read.
+        positions: What it had applied when read (the partitions read).
+        behind: Per partition it is still behind: the offset it must reach (``{}`` when it has
+            not recorded where it starts yet).
+        retry_after_s: When to ask again.
+    """
+
+    code = "REBUILDING"
+    retriable = True
+
+    def __init__(
+        self,
+        processor: str,
+        generation: int,
+        positions: Mapping[tuple[str, int], int],
+        behind: Mapping[tuple[str, int], int],
+        retry_after_s: int = 1,
+    ) -> None:
+        self.processor = processor
+        self.generation = generation
+        self.positions = dict(positions)
+        self.behind = dict(behind)
+        self.retry_after_s = retry_after_s
+        if behind:
+            where = ", ".join(
+                f"{t}/{p} at {self.positions.get((t, p), 0)} of {o}"
+                for (t, p), o in sorted(behind.items())[:5]
+            )
+            state = f"is rebuilding from the log ({where})"
+        else:
+            state = "is starting to rebuild from the log (it has applied nothing yet)"
+        super().__init__(
+            f"{processor} g{generation} {state}: its state is not complete yet, ask again in "
+            f"{retry_after_s} s"
+        )
 
 
 class WindowQueryError(ServiceError):

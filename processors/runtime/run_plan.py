@@ -29,6 +29,7 @@ from refold.contracts.processors import (
 )
 from refold.contracts.registry import default_registry, with_fallback
 from refold.contracts.settings import KafkaSettings, RedisSettings
+from refold.contracts.store.catch_up import CATCH_UP_FIELD, CATCH_UP_PENDING, target_field
 from refold.contracts.store.connect import is_cluster
 from refold.contracts.store.generations import (
     CHECKPOINT_EPOCH_FIELD,
@@ -155,7 +156,10 @@ def resolve_run(
     if options.generation == "live":
         live = registry.live()
         if live is None:
-            generation, created = registry.create(meta, live=True), True
+            # Readers see it at once: they answer "rebuilding" until it has caught up with the
+            # log end taken when it starts (record_starting_positions sets that target).
+            first: dict[str, Any] = {**meta, CATCH_UP_FIELD: CATCH_UP_PENDING}
+            generation, created = registry.create(first, live=True), True
         else:
             generation = live
     elif options.generation == "new":
@@ -331,6 +335,7 @@ def record_starting_positions(
         raise ProcessorConfigError(str(exc)) from exc
     finally:
         probe.close()
+    _record_catch_up(registry, run.generation, kafka, resolved)
     keys = registry.keys(run.generation)
     start = run.target.positions(registry.client)  # re-keyed: every writer slot starts there
     # One transaction; sharded, none spans the shards' slots (each command is idempotent).
@@ -343,3 +348,30 @@ def record_starting_positions(
     starting = to_offsets_json(registry.positions(run.generation)[0])
     logger.info("g%d starts at %s", run.generation, starting)
     return dataclasses.replace(run, starting_offsets=starting)
+
+
+def _record_catch_up(
+    registry: GenerationRegistry,
+    generation: int,
+    kafka: KafkaSettings,
+    starts: Mapping[tuple[str, int], int],
+) -> None:
+    """Replace a live generation's ``pending`` catch-up mark with the log end it must reach.
+
+    Before its positions are written, so a start cut short leaves it pending and the next
+    start sets it (:mod:`refold.contracts.store.catch_up`). Other generations have no mark.
+    """
+    if registry.meta(generation).get(CATCH_UP_FIELD) != CATCH_UP_PENDING:
+        return
+    probe = LogOffsets(kafka.as_librdkafka())
+    try:
+        ends = probe.end_offsets(list(starts))
+    finally:
+        probe.close()
+    meta = registry.layout.generation(generation).meta
+    value = target_field(starts, ends)
+    if value is None:
+        registry.client.hdel(meta, CATCH_UP_FIELD)
+    else:
+        registry.client.hset(meta, CATCH_UP_FIELD, value)
+        logger.info("g%d catches up to the log end %s: readers wait until then", generation, value)

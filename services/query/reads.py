@@ -27,7 +27,7 @@ from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.positions import GenerationPositions
 from refold.services.api.errors import ApiError
 from refold.services.consistency import Positions, decode_token, parse_min_positions, unmet
-from refold.services.errors import NoLiveGenerationError
+from refold.services.errors import NoLiveGenerationError, StateRebuildingError
 from refold.services.reader.state_reader import StateView
 
 __all__ = [
@@ -115,8 +115,13 @@ async def read_consistent(
     are what is checked, so the answer reflects every position asked for, even across a flip.
     ``read`` may be a coroutine function (an asyncio client's round trip), awaited each time.
 
+    A generation still catching up from far behind the log (``StateRebuildingError``) is
+    waited for like positions when the client asked for some and has budget left; else it is
+    503 ``REBUILDING`` with ``Retry-After``.
+
     Raises:
-        ApiError: 409 (``wait_ms=0``) or 504 (waited in vain), with the positions applied.
+        ApiError: 409 (``wait_ms=0``) or 504 (waited in vain), with the positions applied;
+            503 ``REBUILDING``.
     """
     deadline = time.monotonic() + consistency.wait_s
     topics: list[str] | None = None
@@ -130,6 +135,11 @@ async def read_consistent(
             # about to appear (a processor just started). Wait for it like for positions.
             if not consistency.needed or time.monotonic() >= deadline:
                 raise
+            await asyncio.sleep(_POLL_S)
+            continue
+        except StateRebuildingError as exc:
+            if not consistency.needed or time.monotonic() >= deadline:
+                raise _rebuilding(spec, exc) from exc
             await asyncio.sleep(_POLL_S)
             continue
         if not consistency.needed:
@@ -173,6 +183,19 @@ def _with_other_shards(
         if parsed is not None:
             positions[parsed] = offset
     return StateView(view.generation, view.value, positions)
+
+
+def _rebuilding(spec: ProcessorSpec, exc: StateRebuildingError) -> ApiError:
+    """503 ``REBUILDING``: the generation's state is not complete yet, not "not found"."""
+    view = StateView(exc.generation, None, exc.positions)
+    return ApiError(
+        503,
+        "REBUILDING",
+        str(exc),
+        headers={"Retry-After": str(exc.retry_after_s)},
+        **freshness(spec, view),
+        behind={position_field(t, p): o for (t, p), o in sorted(exc.behind.items())},
+    )
 
 
 def _not_applied(

@@ -158,7 +158,8 @@ async def read_entity(
     asyncio client it blocks.
 
     Raises:
-        ApiError: 404 (no such processor, table or entity), 409/504 (consistency).
+        ApiError: 404 (no such processor, table or entity), 409/504 (consistency), 503
+            (``REBUILDING``: the generation is catching up, a missing entity may exist).
     """
     spec = processor(name)
     _table(spec, table)
@@ -232,6 +233,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such processor, table, entity, or no live generation yet"},
     409: {"description": "wait_ms=0 and the consistency positions are not applied yet"},
     410: {"description": "the scan's generation was removed (replay gc): start again"},
+    503: {
+        "description": "REBUILDING: the generation is catching up from far behind the log "
+        "(its processor started it from nothing): ask again after Retry-After; or the store "
+        "did not answer"
+    },
     504: {"description": "the consistency positions were not applied within wait_ms"},
 }
 

@@ -25,11 +25,12 @@ from redis.commands.core import Script
 from refold.contracts.kafka.partitioner import key_partition
 from refold.contracts.layout import DEFAULT_KEY_PREFIX, GenerationKeys
 from refold.contracts.store.autopipeline import AutoPipeline
+from refold.contracts.store.catch_up import CatchUp, CatchUpTargets
 from refold.contracts.store.connect import is_cluster, redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.positions import GenerationPositions, Positions
 from refold.contracts.store.scan import scan_batches
-from refold.services.errors import NoLiveGenerationError
+from refold.services.errors import NoLiveGenerationError, StateRebuildingError
 
 __all__ = ["StateReader", "StateView"]
 
@@ -117,6 +118,8 @@ class StateReader:
         self._live: int | None = None
         # The last positions hash read, and its parse.
         self._last_positions: tuple[dict[bytes, bytes], Positions] | None = None
+        # Which generations are still catching up from far behind the log (rebuilding).
+        self._catch_up = CatchUpTargets(client, self.registry.layout)
 
     @classmethod
     def from_url(
@@ -210,8 +213,15 @@ class StateReader:
         Of a sharded generation, the positions of the entity's shard: its partition id's, on
         which every event of the entity is (``GenerationKeys.shards``). ``raw``: the value as
         stored, its JSON text (bytes), not decoded.
+
+        Raises:
+            NoLiveGenerationError: The processor has no live generation yet.
+            StateRebuildingError: The generation is catching up from far behind the log (its
+                processor started it from nothing, e.g. after Redis restarted empty): the entity
+                may be missing or older than it is. Not raised for a generation's normal lag.
         """
-        return self._entity(self._read(generation, self._entity_plan(table, key)), raw=raw)
+        view = self._entity(self._read(generation, self._entity_plan(table, key)), raw=raw)
+        return self._complete(view, self._catch_up.of(view.generation))
 
     async def get_async(
         self,
@@ -244,6 +254,7 @@ class StateReader:
 
         Raises:
             redis.exceptions.TimeoutError: Redis did not answer within ``timeout_s``.
+            StateRebuildingError: As :meth:`get`.
         """
         plan = self._entity_plan(table, key)
         while self._script is not None and self._live is not None:
@@ -263,7 +274,8 @@ class StateReader:
                 raise redis.exceptions.TimeoutError(msg) from exc
             replies = self._script_replies(gen, commands, reply)
             if replies is not None:
-                return self._entity((gen, replies), raw=raw)
+                view = self._entity((gen, replies), raw=raw)
+                return self._complete(view, await self._catch_up.of_async(client, gen))
         return self.get(table, key, raw=raw)
 
     def _entity_plan(self, table: str, key: str) -> Callable[[GenerationKeys], list[_Command]]:
@@ -282,7 +294,11 @@ class StateReader:
         return StateView(gen, value, self._positions(raw_positions))
 
     def get_many(self, table: str, keys: Sequence[str], generation: int | None = None) -> StateView:
-        """Several entities from the same generation: ``value`` maps key -> state or None."""
+        """Several entities from the same generation: ``value`` maps key -> state or None.
+
+        Raises:
+            StateRebuildingError: As :meth:`get` (a shard read that has caught up answers).
+        """
         groups: list[list[str]] = []  # the keys of each MGET, in order
 
         def plan(gen_keys: GenerationKeys) -> list[_Command]:
@@ -302,12 +318,16 @@ class StateReader:
             for k, r in zip(names, cast("list[bytes | None]", raws), strict=True):
                 values[k] = None if r is None else json.loads(r)
         found = {k: values[k] for k in keys}
-        return StateView(gen, found, self._positions(replies[len(groups) :]))
+        view = StateView(gen, found, self._positions(replies[len(groups) :]))
+        return self._complete(view, self._catch_up.of(gen))
 
     def aggregate(self, name: str, generation: int | None = None) -> StateView:
         """An aggregate's counters as ``{name: int}``; counters at zero are left out.
 
         A sharded generation's counters are kept per shard and added up here.
+
+        Raises:
+            StateRebuildingError: As :meth:`get`: the counters are partial.
         """
 
         def plan(gen_keys: GenerationKeys) -> list[_Command]:
@@ -322,7 +342,21 @@ class StateReader:
             for k, v in raw.items():
                 counters[k.decode()] = counters.get(k.decode(), 0) + int(v)
         value = {k: v for k, v in counters.items() if v != 0}
-        return StateView(gen, value, self._positions(replies[half:]))
+        view = StateView(gen, value, self._positions(replies[half:]))
+        return self._complete(view, self._catch_up.of(gen))
+
+    def _complete(self, view: StateView, catch_up: CatchUp) -> StateView:
+        """``view``, unless its generation is still catching up from far behind the log.
+
+        Raises:
+            StateRebuildingError: It is (:mod:`refold.contracts.store.catch_up`).
+        """
+        behind = catch_up.behind(view.positions)
+        if behind is None:
+            return view
+        raise StateRebuildingError(
+            self.registry.layout.processor, view.generation, view.positions, behind
+        )
 
     @staticmethod
     def _shard_of(keys: GenerationKeys, entity: str) -> GenerationKeys:
