@@ -17,8 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 _Conf = Mapping[str, str | int | float | bool]  # librdkafka settings, as confluent-kafka types them
 
@@ -54,35 +53,42 @@ def ids_for_every_partition(prefix: str, partitions: int) -> list[str]:
     return [found[p] for p in range(partitions)]
 
 
-def _partitions(admin: AdminClient, topic: str, timeout_s: float) -> int:
-    metadata = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+def _partitions(client: Consumer | Producer, topic: str, timeout_s: float) -> int:
+    metadata = client.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
         msg = f"{topic} is not there yet"
         raise KafkaException(msg)
     return len(metadata.partitions)
 
 
-def _groups_answer(admin: AdminClient, timeout_s: float) -> None:
-    def fetch(group: str) -> None:
-        request = [ConsumerGroupTopicPartitions(group)]
-        future = admin.list_consumer_group_offsets(request, request_timeout=timeout_s)[group]
-        future.result(timeout=timeout_s)
+def _group_answers(conf: _Conf, group: str, timeout_s: float) -> None:
+    # Consumers, not an AdminClient: an admin handle dropped while a request of its was out
+    # (a timeout under load) crashed librdkafka's main thread.
+    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.committed([TopicPartition(_OFFSETS_TOPIC, 0)], timeout=timeout_s)
+    finally:
+        consumer.close()
 
-    fetch(_PROBE)  # the first FindCoordinator creates __consumer_offsets
-    for group in ids_for_every_partition(_PROBE, _partitions(admin, _OFFSETS_TOPIC, timeout_s)):
-        fetch(group)
+
+def _groups_answer(conf: _Conf, timeout_s: float) -> None:
+    _group_answers(conf, _PROBE, timeout_s)  # the first FindCoordinator creates the topic
+    metadata = Consumer({**conf, "group.id": _PROBE})
+    try:
+        count = _partitions(metadata, _OFFSETS_TOPIC, timeout_s)
+    finally:
+        metadata.close()
+    for group in ids_for_every_partition(_PROBE, count):
+        _group_answers(conf, group, timeout_s)
 
 
-def _transactions_answer(conf: _Conf, admin: AdminClient, timeout_s: float) -> None:
-    def init(transactional_id: str) -> None:
+def _transactions_answer(conf: _Conf, timeout_s: float) -> None:
+    def init(transactional_id: str) -> Producer:
         producer = Producer({**conf, "transactional.id": transactional_id})
-        try:
-            producer.init_transactions(timeout_s)
-        finally:
-            producer.flush(0)
+        producer.init_transactions(timeout_s)
+        return producer
 
-    init(_PROBE)  # the first InitProducerId creates __transaction_state
-    count = _partitions(admin, _TRANSACTIONS_TOPIC, timeout_s)
+    count = _partitions(init(_PROBE), _TRANSACTIONS_TOPIC, timeout_s)  # created by the first
     for transactional_id in ids_for_every_partition(_PROBE, count):
         init(transactional_id)
 
@@ -100,15 +106,14 @@ def coordinators_unready(conf: _Conf, deadline: float) -> str | None:
     """
     # Their retries are expected here, not the user's news: no librdkafka log lines.
     quiet: dict[str, str | int | float | bool] = {**conf, "log_level": 0}
-    admin = AdminClient(quiet)
     last = "no answer"
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return last
         try:
-            _groups_answer(admin, min(left, 10.0))
-            _transactions_answer(quiet, admin, min(left, 10.0))
+            _groups_answer(quiet, min(left, 10.0))
+            _transactions_answer(quiet, min(left, 10.0))
         except (KafkaException, TimeoutError) as exc:
             last = str(exc)
             time.sleep(_RETRY_S)
