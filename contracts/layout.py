@@ -38,6 +38,9 @@ key                                         type    content
                                                     window end), ``expire`` (end + retention),
                                                     ``p:<partition id>`` (entity -> its due),
                                                     re-keyed ``s:<slot>`` (a slot's entities)
+``<p>:{<proc>.g<N>}:tm:ttl:<grp>``          zset    ``state_ttl``: entity -> its expiry (largest
+                                                    event time applied + TTL, ms): ``p:<partition
+                                                    id>``, re-keyed ``s:<slot>``
 ``<p>:{<proc>.g<N>}:wm:clocks``             hash    ``[s<slot>|]<topic>/<partition>`` -> largest
                                                     event time seen on it (ms), with the
                                                     positions (re-keyed: each slot's own copy;
@@ -381,6 +384,14 @@ class GenerationKeys:
     def slot_timers(self, slot: int) -> str:
         """Re-keyed: sorted set of the entity timers of writer slot ``slot`` (entity -> due ms)."""
         return f"{self.base}:tm:s:{slot}"
+
+    def entity_expiries(self, partition: int) -> str:
+        """``state_ttl``: sorted set of partition id ``partition``'s entities -> expiry (ms)."""
+        return f"{self.base}:tm:ttl:p:{partition}"
+
+    def slot_expiries(self, slot: int) -> str:
+        """``state_ttl``, re-keyed: sorted set of writer slot ``slot``'s entities -> expiry."""
+        return f"{self.base}:tm:ttl:s:{slot}"
 
     @property
     def clocks(self) -> str:

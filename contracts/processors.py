@@ -40,6 +40,7 @@ __all__ = [
     "ProcessorOptions",
     "ProcessorSpec",
     "SourceFormat",
+    "StateTtl",
     "consumer_group",
     "options_env_prefix",
     "options_environ",
@@ -180,6 +181,36 @@ class EventId:
             raise ContractError(msg)
 
 
+@dataclass(frozen=True, slots=True)
+class StateTtl:
+    """State that expires: an entity with no event for ``after_ms`` of event time is removed.
+
+    Decided on event time, never the wall clock (DESIGN.md decision 21), through the timers the
+    fold already has: each entity's expiry is the largest event time it applied plus
+    ``after_ms``. It is removed once its timer group's watermark (the one its timers fire on:
+    its partition's, or re-keyed its writer slot's) reaches the expiry, or at its next event if
+    that event's time is at or past the expiry, whichever comes first. Its state leaves the
+    table and its contribution leaves the aggregate, as a deleted entity's does; the removal is
+    counted in the stats (``expired``). The oracle
+    (:func:`~refold.processors.fold.oracle.fold_timed` with ``state_ttl=``) applies the same
+    rule, so live == replay == oracle with entities expiring.
+
+    Attributes:
+        after_ms: How long (event time, ms) an entity may go without an event. Needs the
+            processor's ``event_time``; entity folds only.
+    """
+
+    after_ms: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.after_ms, bool) or not isinstance(self.after_ms, int):
+            msg = f"state_ttl needs after_ms as an int of milliseconds, not {self.after_ms!r}"
+            raise ContractError(msg)
+        if self.after_ms < 1:
+            msg = f"state_ttl needs after_ms >= 1, not {self.after_ms}"
+            raise ContractError(msg)
+
+
 class ProcessorOptions(BaseModel):
     """Runtime options every processor has (``REFOLD_<PROCESSOR>__<OPTION>``).
 
@@ -235,6 +266,8 @@ class ProcessorSpec:
         event_time: Its event time, lateness and late policy (see :class:`EventTime`); needed
             by windows and timers.
         dedupe: De-duplication by event id (see :class:`EventId`); entity folds only.
+        state_ttl: State that expires on event time (see :class:`StateTtl`); entity folds
+            with an ``event_time`` only.
         windows: Names of the windows it writes (``refold processors``, the readers).
         options: ``module:Class`` of its options (a :class:`ProcessorOptions` subclass), or
             empty for the common ones.
@@ -259,6 +292,7 @@ class ProcessorSpec:
     windows: tuple[str, ...] = ()
     options: str = ""
     dedupe: EventId | None = None
+    state_ttl: StateTtl | None = None
     description: str = ""
     code_version: str = ""
     depends_on: tuple[str, ...] = ()
@@ -280,6 +314,8 @@ class ProcessorSpec:
             problems.append("no topics")
         if self.options and ":" not in self.options:
             problems.append("options must be 'module:Class'")
+        if self.state_ttl is not None and self.event_time is None:
+            problems.append("state_ttl is decided on event time: declare event_time too")
         if problems:
             msg = f"processor {self.name!r}: {'; '.join(problems)}"
             raise ContractError(msg)

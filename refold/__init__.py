@@ -6,8 +6,9 @@ first. Anything imported from refold's other modules is internal and moves witho
 
 - **Declaring a processor**: :class:`ProcessorSpec` (registered under the ``refold.processors``
   entry-point group), its options :class:`ProcessorOptions`, :class:`EventTime`,
-  :class:`EventId` (de-duplication), :class:`KeyLink`; contracts as a :class:`ContractSet`
-  (group ``refold.contracts``) of :class:`TopicSpec`.
+  :class:`EventId` (de-duplication), :class:`StateTtl` (state that expires),
+  :class:`KeyLink`; contracts as a :class:`ContractSet` (group ``refold.contracts``) of
+  :class:`TopicSpec`.
 - **Folds** (the state kinds): :class:`Projection` (entities) with :class:`State`,
   :class:`SideEffect` and its errors; windows (:class:`WindowFold` with :class:`Tumbling`,
   :class:`Hopping`, :class:`Sliding`, :class:`Measure`); timers (:class:`TimedFold`,
@@ -46,6 +47,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "KeyLink",
         "ProcessorOptions",
         "ProcessorSpec",
+        "StateTtl",
     ),
     "refold.contracts.registry": ("ContractSet",),
     "refold.contracts.settings": (
@@ -126,6 +128,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
         KeyLink as KeyLink,
         ProcessorOptions as ProcessorOptions,
         ProcessorSpec as ProcessorSpec,
+        StateTtl as StateTtl,
     )
     from refold.contracts.registry import ContractSet as ContractSet
     from refold.contracts.settings import (

@@ -13,6 +13,7 @@ field                  content
 ``batches``            micro-batches counted
 ``events``             records applied (folded, archived; a DataFrame processor: records read)
 ``duplicates``         records skipped as re-sent by their upstream
+``expired``            entities the state TTL removed (``state_ttl``, on event time)
 ``effects``            outputs produced (side effects, emitted records)
 ``dead:<reason>``      dead letters by reason (``rejected``, ``bad-body``, ``late``...)
 ``dur_le:<ms>``        cumulative histogram of batch durations: batches that took at most ``ms``
@@ -99,6 +100,7 @@ class BatchStats:
         duplicates: Records skipped as re-sent by their upstream.
         effects: Outputs produced.
         dead_letters: Dead letters by reason.
+        expired: Entities the state TTL removed.
         duration_buckets: ``(upper bound ms, batches at most that long)``, cumulative,
             ascending, the last bound ``math.inf``.
         duration_sum_ms: Total batch duration.
@@ -119,6 +121,7 @@ class BatchStats:
     last_batch_at: int | None = None
     watermark_ms: int | None = None
     checkpoint_id: str = ""
+    expired: int = 0
 
     @property
     def dead_letters_total(self) -> int:
@@ -136,12 +139,14 @@ def outcome_increments(
     duplicates: int,
     effects: int,
     dead_letters: Mapping[str, int],
+    expired: int = 0,
 ) -> list[tuple[str, int]]:
-    """The counters of what records did: applied, re-sent, outputs, dead letters (pure).
+    """The counters of what records did: applied, re-sent, outputs, expired, dead letters (pure).
 
     Zeros are left out.
     """
     pairs = [("events", events), ("duplicates", duplicates), ("effects", effects)]
+    pairs.append(("expired", expired))
     pairs += [(_DEAD + reason, n) for reason, n in sorted(dead_letters.items())]
     return [(name, amount) for name, amount in pairs if amount]
 
@@ -154,6 +159,7 @@ def count_outcome(
     duplicates: int = 0,
     effects: int = 0,
     dead_letters: Mapping[str, int] | None = None,
+    expired: int = 0,
 ) -> None:
     """Queue a transaction's counts on ``pipe``, inside its ``MULTI``.
 
@@ -161,7 +167,8 @@ def count_outcome(
     their positions, so the counts are exact: a transaction that does not commit counts nothing,
     one that commits counts once, and a Redis that lost writes lost their counts with them.
     """
-    for name, amount in outcome_increments(events, duplicates, effects, dead_letters or {}):
+    counts = outcome_increments(events, duplicates, effects, dead_letters or {}, expired)
+    for name, amount in counts:
         pipe.hincrby(stats_key, name, amount)
 
 
@@ -219,6 +226,7 @@ def parse_stats(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> BatchStats:
         events=int(fields.get("events", "0")),
         duplicates=int(fields.get("duplicates", "0")),
         effects=int(fields.get("effects", "0")),
+        expired=int(fields.get("expired", "0")),
         dead_letters=dict(sorted(dead.items())),
         duration_buckets=tuple(sorted(buckets.items())),
         duration_sum_ms=int(fields.get("dur_sum_ms", "0")),

@@ -30,6 +30,7 @@ class SeenIds:
         }
         self._sets = {entity: set(found) for entity, found in self._ids.items()}
         self._changed: set[str] = set()
+        self._forgotten: set[str] = set()
 
     @classmethod
     def load(cls, dedupe: EventId, stored: Mapping[str, bytes | None]) -> SeenIds:
@@ -57,6 +58,19 @@ class SeenIds:
         ids.append(event_id)
         known.add(event_id)
         self._changed.add(entity)
+        self._forgotten.discard(entity)
+
+    def forget(self, entity: str) -> None:
+        """``entity`` is gone (its state expired): its ids are forgotten with it."""
+        self._ids.pop(entity, None)
+        self._sets.pop(entity, None)
+        self._changed.discard(entity)
+        self._forgotten.add(entity)
+
+    @property
+    def forgotten(self) -> list[str]:
+        """The entities whose ids were forgotten (and not remembered again since)."""
+        return sorted(self._forgotten)
 
     @property
     def changed(self) -> bool:

@@ -12,10 +12,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from refold.contracts.processors import EventId, EventTime
+from refold.contracts.processors import EventId, EventTime, StateTtl
 from refold.contracts.watermarks import WATERMARK, Marker
 from refold.processors.fold.dedupe import SeenIds
 from refold.processors.fold.eventtime import PartitionClocks, Verdict, event_time_ms, is_folded
+from refold.processors.fold.expiry import Expiries, firing_order
 from refold.processors.fold.lookups import LookupFold
 from refold.processors.fold.projection import (
     EventRejectedError,
@@ -227,11 +228,13 @@ class TimedResult(FoldResult):
         effects: The side effects, in the order they happened (timers' included).
         late: ``(partition field, offset)`` of the records judged late.
         clocks: The partitions' clocks at the end.
+        expired: Entities removed by the state TTL (``state_ttl=``).
     """
 
     effects: list[SideEffect] = field(default_factory=list)
     late: list[tuple[str, int]] = field(default_factory=list)
     clocks: dict[str, int] = field(default_factory=dict)
+    expired: int = 0
 
 
 def fold_timed(
@@ -243,6 +246,7 @@ def fold_timed(
     stream_topics: Sequence[str] = (),
     origins: Mapping[tuple[str, int, int], str] | None = None,
     partitions: Sequence[str] | None = None,
+    state_ttl: StateTtl | None = None,
 ) -> TimedResult:
     """An event-time entity fold with timers, run the plain way (the oracle).
 
@@ -261,14 +265,18 @@ def fold_timed(
             writer does (:class:`~refold.processors.fold.stream_clocks.TopicClocks`).
         origins: ``(topic, partition, offset)`` -> the record's origin id (its stream), on
             those topics.
-        partitions: Re-keyed with timers: every ``topic/partition`` the processor reads
-            (one that never gets an event holds the timers back, as live).
+        partitions: Re-keyed with timers (or a ``state_ttl``): every ``topic/partition``
+            the processor reads (one that never gets an event holds the timers back, as live).
+        state_ttl: The processor's state TTL (its spec's ``state_ttl``): the same rule as the
+            live writer (:mod:`refold.processors.fold.expiry`); :attr:`TimedResult.expired`
+            counts the removals.
 
     Raises:
         ValueError: A re-keyed fold with timers and no ``partitions``.
     """
     with_timers = has_timers(projection)
-    if with_timers and resolver is not None and partitions is None:
+    expiries = None if state_ttl is None else Expiries(state_ttl)
+    if (with_timers or expiries is not None) and resolver is not None and partitions is None:
         msg = f"{projection.name} is re-keyed with timers: pass every topic/partition it reads"
         raise ValueError(msg)
     result = TimedResult()
@@ -283,8 +291,7 @@ def fold_timed(
                 clocks.mark(topic, partition, Marker(dict(raw["at"]), int(raw["of"])))
                 mark = groups.advance(topic, partition, clocks.clock(topic, partition))
                 group = groups.group_of(partition)
-                for _due, due in queue.pop_due(group, mark) if with_timers else ():
-                    _fire(projection, result, queue, group, due, cast("int", mark))
+                _fire_due(projection, result, queue, expiries, with_timers, group, mark)
             continue
         event = raw
         entity = resolver.resolve(offset, raw)[0] if resolver is not None else None
@@ -306,13 +313,13 @@ def fold_timed(
         verdict = clocks.observe(topic, partition, stream, at)
         mark = groups.advance(topic, partition, clocks.clock(topic, partition))
         group = groups.group_of(partition)
-        if with_timers:
-            for _due, entity in queue.pop_due(group, mark):
-                _fire(projection, result, queue, group, entity, cast("int", mark))
+        _fire_due(projection, result, queue, expiries, with_timers, group, mark)
         if verdict is not Verdict.ON_TIME:
             result.late.append((field_name, offset))
             if not is_folded(verdict, event_time):
                 continue
+        if expiries is not None and expiries.stale(group, key, at):
+            _expire(result, queue, expiries, group, key)
         try:
             state, _encoded, _contribution, effects = fold_one(
                 projection, result.states.get(key), event_type, event
@@ -324,6 +331,8 @@ def fold_timed(
         result.effects.extend(effects)
         if with_timers:
             queue.set(group, key, timed(projection).due(state))
+        if expiries is not None:
+            expiries.applied(group, key, at)
     result.clocks = clocks.clocks
     for state in result.states.values():
         result.aggregate.update(projection.contribution(state))
@@ -352,10 +361,40 @@ def _key_and_time(
     return key, at
 
 
+def _fire_due(
+    projection: Projection,
+    result: TimedResult,
+    queue: TimerQueue,
+    expiries: Expiries | None,
+    with_timers: bool,
+    group: int,
+    mark: int | None,
+) -> None:
+    """As the writer: the timers and expiries of ``group`` due at ``mark``, in due order."""
+    timers = queue.pop_due(group, mark) if with_timers else []
+    due = expiries.pop_due(group, mark) if expiries is not None else []
+    for _due, is_expiry, entity in firing_order(timers, due):
+        if is_expiry:
+            _expire(result, queue, cast("Expiries", expiries), group, entity)
+        else:
+            _fire(projection, result, queue, expiries, group, entity, cast("int", mark))
+
+
+def _expire(
+    result: TimedResult, queue: TimerQueue, expiries: Expiries, group: int, entity: str
+) -> None:
+    """The state TTL removes ``entity`` (with its own timer), as a delete."""
+    expiries.forget(group, entity)
+    if result.states.pop(entity, None) is not None:
+        result.expired += 1
+        queue.set(group, entity, None)
+
+
 def _fire(
     projection: Projection,
     result: TimedResult,
     queue: TimerQueue,
+    expiries: Expiries | None,
     partition: int,
     entity: str,
     watermark: int,
@@ -375,6 +414,8 @@ def _fire(
         return
     if after is None:
         del result.states[entity]
+        if expiries is not None:
+            expiries.forget(partition, entity)
     else:
         result.states[entity] = after
         queue.set(partition, entity, timed(projection).due(after))

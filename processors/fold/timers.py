@@ -169,6 +169,10 @@ class TimerQueue:
             timers[entity] = due
             heapq.heappush(heap, (due, entity))
 
+    def due_of(self, partition: int, entity: str) -> int | None:
+        """The entity's due time in group ``partition`` as loaded or set here (``None``: none)."""
+        return self._due.get(partition, {}).get(entity)
+
     def set(self, partition: int, entity: str, due: int | None) -> None:
         """The entity's new due time (``None``: no timer)."""
         timers = self._due.setdefault(partition, {})

@@ -104,7 +104,10 @@ class FoldWriter:
         self.slot = slot
         self._redis: redis.Redis | None = None
         self._outputs: OutputTransactions | None = None
-        self._timers = target.event_time is not None and has_timers(projection)
+        # Timers and the state TTL's expiries fire on the same watermarks (lateness.py).
+        self._timers = target.event_time is not None and (
+            has_timers(projection) or target.state_ttl is not None
+        )
         # The fold's kind of state (entities, windows, lookups...) stages each transaction's
         # changes (refold.processors.runtime.kinds). Only entities are keyed: the records of
         # the other kinds go to no entity.
@@ -368,6 +371,7 @@ class FoldWriter:
             events=outcome.applied,
             duplicates=outcome.duplicates,
             effects=outcome.effects,
+            expired=outcome.expired,
             dead_letters=outcome.dead_letters,
         )
 

@@ -16,7 +16,7 @@ import redis
 
 from refold.contracts.fingerprints import NOTHING_DECLARED, DeclaredCode
 from refold.contracts.layout import GenerationKeys, StateLayout
-from refold.contracts.processors import EventId, EventTime
+from refold.contracts.processors import EventId, EventTime, StateTtl
 from refold.contracts.store.positions import GenerationPositions
 from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.output_topics import late_topic
@@ -89,6 +89,8 @@ class FoldTarget:
             starts new streams and markers.
         dedupe: De-duplication by event id (entity folds): each entity skips an event whose
             id is among those of its latest ``horizon`` applied events.
+        state_ttl: State that expires (entity folds with an event time): an entity with no
+            event for that long in event time is removed (:mod:`refold.processors.fold.expiry`).
         marked: The output streams this processor writes watermark markers to:
             ``(topic, event-time field)`` of each effect topic whose spec has an event-time
             field (:mod:`refold.contracts.watermarks`).
@@ -121,6 +123,7 @@ class FoldTarget:
     code_fingerprint: str = ""
     declared_code: DeclaredCode = NOTHING_DECLARED
     dedupe: EventId | None = None
+    state_ttl: StateTtl | None = None
     created_at: str = ""
     marked: tuple[tuple[str, str], ...] = ()
     streams: int = 0
@@ -164,6 +167,8 @@ class BatchOutcome:
     suppressed_letters: int = 0
     late: int = 0
     duplicates: int = 0
+    # Entities the state TTL removed (``state_ttl``).
+    expired: int = 0
     dead_letters: dict[str, int] = field(default_factory=dict)
     # Records of event types the processor does not declare: passed by, neither folded nor
     # dead-lettered, and no part of event time (a topic carries other processors' types too).

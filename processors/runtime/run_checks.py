@@ -11,6 +11,7 @@ from refold.contracts.processors import (
     EventId,
     EventTime,
     ProcessorSpec,
+    StateTtl,
 )
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.topics import TopicSpec
@@ -77,6 +78,27 @@ def check_dedupe(projection: Projection, dedupe: EventId | None) -> None:
         msg = (
             f"{projection.name} is {kind}, but its spec declares dedupe=, which only entity "
             "folds apply. Operator action: remove dedupe from its ProcessorSpec."
+        )
+        raise ProcessorConfigError(msg)
+
+
+def check_state_ttl(
+    projection: Projection, state_ttl: StateTtl | None, event_time: EventTime | None
+) -> None:
+    """State that expires is a rule of entity folds with an event time: refuse it elsewhere."""
+    if state_ttl is None:
+        return
+    # Imported here: the kinds import the writer's modules, which a start check need not load.
+    from refold.processors.runtime.kinds import kind_of
+
+    keyless = is_dataframe_processor(projection) or is_archive_processor(projection)
+    kind = "none" if keyless else kind_of(projection)[0]
+    if kind != "entity" or event_time is None:
+        what = "has no event_time" if event_time is None else f"is not an entity fold ({kind})"
+        msg = (
+            f"{projection.name} {what}, but its spec declares state_ttl=, which only entity "
+            "folds with an event time apply. Operator action: remove state_ttl from its "
+            "ProcessorSpec, or declare its event_time."
         )
         raise ProcessorConfigError(msg)
 

@@ -26,6 +26,7 @@ from refold.contracts.processors import (
     EventTime,
     ProcessorSpec,
     SourceFormat,
+    StateTtl,
 )
 from refold.contracts.registry import default_registry, with_fallback
 from refold.contracts.settings import KafkaSettings, RedisSettings
@@ -138,6 +139,7 @@ def resolve_run(
     event_time: EventTime | None = None,
     dedupe: EventId | None = None,
     declared: DeclaredCode = NOTHING_DECLARED,
+    state_ttl: StateTtl | None = None,
 ) -> ProcessorRun:
     """Pick the generation, checkpoint and starting offsets (creating the generation if asked)."""
     registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
@@ -207,6 +209,7 @@ def resolve_run(
         dlq_topic=dead_letter_topic(projection.name, options.dead_letter_topic),
         event_time=event_time,
         dedupe=dedupe,
+        state_ttl=state_ttl,
         topics=tuple(t.name for t in topics),
         **_keying_fields(registry, generation, keying),
         shards=_shards(registry, generation, shards),

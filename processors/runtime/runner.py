@@ -23,7 +23,13 @@ import redis
 
 from refold.contracts.errors import RefoldError
 from refold.contracts.fingerprints import NOTHING_DECLARED, DeclaredCode
-from refold.contracts.processors import EventId, EventTime, ProcessorSpec, consumer_group
+from refold.contracts.processors import (
+    EventId,
+    EventTime,
+    ProcessorSpec,
+    StateTtl,
+    consumer_group,
+)
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
@@ -52,6 +58,7 @@ from refold.processors.runtime.run_checks import (
     check_dedupe,
     check_event_time,
     check_marker_source,
+    check_state_ttl,
     plan_keying_of,
 )
 from refold.processors.runtime.run_plan import (
@@ -95,6 +102,7 @@ class _Processor:
     event_time: EventTime | None
     dedupe: EventId | None
     declared: DeclaredCode
+    state_ttl: StateTtl | None = None
 
     @property
     def who(self) -> str:
@@ -113,6 +121,7 @@ class _Processor:
             self.event_time,
             dedupe=self.dedupe,
             declared=self.declared,
+            state_ttl=self.state_ttl,
         )
 
     def until_redis_answers(self, call: Callable[[], _T]) -> _T:
@@ -136,6 +145,8 @@ def _checked(
     check_event_time(projection, event_time, keying)
     dedupe = None if spec is None else spec.dedupe
     check_dedupe(projection, dedupe)
+    state_ttl = None if spec is None else spec.state_ttl
+    check_state_ttl(projection, state_ttl, event_time)
     check_marker_source(projection, topics, options)
     client = redis_client(redis_settings.client_url())
     registry = GenerationRegistry.of(client, projection.name, redis_settings.key_prefix)
@@ -151,6 +162,7 @@ def _checked(
         event_time,
         dedupe,
         declared,
+        state_ttl,
     )
 
 

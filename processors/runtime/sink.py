@@ -421,7 +421,7 @@ class RedisFoldSink:
                 "batch %d: %d records, %d applied, %d skipped, %d of types it does not fold "
                 "(passed by), %d rejected, %d undecodable, "
                 "%d side effects (%d suppressed while replaying), %d late, %d re-sent by their "
-                "upstream (skipped), %d windows closed "
+                "upstream (skipped), %d expired (state TTL), %d windows closed "
                 "in %.2fs (%.0f/s)",
                 batch_id,
                 outcome.records,
@@ -434,6 +434,7 @@ class RedisFoldSink:
                 outcome.suppressed,
                 outcome.late,
                 outcome.duplicates,
+                outcome.expired,
                 closed,
                 elapsed,
                 outcome.records / max(elapsed, 1e-9),

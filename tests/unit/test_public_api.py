@@ -15,7 +15,8 @@ import refold
 
 PUBLIC = {
     # declaring a processor and its contracts
-    "ProcessorSpec", "ProcessorOptions", "EventTime", "EventId", "KeyLink", "ContractSet",
+    "ProcessorSpec", "ProcessorOptions", "EventTime", "EventId", "StateTtl", "KeyLink",
+    "ContractSet",
     "TopicSpec",
     # folds: entities, windows, timers, lookups, patterns, Spark transforms, the archive
     "Projection", "State", "SideEffect", "EventRejectedError", "FoldError", "InvalidOutputError",

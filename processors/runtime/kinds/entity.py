@@ -1,10 +1,11 @@
-"""Entity folds: one state per entity, the aggregate's counters, timers, de-duplication, effects.
+"""Entity folds: one state per entity, its counters, timers, expiry, de-duplication, effects.
 
 For one transaction: load the states of the entities the records touch (and of the entities
 whose timers are due), fold each record in log order, firing the due timers of its partition
-group first, skip an event whose id the entity has applied already (``dedupe``), and keep what
-changed: the states (JSON), the aggregate's increments (``contribution(new) - contribution(old)``),
-the timers and the remembered ids, all written in the MULTI. Side effects are sent in the
+group first (and the expiries of a ``state_ttl``: :mod:`refold.processors.fold.expiry`), skip an
+event whose id the entity has applied already (``dedupe``), and keep what changed: the states
+(JSON), the aggregate's increments (``contribution(new) - contribution(old)``), the timers,
+expiries and remembered ids, all written in the MULTI. Side effects are sent in the
 batch's Kafka transaction, except those a building generation knows the live one sent already.
 """
 
@@ -14,6 +15,7 @@ import heapq
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import orjson
@@ -25,6 +27,7 @@ from refold.contracts.store.connect import pipelined_mget, pipelined_mset
 from refold.contracts.watermarks import WATERMARK
 from refold.processors.fold.dedupe import SeenIds
 from refold.processors.fold.eventtime import event_time_ms
+from refold.processors.fold.expiry import Expiries, firing_order
 from refold.processors.fold.projection import (
     EventRejectedError,
     FoldError,
@@ -48,6 +51,7 @@ from refold.processors.fold.timers import (
     timer_event,
 )
 from refold.processors.runtime.dead_letters import DeadLetter
+from refold.processors.runtime.expiries import load_expiries, write_expiries
 from refold.processors.runtime.fold_target import BatchOutcome, PendingRecord
 from refold.processors.runtime.kinds.base import FoldContext
 from refold.processors.runtime.output_transactions import Outbox
@@ -107,6 +111,18 @@ class _Folded:
         return undone
 
 
+@dataclass(slots=True)
+class _Fired:
+    """What firing timers and expiries changes in one transaction."""
+
+    folded: _Folded
+    dead: list[DeadLetter]
+    outcome: BatchOutcome
+    queue: TimerQueue
+    expiries: Expiries | None
+    seen: SeenIds | None
+
+
 class _StagedEntities:
     """The folded entities of one transaction, with what goes out and what is written."""
 
@@ -119,12 +135,14 @@ class _StagedEntities:
         queue: TimerQueue | None,
         seen: SeenIds | None,
         outcome: BatchOutcome,
+        expiries: Expiries | None = None,
     ) -> None:
         self.kind = kind
         self.pipe = pipe
         self.folded = folded
         self.delta = delta
         self.queue = queue
+        self.expiries = expiries
         self.seen = seen
         self.outcome = outcome
 
@@ -148,10 +166,14 @@ class _StagedEntities:
             pipe.delete(*gone)
         if self.queue is not None:
             write_timers(pipe, keys, self.queue, self.kind.context.slot)
+        if self.expiries is not None:
+            write_expiries(pipe, keys, self.expiries, self.kind.context.slot)
         if self.seen is not None and self.seen.changed:
             pipelined_mset(
                 pipe, {keys.seen_ids(table, e): ids for e, ids in self.seen.encoded().items()}
             )
+        if self.seen is not None and self.seen.forgotten:
+            pipe.delete(*(keys.seen_ids(table, e) for e in self.seen.forgotten))
         aggregate_key = keys.aggregate(self.kind.context.projection.aggregate)
         for name, amount in sorted(self.delta.items()):
             if amount:
@@ -167,6 +189,8 @@ class EntityKind:
         self.context = context
         self.projection = context.projection
         self.timers = context.target.event_time is not None and has_timers(context.projection)
+        event_time = context.target.event_time
+        self.ttl = None if event_time is None else context.target.state_ttl
         self.has_effects = getattr(context.projection, "effects", None) is not None
 
     def stage(
@@ -181,8 +205,10 @@ class EntityKind:
         keys = self.context.target.keys
         table = self.projection.table
         queue = self._load_timers(pipe, pending, watermarks) if self.timers else None
+        expiries = self._load_expiries(pipe, pending, watermarks)
         folds = {p[3] for p in pending if p[1] != WATERMARK}  # not the ticks of markers
-        entities = sorted(folds | (queue.entities() if queue else set()))
+        due = (queue.entities() if queue else set()) | (expiries.entities() if expiries else set())
+        entities = sorted(folds | due)
         table_keys = [keys.table(table, e) for e in entities]
         loaded = cast("list[bytes | None]", pipelined_mget(pipe, table_keys)) if table_keys else []
         before: dict[str, State | None] = {
@@ -191,11 +217,13 @@ class EntityKind:
         }
         folded = _Folded(before)
         seen = self._load_seen(pipe, entities)
+        fired = _Fired(folded, dead, outcome, queue or TimerQueue(), expiries, seen)
         for index, (record, event_type, data, entity) in enumerate(pending):
-            if queue is not None:
-                self._fire_timers(queue, record, watermarks[index], folded, dead)
+            if queue is not None or expiries is not None:
+                self._fire_due(fired, record, watermarks[index])
             if event_type == WATERMARK:  # a marker's tick: timers only (lateness.py)
                 continue
+            at = self._stale_check(fired, record, event_type, data, entity)
             if seen is not None and seen.is_duplicate(entity, data):
                 outcome.duplicates += 1
                 continue
@@ -224,8 +252,10 @@ class EntityKind:
                 folded.effects.extend((record, effect) for effect in effects)
             if queue is not None:
                 queue.set(self._group(record), entity, self._due(new))
+            if expiries is not None and at is not None:
+                expiries.applied(self._group(record), entity, at)
         delta = self._delta(pipe, folded, dead, outcome)
-        return _StagedEntities(self, pipe, folded, delta, queue, seen, outcome)
+        return _StagedEntities(self, pipe, folded, delta, queue, seen, outcome, expiries)
 
     def _load_seen(self, pipe: Pipeline, entities: Sequence[str]) -> SeenIds | None:
         """The latest event ids of ``entities``, when the processor de-duplicates (pre-MULTI)."""
@@ -279,43 +309,106 @@ class EntityKind:
             timers.load(pid, [(e.decode(), int(d)) for e, d in raw])
         return timers
 
-    def _fire_timers(
+    def _load_expiries(
+        self, pipe: Pipeline, pending: Sequence[PendingRecord], marks: Sequence[int | None]
+    ) -> Expiries | None:
+        """The stored expiries that may fire, and those of the entities folded (``state_ttl``)."""
+        if self.ttl is None:
+            return None
+        last: dict[int, int] = {}
+        touched: dict[int, set[str]] = {}
+        for (record, event_type, _data, entity), mark in zip(pending, marks, strict=True):
+            group = self._group(record)
+            if mark is not None:
+                last[group] = max(mark, last.get(group, mark))
+            if event_type != WATERMARK:
+                touched.setdefault(group, set()).add(entity)
+        target = self.context.target
+        chosen = {g: sorted(names) for g, names in touched.items()}
+        return load_expiries(pipe, target.keys, self.context.slot, self.ttl, last, chosen)
+
+    def _stale_check(
         self,
-        queue: TimerQueue,
+        fired: _Fired,
         record: SourceRecord,
-        mark: int | None,
-        folded: _Folded,
-        dead: list[DeadLetter],
-    ) -> None:
-        """Fire the timers of the record's group due at its watermark, in order."""
+        event_type: str,
+        data: Mapping[str, object],
+        entity: str,
+    ) -> int | None:
+        """A record at or past its entity's expiry finds the entity expired first.
+
+        Returns:
+            The record's event time (``None``: no state TTL).
+        """
+        event_time = self.context.target.event_time
+        if fired.expiries is None or event_time is None:
+            return None
+        at = event_time_ms(data, event_time.field_of(event_type))  # judged already: it has one
         group = self._group(record)
-        for due, entity in queue.pop_due(group, mark):
-            before = folded.states.get(entity)
-            if before is None:
-                continue
-            watermark = cast("int", mark)
-            try:
-                after = timed(self.projection).on_timer(before, watermark)
-                effects = encode_effects(
-                    effects_of(
-                        self.projection, TIMER_EVENT, timer_event(watermark), before, after or {}
-                    )
-                )
-                encoded: bytes | None = None
-                contribution: Mapping[str, int] = {}
-                if after is not None:
-                    encoded, contribution = store_state(self.projection, after)
-            except Exception as exc:  # user code: the entity keeps its state, without timer
-                detail = (
-                    f"on_timer of {entity!r} (due {due}, watermark {watermark}) raised "
-                    f"{exc!r}; the entity keeps its state and has no timer until it changes"
-                )
-                dead.append(DeadLetter(record, "timer-error", detail, timer=True))
-                continue
-            folded.record(record, entity, after, encoded, contribution)
-            if self.has_effects:
-                folded.effects.extend((record, effect) for effect in effects)
-            queue.set(group, entity, self._due(after))
+        if fired.expiries.stale(group, entity, at):
+            self._expire(fired, group, entity, record)
+        return at
+
+    def _expire(self, fired: _Fired, group: int, entity: str, record: SourceRecord) -> None:
+        """The state TTL removes ``entity``: a delete (its state, contribution, own timer)."""
+        cast("Expiries", fired.expiries).forget(group, entity)
+        if fired.folded.states.get(entity) is None:
+            return
+        fired.folded.record(record, entity, None, None, {})
+        fired.outcome.expired += 1
+        if self.timers:
+            fired.queue.set(group, entity, None)
+        if fired.seen is not None:
+            fired.seen.forget(entity)
+
+    def _fire_due(self, fired: _Fired, record: SourceRecord, mark: int | None) -> None:
+        """Fire the timers and expiries of the record's group due at its watermark, in order."""
+        group = self._group(record)
+        timers = fired.queue.pop_due(group, mark) if self.timers else []
+        expiries = fired.expiries.pop_due(group, mark) if fired.expiries is not None else []
+        for due, is_expiry, entity in firing_order(timers, expiries):
+            if is_expiry:
+                self._expire(fired, group, entity, record)
+            else:
+                self._fire_timer(fired, record, group, due, entity, cast("int", mark))
+
+    def _fire_timer(
+        self,
+        fired: _Fired,
+        record: SourceRecord,
+        group: int,
+        due: int,
+        entity: str,
+        watermark: int,
+    ) -> None:
+        """One entity's own timer, due at or below ``watermark``."""
+        folded, queue = fired.folded, fired.queue
+        before = folded.states.get(entity)
+        if before is None:
+            return
+        try:
+            after = timed(self.projection).on_timer(before, watermark)
+            event = timer_event(watermark)
+            effects = encode_effects(
+                effects_of(self.projection, TIMER_EVENT, event, before, after or {})
+            )
+            encoded: bytes | None = None
+            contribution: Mapping[str, int] = {}
+            if after is not None:
+                encoded, contribution = store_state(self.projection, after)
+        except Exception as exc:  # user code: the entity keeps its state, without timer
+            detail = (
+                f"on_timer of {entity!r} (due {due}, watermark {watermark}) raised "
+                f"{exc!r}; the entity keeps its state and has no timer until it changes"
+            )
+            fired.dead.append(DeadLetter(record, "timer-error", detail, timer=True))
+            return
+        folded.record(record, entity, after, encoded, contribution)
+        if self.has_effects:
+            folded.effects.extend((record, effect) for effect in effects)
+        queue.set(group, entity, self._due(after))
+        if after is None and fired.expiries is not None:
+            fired.expiries.forget(group, entity)
 
     def _delta(
         self, pipe: Pipeline, folded: _Folded, dead: list[DeadLetter], outcome: BatchOutcome
