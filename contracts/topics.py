@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TopicSpec", "dead_letter_spec", "dead_letter_topic", "effects_spec"]
+__all__ = [
+    "RETENTION_KEYS",
+    "TopicSpec",
+    "dead_letter_spec",
+    "dead_letter_topic",
+    "effects_spec",
+]
+
+RETENTION_KEYS = ("retention.ms", "retention.bytes")
+"""The topic configs a spec's ``retention_ms`` / ``retention_bytes`` set (and only they)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,11 +29,19 @@ class TopicSpec:
         replication_factor: None: the cluster's ``default.replication.factor`` (1 on the local
             stack; 3 is usual in production, with ``min.insync.replicas`` 2).
         config: Topic configs set when the topic is created (``cleanup.policy=compact`` for
-            a topic that keeps the latest record per key).
+            a topic that keeps the latest record per key). Not retention: that is
+            ``retention_ms`` / ``retention_bytes``.
         event_time_field: An output stream's event-time field: its producing processor writes
             watermark markers to every partition with its outputs
             (:mod:`refold.contracts.watermarks`), and an event-time processor that folds it
             judges lateness per upstream stream (docs/event-time.md, "Across chains").
+        retention_ms: How long the topic keeps a record (``retention.ms``), -1 forever; None:
+            the broker's default (``log.retention.hours``, 7 days) and ``refold topics`` never
+            touches it. Set on creation, and ``refold topics`` alters an existing topic whose
+            value differs. Retention deletes the head of the log (docs/commands.md, "Topics and
+            retention").
+        retention_bytes: The most a partition keeps (``retention.bytes``), -1 no limit; None:
+            the broker's default (no limit), as ``retention_ms``.
     """
 
     name: str
@@ -34,6 +51,8 @@ class TopicSpec:
     replication_factor: int | None = None
     config: tuple[tuple[str, str], ...] = ()
     event_time_field: str | None = None
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
@@ -42,6 +61,39 @@ class TopicSpec:
         if not self.event_types:
             msg = f"topic {self.name}: no event types"
             raise ValueError(msg)
+        for field, value in (
+            ("retention_ms", self.retention_ms),
+            ("retention_bytes", self.retention_bytes),
+        ):
+            # type(), not isinstance: True is an int, and a mistake, not 1 ms.
+            if value is not None and (type(value) is not int or (value < 1 and value != -1)):
+                msg = (
+                    f"topic {self.name}: {field} must be a positive integer, or -1 for "
+                    f"unlimited, got {value!r}"
+                )
+                raise ValueError(msg)
+        declared = sorted({key for key, _ in self.config} & set(RETENTION_KEYS))
+        if declared:
+            fields = ", ".join(key.replace(".", "_") for key in declared)
+            msg = (
+                f"topic {self.name}: {', '.join(declared)} in config; declare it as {fields}= "
+                "(refold topics applies it to existing topics too)"
+            )
+            raise ValueError(msg)
+
+    @property
+    def retention(self) -> dict[str, str]:
+        """The retention configs the spec sets (``retention.ms``, ``retention.bytes``), as strings.
+
+        Empty when it sets none: the topic keeps the broker's defaults.
+        """
+        values = zip(RETENTION_KEYS, (self.retention_ms, self.retention_bytes), strict=True)
+        return {key: str(value) for key, value in values if value is not None}
+
+    @property
+    def topic_config(self) -> dict[str, str]:
+        """Every config the topic is created with: ``config`` and the retention."""
+        return {**dict(self.config), **self.retention}
 
 
 def dead_letter_topic(processor: str, custom: str | None = None) -> str:

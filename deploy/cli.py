@@ -24,6 +24,7 @@ from refold.deploy.stack_security import SCRAM_MECHANISM
 from refold.deploy.stack_status import stack_verdict
 
 if TYPE_CHECKING:
+    from refold.contracts.kafka.admin import TopicsReport
     from refold.contracts.registry import Registry
     from refold.contracts.topics import TopicSpec
 
@@ -231,15 +232,56 @@ def _cmd_topics(args: argparse.Namespace) -> int:
             if not args.sets or set(processor.topics) & chosen_names
         ]
         outputs = _processor_topics(registry, readers, chosen_names)
-        ensure_topics(kafka.as_librdkafka(), specs)
+        apply = functools.partial(
+            ensure_topics, kafka.as_librdkafka(), alter_retention=True, dry_run=args.dry_run
+        )
+        declared = apply(specs)
         # Output streams are created as a processor creates them: partitions not checked.
-        ensure_topics(kafka.as_librdkafka(), outputs, check_partitions=False)
+        written = apply(outputs, check_partitions=False)
     except (RefoldError, KafkaException) as exc:
         print(f"refold topics: {exc}", file=sys.stderr)
         return 1
-    for spec in [*specs, *outputs]:
-        print(f"{spec.name:<28} {spec.partitions:>3} partitions  key {spec.key_field}")
+    for spec, report in [(s, declared) for s in specs] + [(s, written) for s in outputs]:
+        print(_topic_line(spec, report, dry_run=args.dry_run))
+    if args.dry_run:
+        print("dry run: nothing was created or altered")
     return 0
+
+
+def _topic_line(spec: TopicSpec, report: TopicsReport, *, dry_run: bool) -> str:
+    """One topic of ``refold topics``: partitions, key, retention, and what was done to it."""
+    line = (
+        f"{spec.name:<28} {spec.partitions:>3} partitions  key {spec.key_field}  "
+        f"retention {_retention(spec)}"
+    )
+    would = "would be " if dry_run else ""
+    if spec.name in report.created:
+        line += f"  ({would}created)"
+    changes = report.changes(spec.name)
+    if changes:
+        line += f"  ({would}altered: {', '.join(map(str, changes))})"
+    return line
+
+
+def _retention(spec: TopicSpec) -> str:
+    """``7d``, ``7d or 1GiB``, ``unlimited``, ``broker default``: what a spec keeps."""
+    if spec.retention_ms is None and spec.retention_bytes is None:
+        return "broker default"
+    parts = []
+    if spec.retention_ms is not None:
+        parts.append("unlimited time" if spec.retention_ms == -1 else _duration(spec.retention_ms))
+    if spec.retention_bytes is not None:
+        size = spec.retention_bytes
+        parts.append("unlimited size" if size == -1 else f"{_exact_size(size)} per partition")
+    return " or ".join(parts)
+
+
+def _exact_size(size: int) -> str:
+    """``1GiB``, ``512MiB``, ``1500B``: the largest binary unit that divides ``size``."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
 
 
 def _processor_topics(registry: Registry, names: list[str], listed: set[str]) -> list[TopicSpec]:
@@ -413,13 +455,20 @@ def build_parser() -> argparse.ArgumentParser:
         "topics",
         help="create the topics of the installed contract sets and every topic their "
         "processors write (dead letters, insights, output streams, closed windows, late "
-        "records) where missing; check the partition counts of the others",
+        "records) where missing; check the partition counts of the others and set the "
+        "retention their specs declare where it differs",
     )
     topics.add_argument(
         "sets",
         nargs="*",
         metavar="SET",
         help="contract sets (default: all, and every processor's topics)",
+    )
+    topics.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="create and alter nothing: say which topics would be created and which "
+        "retention configs (TopicSpec.retention_ms/retention_bytes) would change",
     )
     topics.set_defaults(func=_cmd_topics)
     return parser

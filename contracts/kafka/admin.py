@@ -5,18 +5,84 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from refold.contracts.errors import RefoldError
 from refold.contracts.kafka.credentials import AuthWatch, not_answering, refused
 from refold.contracts.topics import TopicSpec
 
-__all__ = ["KafkaUnreachableError", "delete_topics", "ensure_topics"]
+__all__ = [
+    "ConfigChange",
+    "KafkaUnreachableError",
+    "TopicsReport",
+    "config_changes",
+    "delete_topics",
+    "ensure_topics",
+]
 
 _CLIENT = "the admin client (topics)"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChange:
+    """One topic config an existing topic gets from its spec: ``retention.ms 604800000 -> 1``.
+
+    Attributes:
+        topic: The topic.
+        key: The config (``retention.ms``, ``retention.bytes``).
+        old: Its value on the broker before (the broker's default when it had none of its own).
+        new: The spec's value.
+    """
+
+    topic: str
+    key: str
+    old: str | None
+    new: str
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.old} -> {self.new}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicsReport:
+    """What :func:`ensure_topics` did (or, in a dry run, would do).
+
+    Attributes:
+        created: Topics created.
+        altered: Configs changed on existing topics, in spec order.
+    """
+
+    created: tuple[str, ...] = ()
+    altered: tuple[ConfigChange, ...] = ()
+
+    def changes(self, topic: str) -> list[ConfigChange]:
+        """The changes of one topic."""
+        return [c for c in self.altered if c.topic == topic]
+
+
+def config_changes(spec: TopicSpec, current: Mapping[str, str | None]) -> list[ConfigChange]:
+    """The retention configs of ``spec`` whose value on the topic differs (pure).
+
+    Args:
+        spec: The topic's spec; a retention it does not set is left alone.
+        current: The topic's configs as the broker describes them (defaults included).
+    """
+    return [
+        ConfigChange(spec.name, key, current.get(key), value)
+        for key, value in spec.retention.items()
+        if current.get(key) != value
+    ]
 
 
 class KafkaUnreachableError(RefoldError):
@@ -32,8 +98,12 @@ def ensure_topics(
     timeout: float = 30,
     *,
     check_partitions: bool = True,
-) -> None:
+    alter_retention: bool = False,
+    dry_run: bool = False,
+) -> TopicsReport:
     """Create every topic that does not exist yet; check the partition count of those that do.
+
+    A topic is created with its spec's configs and retention (:attr:`TopicSpec.topic_config`).
 
     Args:
         kafka: librdkafka settings.
@@ -42,10 +112,17 @@ def ensure_topics(
         check_partitions: False for topics a processor only writes to (its outputs): an
             existing one is used with whatever partition count it has (the producer hashes keys
             over it; a consumer checks its own inputs).
+        alter_retention: Also set the spec's retention on existing topics whose value
+            differs (``refold topics``). A processor's start does not: a rollback to older
+            code would set the older retention back.
+        dry_run: Create and alter nothing; the report says what would be.
+
+    Returns:
+        The topics created and the configs altered (or that would be).
 
     Raises:
         RefoldError: A topic exists with another partition count (keys would map elsewhere),
-            or the broker refused to create one.
+            or the broker refused to create one or to alter its configs.
         KafkaUnreachableError: No broker answered within ``timeout``.
     """
     watch = AuthWatch()
@@ -80,15 +157,63 @@ def ensure_topics(
             # -1: the broker's default.replication.factor (KIP-464), so one setting on the
             # cluster decides, and min.insync.replicas comes from the broker too.
             replication_factor=-1 if s.replication_factor is None else s.replication_factor,
-            config=dict(s.config),
+            config=s.topic_config,
         )
         for name, s in wanted.items()
         if name not in existing
     ]
-    if not missing:
-        return
-    _create(admin, missing, timeout)
-    _wait_visible(admin, [t.topic for t in missing], timeout)
+    altered: list[ConfigChange] = []
+    if alter_retention:
+        kept = [s for name, s in wanted.items() if name in existing and s.retention]
+        altered = _retention_changes(admin, kept, timeout)
+    report = TopicsReport(tuple(t.topic for t in missing), tuple(altered))
+    if dry_run:
+        return report
+    if missing:
+        _create(admin, missing, timeout)
+        _wait_visible(admin, [t.topic for t in missing], timeout)
+    if altered:
+        _alter(admin, altered, timeout)
+    return report
+
+
+def _retention_changes(
+    admin: AdminClient, specs: list[TopicSpec], timeout: float
+) -> list[ConfigChange]:
+    """The retention configs of existing topics that differ from their specs."""
+    if not specs:
+        return []
+    resources = [ConfigResource(ResourceType.TOPIC, s.name) for s in specs]
+    described = admin.describe_configs(resources, request_timeout=timeout)
+    changes: list[ConfigChange] = []
+    for spec, resource in zip(specs, resources, strict=True):
+        try:
+            entries = described[resource].result(timeout=timeout)
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            msg = f"could not read the configs of topic {spec.name}: {exc}"
+            raise RefoldError(msg) from exc
+        changes += config_changes(spec, {k: e.value for k, e in entries.items()})
+    return changes
+
+
+def _alter(admin: AdminClient, changes: list[ConfigChange], timeout: float) -> None:
+    """Set ``changes`` (incremental: the topics' other configs stay as they are)."""
+    by_topic: dict[str, list[ConfigEntry]] = {}
+    for change in changes:
+        by_topic.setdefault(change.topic, []).append(
+            ConfigEntry(change.key, change.new, incremental_operation=AlterConfigOpType.SET)
+        )
+    resources = [
+        ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+        for topic, entries in by_topic.items()
+    ]
+    futures = admin.incremental_alter_configs(resources, request_timeout=timeout)
+    for resource in resources:
+        try:
+            futures[resource].result(timeout=timeout)
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            msg = f"could not alter the configs of topic {resource.name}: {exc}"
+            raise RefoldError(msg) from exc
 
 
 def _create(admin: AdminClient, topics: list[NewTopic], timeout: float) -> None:
