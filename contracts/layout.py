@@ -15,6 +15,12 @@ key                                         type    content
 ``<p>:<proc>:dlq:redriven``                 hash    ``<topic>/<p>@<offset>`` -> JSON: a dead
                                                     letter's record ``refold dlq redrive`` sent
                                                     back (``pending`` or ``sent``); no state
+``<p>:<proc>:dl:sent``                      hash    ``<topic>/<p>@<offset>.<n>|<reason>`` ->
+                                                    the generation that sent that dead letter (or
+                                                    late record), over every generation; field
+                                                    ``~recovered``: when it was read back from the
+                                                    dead-letter topics (a Redis found empty); no
+                                                    state: gc and resets keep it
 ``<p>:{<proc>.g<N>}:meta``                  hash    created_at, starting_offsets, fingerprints
 ``<p>:{<proc>.g<N>}:positions``             hash    ``<topic>/<partition>`` -> next offset to
                                                     apply; ``batch_id`` -> last Spark batch
@@ -476,6 +482,15 @@ class StateLayout:
     def redriven(self) -> str:
         """Hash origin -> what ``refold dlq redrive`` did with its record (every generation's)."""
         return f"{self.prefix}:{self.processor}:dlq:redriven"
+
+    @property
+    def letters_sent(self) -> str:
+        """Hash ``<origin>.<n>|<reason>`` -> generation: every dead letter sent, by any generation.
+
+        Not a generation's state (gc, resets and snapshots leave it): what went out to the
+        dead-letter and late topics stays sent whichever generation is live.
+        """
+        return f"{self.prefix}:{self.processor}:dl:sent"
 
     def generation(self, generation: int, shards: int = 0) -> GenerationKeys:
         """The keys of generation ``generation`` (sharded ``shards`` ways; 0: one hash tag)."""

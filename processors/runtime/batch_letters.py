@@ -1,9 +1,10 @@
 """A fold batch's dead letters and late side output: counted, then queued in its outbox.
 
 The letters go out in the batch's Kafka transaction
-(:mod:`refold.processors.runtime.output_transactions`), before its Redis transaction. A
-building generation does not queue the letters the live one sent already
-(:mod:`refold.processors.runtime.dead_letter_index`).
+(:mod:`refold.processors.runtime.output_transactions`), before its Redis transaction. No
+generation queues a letter another sent already (the ``dl:sent`` ledger:
+:mod:`refold.processors.runtime.dead_letter_index`); the writer records those it sent once
+their transaction is committed (:func:`~refold.processors.runtime.dead_letter_index.record_sent`).
 
 Lifecycle: pure functions of a Redis client and a target; they run where the writer runs.
 """
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 
 import redis
 
-from refold.processors.runtime.dead_letter_index import decide_letters
+from refold.processors.runtime.dead_letter_index import LetterDecision, decide_letters
 from refold.processors.runtime.dead_letters import DeadLetter, letter_message, log_letters
 from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.output_transactions import Outbox
@@ -51,41 +52,50 @@ def queue_letters(
     batch_id: int | None,
     outcome: BatchOutcome,
     outbox: Outbox,
-) -> dict[str, str]:
+) -> LetterDecision:
     """Count the dead letters and queue them and the late side output in ``outbox``.
 
     Returns:
-        The letters' entries of the generation's dead-letter index, to be written with
-        the positions. A building generation does not queue the letters the live one sent
-        already (:mod:`refold.processors.runtime.dead_letter_index`).
+        The decision: its entries of the generation's dead-letter index, to be written with
+        the positions, and its ledger entries, to be recorded once the outbox is committed.
+        No generation queues a letter another sent already
+        (:mod:`refold.processors.runtime.dead_letter_index`).
     """
     count_letters(dead, outcome)
     letters = [*dead, *late_out]
     if not letters:
-        return {}
+        return LetterDecision()
     decision = decide_letters(client, target.layout, target.generation, letters)
     outcome.suppressed_letters = decision.suppressed
     chosen = set(decision.send)
-    to_dlq = [dead[i] for i in range(len(dead)) if i in chosen]
-    to_late = [late_out[i] for i in range(len(late_out)) if i + len(dead) in chosen]
+    ranks = decision.ranks
+    to_dlq = [(dead[i], ranks[i]) for i in range(len(dead)) if i in chosen]
+    first_late = len(dead)
+    to_late = [
+        (late_out[i], ranks[first_late + i])
+        for i in range(len(late_out))
+        if first_late + i in chosen
+    ]
     if to_dlq:
         _queue(target, to_dlq, batch_id, outbox)
     if to_late:
         _queue(target, to_late, batch_id, outbox, topic=target.late_topic)
-    return decision.entries
+    return decision
 
 
 def _queue(
     target: FoldTarget,
-    dead: Iterable[DeadLetter],
+    dead: Iterable[tuple[DeadLetter, int]],
     batch_id: int | None,
     outbox: Outbox,
     topic: str | None = None,
 ) -> None:
-    """Queue records with their reason and origin headers in ``outbox``."""
+    """Queue records (with their ranks) with their reason and origin headers in ``outbox``."""
     topic = topic or target.dlq_topic
-    letters = list(dead)
-    for letter in letters:
-        value, key, headers = letter_message(letter, target.processor, target.generation)
+    ranked = list(dead)
+    for letter, rank in ranked:
+        value, key, headers = letter_message(letter, target.processor, target.generation, rank)
         outbox.add(letter.record[:3], topic, value, key, headers)
-    log_letters(letters, topic, target.processor, target.generation, batch_id)
+    log_letters(
+        [letter for letter, _rank in ranked], topic, target.processor, target.generation, batch_id
+    )

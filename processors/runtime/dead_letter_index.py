@@ -1,4 +1,4 @@
-"""Dead letters once: what a generation decided, and what a rebuild must not send again.
+"""Dead letters once: what a generation decided, and what no generation may send again.
 
 Every generation records the letters it decided, dead letters and late records alike, in its
 ``dl:letters`` hash (:attr:`~refold.contracts.layout.GenerationKeys.dead_letters`): the field
@@ -7,17 +7,25 @@ is the record's origin and the letter's rank among that record's letters
 that also fired failing timers has more), the value its reason. The hash is written in the
 transaction that moves the positions, so it holds the letters of exactly the applied records.
 
-A generation being rebuilt (``building``) reads the live generation's hash for the records
-the live generation has already applied: a letter with the same origin and reason was sent
-then, and is not sent again. A letter with another reason (the new code refuses the record
-for a new reason, or refuses a record the old code applied) is sent, and its headers name the
-building generation. Records past the live generation's positions are sent as usual, so the
-cutover loses none. A live generation written before this index existed has no entries: a
-rebuild then sends its letters, as it always did.
+What was *sent* is the processor's, not a generation's: the ``dl:sent`` ledger
+(:attr:`~refold.contracts.layout.StateLayout.letters_sent`) holds ``<field>|<reason>`` for
+every letter any generation sent (written once the letters are committed in Kafka, before the
+positions move). Every generation, live or building, skips a letter the ledger holds: a
+rebuild does not send again what the live generation sent, a rollback does not send again what
+the rolled-back-over generation sent, a live generation does not send again what an abandoned
+build sent ahead of it, and a seeded or restarted one neither. A letter with another reason
+(the new code refuses the record for a new reason, or refuses a record the old code applied)
+is sent, and its headers name the generation that sent it. A Redis that lost the ledger gets it
+back from the dead-letter topics (:mod:`refold.processors.runtime.sent_outputs`).
+
+A live generation written before the ledger existed has only its index: a building generation
+also skips the letters the live one decided for the records it has applied (same origin and
+reason), as it did before the ledger.
 
 Every engine decides the same way, through :func:`decide_letters` (the fold envelope, the
-DataFrame decode task, the archive task): it reads, before its transaction, whether its
-generation is building and what the live one decided, and writes the entries it returns with
+DataFrame decode task, the archive task): it reads, before its transaction, the ledger and
+whether its generation is building and what the live one decided, then records the letters in
+the ledger (:func:`record_sent`) once Kafka has them, and writes the entries it returns with
 its positions.
 """
 
@@ -30,6 +38,7 @@ from typing import cast
 import redis
 from confluent_kafka import Producer
 from redis.client import Pipeline
+from redis.typing import EncodableT, FieldT
 
 from refold.contracts.kafka.outputs import Deliveries
 from refold.contracts.layout import (
@@ -50,6 +59,7 @@ __all__ = [
     "decide_letters",
     "index_fields",
     "letters_to_send",
+    "record_sent",
     "send_once",
     "summarise_index",
 ]
@@ -153,15 +163,30 @@ class LetterDecision:
         send: The indices of the letters to send, in order.
         entries: Every letter's index entry (``<topic>/<p>@<offset>.<n>`` -> reason), sent or
             not: the generation decided them all.
+        ranks: Each letter's rank among its record's letters (its ``refold.letter.rank``).
+        sent: The ledger entries to add once the letters are in Kafka (``<field>|<reason>``
+            -> the generation that sent it): those sent now, and those the live generation's
+            index says it sent before the ledger existed.
     """
 
     send: list[int] = dataclass_field(default_factory=list)
     entries: dict[str, str] = dataclass_field(default_factory=dict)
+    ranks: list[int] = dataclass_field(default_factory=list)
+    sent: dict[str, str] = dataclass_field(default_factory=dict)
 
     @property
     def suppressed(self) -> int:
         """How many letters the live generation sent already."""
         return len(self.entries) - len(self.send)
+
+
+def ledger_fields(letters: Sequence[DeadLetter], fields: Sequence[str]) -> list[str]:
+    """Each letter's field in the processor's ``dl:sent`` ledger: ``<index field>|<reason>``."""
+    return [f"{field}|{letter.reason}" for field, letter in zip(fields, letters, strict=True)]
+
+
+def _rank(field: str) -> int:
+    return int(field.rpartition(".")[2])
 
 
 def decide_letters(
@@ -172,20 +197,37 @@ def decide_letters(
 ) -> LetterDecision:
     """What ``generation`` does with ``letters`` (read before the writer's transaction).
 
-    A live generation (or one with no live generation to compare with) sends them all; a
-    building one skips those the live generation sent for the same record and reason.
+    It sends those the processor's ledger does not hold (no generation sent them); a building
+    one also skips those the live generation's index holds for the same record and reason.
     """
     if not letters:
         return LetterDecision()
     fields = index_fields(letters)
-    send = list(range(len(letters)))
+    ledger = ledger_fields(letters, fields)
+    senders = cast("list[bytes | None]", client.hmget(layout.letters_sent, ledger))
+    send = [i for i, sender in enumerate(senders) if sender is None]
+    sent = {ledger[i]: str(generation) for i in send}
     live = building_against(client, layout, generation, {letter.record[:2] for letter in letters})
-    if live is not None and live[0] is not None:
+    if live is not None and live[0] is not None and send:
         raw = _live_letters(client, _keys(client, layout, live[0]), letters, fields)
         reasons = [None if r is None else r.decode() for r in raw]
-        send = letters_to_send(letters, fields, live[1], reasons)
+        by_live = set(send) - set(letters_to_send(letters, fields, live[1], reasons))
+        send = [i for i in send if i not in by_live]
+        sent.update({ledger[i]: str(live[0]) for i in by_live})
     entries = {f: letter.reason for f, letter in zip(fields, letters, strict=True)}
-    return LetterDecision(send, entries)
+    return LetterDecision(send, entries, [_rank(f) for f in fields], sent)
+
+
+def record_sent(client: redis.Redis, layout: StateLayout, decision: LetterDecision) -> None:
+    """Add the decision's letters to the ledger: call once Kafka has them (acked or committed).
+
+    Never before: a letter in the ledger is never sent again, by any generation. A crash
+    between the two leaves a letter sent and not in the ledger; the same generation's re-run
+    does not send it again (its markers, or its index), and the ledger gets it then.
+    """
+    if decision.sent:
+        mapping: dict[FieldT, EncodableT] = dict(decision.sent.items())
+        client.hset(layout.letters_sent, mapping=mapping)
 
 
 def send_once(
@@ -198,7 +240,8 @@ def send_once(
     """Decide ``letters``, send those to send to the dead-letter topic, wait for every ack.
 
     For the engines that send letters outside a Kafka transaction (the DataFrame decode task,
-    the archive task); the caller writes the decision's entries.
+    the archive task); the ledger gets them once acknowledged, the caller writes the
+    decision's entries.
 
     Raises:
         DeadLetterError: A letter was not acknowledged (the caller commits nothing).
@@ -208,9 +251,16 @@ def send_once(
     if chosen:
         sent = Deliveries(producer, f"{len(chosen)} dead letters to {target.dlq_topic}")
         produce_letters(
-            sent, target.dlq_topic, chosen, target.processor, target.generation, batch_id
+            sent,
+            target.dlq_topic,
+            chosen,
+            target.processor,
+            target.generation,
+            batch_id,
+            [decision.ranks[i] for i in decision.send],
         )
         sent.wait()
+    record_sent(client, target.layout, decision)
     return decision
 
 

@@ -25,9 +25,21 @@ from refold.contracts.origin import (
 )
 from refold.processors.fold.records import SourceRecord
 
-__all__ = ["DeadLetter", "letter_message", "log_letters", "produce_letters", "summarise_letters"]
+__all__ = [
+    "LETTER_RANK",
+    "DeadLetter",
+    "letter_message",
+    "log_letters",
+    "produce_letters",
+    "summarise_letters",
+]
 
 logger = logging.getLogger(__name__)
+
+# A letter's rank among its record's letters (0: the first; a record whose timers failed has
+# more): with the origin and the reason, what makes it one letter over every generation
+# (the ``dl:sent`` ledger, read back from the topic when Redis lost it).
+LETTER_RANK = "refold.letter.rank"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +60,17 @@ class DeadLetter:
 
 
 def letter_message(
-    letter: DeadLetter, processor: str, generation: int
+    letter: DeadLetter, processor: str, generation: int, rank: int = 0
 ) -> tuple[bytes | None, bytes | None, Headers]:
     """The ``(value, key, headers)`` a letter is sent as.
 
     The record's own key and value, and its own headers in one ``refold.headers`` header (when
-    the source read them), so ``refold dlq redrive`` can send it back as it was.
+    the source read them), so ``refold dlq redrive`` can send it back as it was. ``rank``: its
+    place among its record's letters (``refold.letter.rank``).
     """
     record = letter.record
     headers = dead_letter_headers(letter.reason, letter.detail, record[:3], processor, generation)
+    headers.append((LETTER_RANK, str(rank).encode()))
     value = record.value
     if letter.timer:  # the record was applied: the letter describes the timer
         headers.append(("refold.timer", b"1"))
@@ -118,9 +132,13 @@ def produce_letters(
     processor: str,
     generation: int,
     batch_id: int | None = None,
+    ranks: Sequence[int] | None = None,
 ) -> None:
-    """Queue ``letters`` on ``sent`` and log them; the caller waits for the acknowledgements."""
-    for letter in letters:
-        value, key, headers = letter_message(letter, processor, generation)
+    """Queue ``letters`` on ``sent`` and log them; the caller waits for the acknowledgements.
+
+    ``ranks``: each letter's rank among its record's letters (default: all 0).
+    """
+    for letter, rank in zip(letters, ranks or [0] * len(letters), strict=True):
+        value, key, headers = letter_message(letter, processor, generation, rank)
         sent.produce(topic, value, key, headers)
     log_letters(letters, topic, processor, generation, batch_id)

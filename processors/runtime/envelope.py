@@ -58,7 +58,7 @@ from refold.processors.fold.timers import (
 )
 from refold.processors.runtime.applied_positions import HoleError, check_holes, write_positions
 from refold.processors.runtime.batch_letters import queue_letters
-from refold.processors.runtime.dead_letter_index import building_against
+from refold.processors.runtime.dead_letter_index import building_against, record_sent
 from refold.processors.runtime.dead_letters import DeadLetter
 from refold.processors.runtime.fold_target import BatchOutcome, FoldTarget
 from refold.processors.runtime.intake import Intake
@@ -145,7 +145,11 @@ class FoldWriter:
             )
             writers = target.keys.writers
             self._outputs = OutputTransactions(
-                dict(target.kafka), group, lambda writer: self.redis.sadd(writers, writer)
+                dict(target.kafka),
+                group,
+                lambda writer: self.redis.sadd(writers, writer),
+                floor={(t, p): o for t, p, o in target.output_floor},
+                exempt=frozenset({target.dlq_topic, target.late_topic}),
             )
         return self._outputs
 
@@ -344,6 +348,7 @@ class FoldWriter:
         letters = queue_letters(self.redis, self.target, dead, late_out, batch_id, outcome, outbox)
         staged.send_effects(outbox)
         self._commit_outputs(outbox, new_pos)
+        record_sent(self.redis, self.target.layout, letters)  # in Kafka now: sent for good
         pipe.multi()
         staged.write(pipe)
         write_positions(
@@ -356,7 +361,7 @@ class FoldWriter:
             marks,
             links,
             batch_id,
-            letters,
+            letters.entries,
         )
         self._count(pipe, outcome)
         pipe.execute()

@@ -104,6 +104,10 @@ class FoldTarget:
             under its own hash tag.
         shard: The shard (partition id) a writer of a sharded generation writes; ``None``:
             the whole generation (:attr:`keys` then name its own keys).
+        output_floor: ``(topic, partition, offset)``: how far the processor's generations had
+            committed outputs when the query started (their marker groups in Kafka,
+            :func:`~refold.processors.runtime.sent_outputs.committed_floor`). The side
+            effects of records below it are not sent again, whatever Redis lost.
     """
 
     processor: str
@@ -130,6 +134,7 @@ class FoldTarget:
     stream_topics: tuple[str, ...] = ()
     shards: int = 0
     shard: int | None = None
+    output_floor: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def late_topic(self) -> str:

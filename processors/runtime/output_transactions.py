@@ -260,6 +260,12 @@ class OutputTransactions:
         group: The marker group (:func:`marker_group`).
         register: Called with the transactional.id before each new producer starts (the
             generation's ``writers`` set, which :func:`fence_writers` reads).
+        floor: Per source partition, how far the processor's other generations have
+            committed outputs (their marker groups, read when the query started:
+            :func:`~refold.processors.runtime.sent_outputs.committed_floor`): the outputs of
+            records below it are not sent again, as if this group's markers said so.
+        exempt: Topics the floor does not apply to (the dead-letter and late topics: their
+            letters are once per reason, through the ``dl:sent`` ledger).
     """
 
     def __init__(
@@ -267,9 +273,13 @@ class OutputTransactions:
         kafka: Mapping[str, str],
         group: str,
         register: Callable[[str], object] | None = None,
+        floor: Mapping[SourceTP, int] | None = None,
+        exempt: frozenset[str] = frozenset(),
     ) -> None:
         self.kafka = dict(kafka)
         self.group = group
+        self.floor = dict(floor or {})
+        self.exempt = exempt
         self.transactional_id = f"{group}.{uuid.uuid4().hex[:12]}"
         self._register = register
         self._producer: Producer | None = None
@@ -365,6 +375,17 @@ class OutputTransactions:
                     dropped,
                     self.group,
                 )
+            if self.floor:
+                kept = [o for o in outputs if not self._below_floor(o)]
+                if len(kept) < len(outputs):
+                    logger.info(
+                        "%d outputs of %s were committed by another generation of the "
+                        "processor (its marker groups): not sent again",
+                        len(outputs) - len(kept),
+                        self.group,
+                    )
+                dropped += len(outputs) - len(kept)
+                outputs = kept
             if not outputs:
                 return dropped
             try:
@@ -394,6 +415,12 @@ class OutputTransactions:
                 )
                 continue
             return dropped
+
+    def _below_floor(self, output: _Output) -> bool:
+        """True for an output another generation committed (:attr:`floor`)."""
+        if output.topic in self.exempt:
+            return False
+        return output.offset < self.floor.get(output.source, 0)
 
     def _commit(self, outputs: list[_Output], ends: Mapping[SourceTP, int]) -> None:
         sources = sorted({o.source for o in outputs if o.partition is None})

@@ -70,6 +70,7 @@ from refold.processors.runtime.run_plan import (
     resolve_run,
     until_redis_answers,
 )
+from refold.processors.runtime.sent_outputs import with_sent_outputs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -218,6 +219,11 @@ def run_processor(
                 logger.info("g%d is no longer live; picking again", run.generation)
                 continue
             _fence_writers(processor, run.generation)
+            # What earlier runs sent, from Kafka: a Redis that came back empty forgot it.
+            target = processor.until_redis_answers(
+                functools.partial(with_sent_outputs, processor.client, run.target)
+            )
+            run = dataclasses.replace(run, target=target)
             run, spark = _prepared(processor, run, loop.options, spark)
             outcome = run_generation(
                 projection,
