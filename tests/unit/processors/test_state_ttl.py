@@ -134,11 +134,27 @@ def test_what_expires_does_not_depend_on_how_the_topics_interleave(clicks, views
     logs = [log("clicks", clicks), log("views", views)]
     rng = random.Random(seed)
     runs = [
-        _fold(_interleave(logs, rng), lateness_ms=300, topics=("clicks", "views"))
-        for _ in range(3)
+        _fold(_interleave(logs, rng), lateness_ms=300, topics=("clicks", "views")) for _ in range(3)
     ]
     first = runs[0]
     for other in runs[1:]:
         assert other.states == first.states
         assert other.aggregate == first.aggregate
         assert other.expired == first.expired
+
+
+def test_the_worked_example_of_the_docs():
+    """docs/event-time.md, "Expiring state": lateness 2 min, TTL 10 min, one partition."""
+    minute = 60_000
+    log = [
+        _visit("web", i, user, at * minute)
+        for i, (user, at) in enumerate([("s1", 0), ("s2", 5), ("s1", 8), ("s2", 13), ("s3", 21)])
+    ]
+    ttl = StateTtl(after_ms=10 * minute)
+    after_s3 = _fold(log, lateness_ms=2 * minute, ttl=ttl)
+    assert set(after_s3.states) == {"s2", "s3"}
+    assert after_s3.expired == 1
+    assert dict(after_s3.aggregate) == {"users": 2, "visits": 3}
+    last = _fold([*log, _visit("web", 5, "s2", 24 * minute)], lateness_ms=2 * minute, ttl=ttl)
+    assert last.expired == 2
+    assert last.states["s2"] == {"visits": 1, "last": 24 * minute}
