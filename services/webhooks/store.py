@@ -1,9 +1,10 @@
 """The dispatcher's Redis side: positions, the delivery log, counters, and its lease.
 
 Keys are :class:`refold.contracts.service_keys.WebhookKeys`. A batch's outcome is committed in
-one Lua call: it checks that this process still holds the lease, then writes the next offset per
-partition, one log entry per insight and the counters. A dispatcher that lost its lease (a zombie
-after a long pause) therefore never moves positions under the one that took over.
+one Lua call: it checks that this process still holds the lease (taking it again when it is
+gone: a Redis that restarted empty), then writes the next offset per partition, one log entry
+per insight and the counters. A dispatcher that lost its lease (a zombie after a long pause)
+therefore never moves positions under the one that took over.
 
 Lifecycle: one :class:`WebhookStore` per dispatcher; the redis-py client it is given may be
 shared between threads (its connection pool is thread-safe).
@@ -39,10 +40,23 @@ logger = logging.getLogger(__name__)
 # dispatcher stops; the batch stays uncommitted, so a restart delivers it again.
 _COMMIT_PATIENCE_S = 120.0
 
+# Both scripts first check the lease: 0 when another dispatcher holds it. A lease that is gone
+# (Redis restarted empty or was flushed; or it expired and nobody took it) is taken again, as
+# the renewer does: else the dispatcher stopped at its next commit, and its delivered but
+# uncommitted insights went out again after a restart.
+_HOLD_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[#ARGV])
+elseif holder ~= ARGV[1] then
+  return 0
+end
+"""
 # KEYS: lease, positions, log, counters. ARGV: owner, maxlen, positions, counters, entries
-# (JSON: {field: "offset"}, {name: n}, [[field, value, ...], ...]). 0 when the lease is not ours.
-_COMMIT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+# (JSON: {field: "offset"}, {name: n}, [[field, value, ...], ...]), lease TTL (ms).
+_COMMIT = (
+    _HOLD_LEASE
+    + """
 for field, offset in pairs(cjson.decode(ARGV[3])) do
   redis.call('HSET', KEYS[2], field, offset)
 end
@@ -54,14 +68,18 @@ for _, entry in ipairs(cjson.decode(ARGV[5])) do
 end
 return 1
 """
-# KEYS: lease, positions. ARGV: owner, {field: "offset"}: set only the fields not set yet.
-_INIT_POSITIONS = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+)
+# KEYS: lease, positions. ARGV: owner, {field: "offset"}: set only the fields not set yet,
+# lease TTL (ms).
+_INIT_POSITIONS = (
+    _HOLD_LEASE
+    + """
 for field, offset in pairs(cjson.decode(ARGV[2])) do
   redis.call('HSETNX', KEYS[2], field, offset)
 end
 return 1
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +191,9 @@ class WebhookStore:
         encoded = json.dumps({position_field(t, p): str(o) for (t, p), o in start.items()})
         self._run(
             "storing starting positions",
-            lambda: self._init(keys=[lease.key, self.keys.positions], args=[lease.owner, encoded]),
+            lambda: self._init(
+                keys=[lease.key, self.keys.positions], args=[lease.owner, encoded, LEASE_TTL_MS]
+            ),
         )
 
     def commit(
@@ -195,6 +215,7 @@ class WebhookStore:
             json.dumps({position_field(t, p): str(o) for (t, p), o in positions.items()}),
             json.dumps({k: v for k, v in counters.items() if v}),
             json.dumps([e.flat() for e in entries]),
+            str(LEASE_TTL_MS),
         ]
         keys = [lease.key, self.keys.positions, self.keys.log, self.keys.counters]
         self._run("committing a batch", lambda: self._commit(keys=keys, args=args))
