@@ -150,3 +150,17 @@ class StackSettings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     state_dir: Path = Path(".state")
+    # REFOLD_ARCHIVE_ROOT: where the archive is (default <state dir>/archive). The archive
+    # processor writes there, and reads below a partition's log start take records from it.
+    archive_root: Path | None = None
+
+    @property
+    def archive_dir(self) -> Path:
+        """The archive's directory: ``archive_root``, else ``<state dir>/archive``."""
+        return self.archive_root or self.state_dir / "archive"
+
+    def cold_tier(self) -> Path | None:
+        """The archive that serves reads below the log start, if one is there (DESIGN 20)."""
+        from refold.contracts.archive_coverage import ArchiveLedger
+
+        return self.archive_dir if ArchiveLedger(self.archive_dir).is_archive() else None

@@ -139,6 +139,7 @@ class _Control:
             allow_data_loss=request.allow_data_loss,
             scan_limit=request.scan_limit,
             accept_dead_letters=request.accept_dead_letters,
+            archive_root=self.settings.cold_tier(),
         )
         return plan.as_dict()
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from refold.contracts.archive_coverage import CoveredRanges, Span
 from refold.contracts.kafka.offsets_json import to_offsets_json
 from refold.replay.errors import PlanError
 from refold.replay.reset_specs import (
@@ -71,6 +72,8 @@ class PartitionPlan:
         note: Why the target differs from what was asked, if it does.
         seed_position: Where a seeded rebuild really starts folding (the snapshot's position,
             at or before the target); None when the new generation starts empty.
+        archived: The ranges of the partition the archive holds every record of (the log's
+            cold tier): a rebuild folds ``[begin, log_start)`` from there when they cover it.
     """
 
     topic: str
@@ -81,6 +84,19 @@ class PartitionPlan:
     log_end: int
     note: str = ""
     seed_position: int | None = None
+    archived: CoveredRanges = field(default_factory=CoveredRanges)
+
+    @property
+    def from_archive(self) -> int:
+        """Records below the log start that the rebuild reads from the archive."""
+        return max(0, self.log_start - self.begin)
+
+    @property
+    def lost(self) -> list[Span]:
+        """Offsets the rebuild would fold that neither the log nor the archive has."""
+        if self.begin >= self.log_start:
+            return []
+        return self.archived.gaps(self.begin, self.log_start)
 
     @property
     def begin(self) -> int:
@@ -189,6 +205,8 @@ class ReplayPlan:
                     "log_end": r.log_end,
                     "begin": r.begin,
                     "events": r.events,
+                    "from_archive": r.from_archive,
+                    "archived": [list(span) for span in r.archived.ranges],
                     "note": r.note,
                 }
                 for r in self.partitions
@@ -213,16 +231,20 @@ class ReplayPlan:
         live = "none" if self.live_generation is None else f"g{self.live_generation}"
         lines = [
             f"replay plan for {self.processor} ({self.spec}); live generation: {live}",
-            f"{'TOPIC':<28} {'PART':>4} {'CURRENT':>10} {'TARGET':>10} {'LOG-END':>10} "
-            f"{'TO REPROCESS':>12}  NOTE",
+            f"{'TOPIC':<28} {'PART':>4} {'CURRENT':>10} {'TARGET':>10} {'ARCHIVE':>14} "
+            f"{'LOG-START':>10} {'LOG-END':>10} {'TO REPROCESS':>12}  NOTE",
         ]
         for row in self.partitions:
             current = "-" if row.current is None else str(row.current)
             lines.append(
                 f"{row.topic:<28} {row.partition:>4} {current:>10} {row.target:>10} "
-                f"{row.log_end:>10} {row.events:>12}  {row.note}"
+                f"{_archive_column(row):>14} {row.log_start:>10} {row.log_end:>10} "
+                f"{row.events:>12}  {row.note}"
             )
-        lines.append(f"{'total':<28} {'':>4} {'':>10} {'':>10} {'':>10} {self.total_events:>12}")
+        lines.append(
+            f"{'total':<28} {'':>4} {'':>10} {'':>10} {'':>14} {'':>10} {'':>10} "
+            f"{self.total_events:>12}"
+        )
         if self.seed is not None:
             lines.append(
                 f"seeded from snapshot {self.seed.name}: each partition folds from the "
@@ -239,6 +261,12 @@ class ReplayPlan:
         return "\n".join(lines)
 
 
+def _archive_column(row: PartitionPlan) -> str:
+    """The archive's range that holds the partition's head: ``first-end`` (end exclusive)."""
+    below = [s for s in row.archived.ranges if s[0] < row.log_start]
+    return "-" if not below else f"{below[0][0]}-{below[-1][1]}"
+
+
 def build_plan(
     processor: str,
     spec: ResetSpec,
@@ -249,6 +277,7 @@ def build_plan(
     *,
     at_time: Mapping[TopicPartition, int] | None = None,
     allow_data_loss: bool = False,
+    archived: Mapping[TopicPartition, CoveredRanges] | None = None,
 ) -> ReplayPlan:
     """Resolve a reset spec against the log.
 
@@ -265,14 +294,16 @@ def build_plan(
         scope: From :func:`parse_scope`; None = every partition.
         at_time: For time specs: the first offset at or after the time, per partition.
         allow_data_loss: Clamp targets below the log start instead of refusing.
+        archived: The archive's covered ranges per partition (the log's cold tier): a target
+            below the log start is kept when they cover it up to the log start.
 
     Returns:
         The plan. Targets past the log end are clamped to it, with a note, as Kafka's tool does.
 
     Raises:
         PlanError: The scope names an unknown topic or partition, the file names partitions
-            the processor does not read, or a target lies below the log start (records gone)
-            without ``allow_data_loss``.
+            the processor does not read, or a target lies below the log start (records gone,
+            and not in the archive) without ``allow_data_loss``.
     """
     _check_scope(processor, spec, bounds, scope)
     rows = []
@@ -288,21 +319,31 @@ def build_plan(
             else None
         )
         note = ""
+        covered = (archived or {}).get(tp, CoveredRanges())
+        if wanted is not None and isinstance(spec, ToEarliest):
+            wanted = covered.earliest_before(log_start)  # all of history: the archive's too
+        gaps = covered.gaps(wanted, log_start) if wanted is not None and wanted < log_start else []
         if wanted is None:
             target = log_start
             note = ("not in the offsets file" if in_scope else "outside --topic scope") + (
                 ": from earliest (a new generation starts empty)"
             )
+        elif wanted < log_start and not gaps:
+            target, note = wanted, f"{wanted}..{log_start - 1} from the archive, then the log"
         elif wanted < log_start:
             if not allow_data_loss:
-                lost.append(f"{topic}/{partition}: {wanted} < log start {log_start}")
+                missing = ", ".join(f"{s}..{e - 1}" for s, e in gaps)
+                in_archive = f" (the archive lacks {missing})" if covered.ranges else ""
+                lost.append(f"{topic}/{partition}: {wanted} < log start {log_start}{in_archive}")
             target, note = log_start, f"clamped up from {wanted}: records before are gone"
         elif wanted > log_end:
             target, note = log_end, f"clamped down from {wanted} to the log end"
         else:
             target = wanted
         rows.append(
-            PartitionPlan(topic, partition, current.get(tp), target, log_start, log_end, note)
+            PartitionPlan(
+                topic, partition, current.get(tp), target, log_start, log_end, note, None, covered
+            )
         )
     if lost:
         msg = (

@@ -51,6 +51,7 @@ def _plan_one(
         allow_data_loss=args.allow_data_loss,
         scan_limit=args.scan_limit,
         accept_dead_letters=args.accept_dead_letters,
+        archive_root=settings.cold_tier(),
     )
     if args.export:
         print(plan.export_csv(), end="")

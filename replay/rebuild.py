@@ -37,6 +37,7 @@ from typing import cast
 
 import redis
 
+from refold.contracts.archive_coverage import ArchiveLedger, CoveredRanges
 from refold.contracts.codec import EventCodec
 from refold.contracts.kafka.offsets import LogOffsets
 from refold.contracts.process_group import GroupProcess
@@ -112,6 +113,16 @@ def _bounds(offsets: LogOffsets, topics: list[str]) -> dict[tuple[str, int], tup
     return {tp: (starts[tp], ends[tp]) for tp in tps}
 
 
+def _archived(
+    root: Path | None, bounds: dict[tuple[str, int], tuple[int, int]]
+) -> dict[tuple[str, int], CoveredRanges]:
+    """What the archive covers of each partition whose log starts past offset 0."""
+    if root is None:
+        return {}
+    ledger = ArchiveLedger(root, fsync=False)
+    return {tp: ledger.read(*tp) for tp, (start, _end) in bounds.items() if start > 0}
+
+
 def plan_replay(
     spec: ProcessorSpec,
     reset: ResetSpec,
@@ -123,6 +134,7 @@ def plan_replay(
     allow_data_loss: bool = False,
     scan_limit: int = 1_000_000,
     accept_dead_letters: bool = False,
+    archive_root: Path | None = None,
 ) -> ReplayPlan:
     """Gather log offsets and live positions, build the plan and validate it (reads only).
 
@@ -136,6 +148,8 @@ def plan_replay(
         allow_data_loss: Clamp targets below the log start instead of refusing.
         scan_limit: Records whose writer fingerprint is checked (0: no scan).
         accept_dead_letters: Unknown fingerprints and non-Avro records do not fail the plan.
+        archive_root: The archive that serves offsets below the log start (the log's cold
+            tier, ``StackSettings.cold_tier()``); None: none.
 
     Returns:
         The plan, seeded from the best snapshot when it needs one, with its checks.
@@ -170,6 +184,7 @@ def plan_replay(
         scope,
         at_time=at_time,
         allow_data_loss=allow_data_loss,
+        archived=_archived(archive_root, bounds),
     )
     if plan.needs_state:
         snapshot = SnapshotStore(registry).best_for(

@@ -235,15 +235,21 @@ def decode_check(
 def retention_check(plan: ReplayPlan) -> PlanCheck:
     """Targets inside ``[log start, log end]``; reports clamped partitions."""
     clamped = [f"{r.topic}/{r.partition}: {r.note}" for r in plan.partitions if "clamped" in r.note]
-    begins_gone = [f"{r.topic}/{r.partition}" for r in plan.partitions if r.begin < r.log_start]
+    begins_gone = [f"{r.topic}/{r.partition}" for r in plan.partitions if r.lost]
     if begins_gone:
         return PlanCheck(
             "retention",
             False,
-            "the snapshot's positions are below the log start on " + ", ".join(begins_gone),
+            "the snapshot's positions are below the log start, and not in the archive, on "
+            + ", ".join(begins_gone),
             "use a newer snapshot, or --to-earliest",
         )
-    detail = "every target is retained in the log"
+    archived = sum(r.from_archive for r in plan.partitions)
+    detail = (
+        f"{archived} records below the log start come from the archive, the rest from the log"
+        if archived
+        else "every target is retained in the log"
+    )
     if clamped:
         detail += " (clamped: " + "; ".join(clamped) + ")"
     return PlanCheck("retention", True, detail)

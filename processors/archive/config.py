@@ -22,8 +22,8 @@ __all__ = ["ARCHIVE", "ArchiveOptions"]
 
 
 def _default_root() -> Path:
-    """``<state dir>/archive``: the state directory the stack's settings name."""
-    return StackSettings().state_dir / "archive"
+    """``$REFOLD_ARCHIVE_ROOT``, else ``<state dir>/archive`` (the stack's settings)."""
+    return StackSettings().archive_dir
 
 
 class ArchiveOptions(ProcessorOptions):
@@ -31,7 +31,8 @@ class ArchiveOptions(ProcessorOptions):
 
     Attributes:
         root: The archive's directory; on a cluster, storage every executor mounts at this
-            path (default ``$REFOLD_STATE_DIR/archive``).
+            path (default ``$REFOLD_ARCHIVE_ROOT``, else ``$REFOLD_STATE_DIR/archive``, where
+            replays read what the log no longer has).
         compression: Parquet codec. zstd: about half the size of snappy on these events, and
             read by pyarrow, DuckDB and Spark alike.
         fsync: Flush every file to disk before its batch's positions move (off only where a

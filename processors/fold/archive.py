@@ -18,7 +18,13 @@ and maps as structs, lists and maps, nullable unions as nullable columns; the wa
 :mod:`refold.processors.fold.avro_types`'s), then where the row comes from
 (:data:`META_COLUMNS`): ``kafka_topic``, ``kafka_partition``, ``kafka_offset``,
 ``kafka_timestamp``, ``kafka_key`` and the writer's ``schema_version``. So "the archive equals
-the log, event for event" is checkable by ``(topic, partition, offset)``.
+the log, event for event" is checkable by ``(topic, partition, offset)``. And what a replay
+needs to hand a record over as Kafka would (the archive is the log's cold tier, DESIGN.md
+decision 20): ``kafka_value`` (the record's bytes), ``kafka_headers`` and
+``kafka_timestamp_type``. A record that is no event of an archivable type (it does not decode,
+its type has no Parquet form, a watermark marker) is kept in the bookkeeping table
+:data:`RAW_TABLE` with the meta columns only, so every record of a covered range is in exactly
+one file.
 
 The redundancy rule (:func:`redundant`): in one directory, a file whose range lies within
 another file's range of the same partition holds nothing that file lacks, and is deleted. It
@@ -59,10 +65,12 @@ from refold.processors.fold.avro_types import (
 __all__ = [
     "DATE_PREFIX",
     "META_COLUMNS",
+    "RAW_TABLE",
     "ArchiveProcessor",
     "ArchiveSchemaError",
     "ArchiveTable",
     "Coverage",
+    "RecordBytes",
     "arrow_type",
     "date_dir",
     "day_of",
@@ -81,8 +89,18 @@ META_COLUMNS: tuple[pa.Field, ...] = (
     pa.field("kafka_offset", pa.int64(), nullable=False),
     pa.field("kafka_timestamp", pa.timestamp("ms", tz="UTC")),  # null: the broker gave none
     pa.field("kafka_key", pa.binary()),
-    pa.field("schema_version", pa.int32(), nullable=False),  # the writer schema's version
+    pa.field("schema_version", pa.int32(), nullable=False),  # the writer schema's version; 0: none
+    # What the log held, for a replay from the archive (null in files written before them).
+    pa.field("kafka_value", pa.binary()),
+    pa.field(
+        "kafka_headers",
+        pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
+    ),
+    pa.field("kafka_timestamp_type", pa.int8()),
 )
+# The table of records that are no archivable event (see the module's docstring). Its name
+# starts with "_": readers of the event tables and the maintenance commands skip it.
+RAW_TABLE = "_raw"
 _META_NAMES = frozenset(f.name for f in META_COLUMNS)
 _DAY_MS = 86_400_000
 _EPOCH = dt.date(1970, 1, 1)
@@ -276,6 +294,13 @@ class ArchiveTable:
             tuple(conversions),
         )
 
+    @classmethod
+    def raw(cls) -> ArchiveTable:
+        """The :data:`RAW_TABLE`: the meta columns only, dated by the Kafka timestamp."""
+        return cls(
+            RAW_TABLE, pa.schema(META_COLUMNS, metadata={"refold.event_type": RAW_TABLE}), None
+        )
+
     def date_of(self, event: Mapping[str, Any], kafka_timestamp: int) -> str:
         """The event's date: its time field's UTC date, else its Kafka timestamp's.
 
@@ -292,13 +317,15 @@ class ArchiveTable:
         event: dict[str, Any],
         origin: tuple[str, int, int, int, bytes | None],
         schema_version: int,
+        record: RecordBytes | None = None,
     ) -> dict[str, Any]:
         """The row of one decoded event (the dict is completed in place and returned).
 
         Args:
             event: The decoded event (fastavro's dict; extended with the meta columns).
             origin: ``(topic, partition, offset, kafka timestamp ms, key)``.
-            schema_version: The writer schema's version.
+            schema_version: The writer schema's version (0: the record is no event).
+            record: What the log held besides (None: not kept, as in older files).
         """
         for name, conversion in self.conversions:
             event[name] = convert(event.get(name), conversion)
@@ -309,7 +336,23 @@ class ArchiveTable:
         event["kafka_timestamp"] = timestamp or None
         event["kafka_key"] = key
         event["schema_version"] = schema_version
+        if record is not None:
+            event["kafka_value"] = record.value
+            event["kafka_headers"] = [
+                {"key": k, "value": v.encode() if isinstance(v, str) else v}
+                for k, v in record.headers
+            ]
+            event["kafka_timestamp_type"] = record.timestamp_type
         return event
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBytes:
+    """What the log held of a record besides its place: a replay hands it over from these."""
+
+    value: bytes | None
+    headers: tuple[tuple[str, str | bytes | None], ...] = ()
+    timestamp_type: int = 1
 
 
 # -- file names and the redundancy rule ----------------------------------------------------------

@@ -35,6 +35,10 @@ class SourceRecord(NamedTuple):
         timestamp: The record's Kafka timestamp, epoch milliseconds (CreateTime as the producer
             set it, or LogAppendTime), 0 when the broker gave none. Event-time processing reads
             the processor's own event-time field; this one is the log's clock.
+        origin: The ``refold.origin`` header's value (a processor's output), if any.
+        headers: The record's headers.
+        timestamp_type: Kafka's timestamp type: 1 CreateTime, 2 LogAppendTime, 0 none (the
+            archive keeps it, so a replay from the archive hands the record over as Kafka did).
     """
 
     topic: str
@@ -45,11 +49,12 @@ class SourceRecord(NamedTuple):
     timestamp: int = 0
     origin: str | None = None
     headers: tuple[tuple[str, str | bytes | None], ...] | None = None
+    timestamp_type: int = 1
 
     @classmethod
     def of_message(cls, message: KafkaMessage) -> SourceRecord:
         """The fold record of a consumed confluent-kafka message."""
-        _kind, timestamp = message.timestamp()
+        kind, timestamp = message.timestamp()
         origin = None
         raw = message.headers() or ()
         headers = tuple(raw.items() if isinstance(raw, dict) else raw)
@@ -65,4 +70,5 @@ class SourceRecord(NamedTuple):
             max(timestamp, 0),  # -1 when the broker sent none (TIMESTAMP_NOT_AVAILABLE)
             origin,
             headers,
+            kind,
         )

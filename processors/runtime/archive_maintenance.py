@@ -27,7 +27,14 @@ from refold.contracts.progress import progress_bar
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.watermarks import is_marker
-from refold.processors.fold.archive import ArchiveTable, Coverage, date_dir, overlapping, redundant
+from refold.processors.fold.archive import (
+    ArchiveTable,
+    Coverage,
+    RecordBytes,
+    date_dir,
+    overlapping,
+    redundant,
+)
 from refold.processors.fold.records import SourceRecord
 from refold.processors.runtime.archive_sink import ArchivePlan
 from refold.processors.runtime.archive_store import ArchiveStore, unify
@@ -146,7 +153,8 @@ def _read_dates(
                 continue
             origin = (record.topic, record.partition, record.offset, record.timestamp, record.key)
             group = rows[event.event_type, date]
-            group.append(table.row(event.data, origin, event.writer.version))
+            kept = RecordBytes(record.value, record.headers or (), record.timestamp_type)
+            group.append(table.row(event.data, origin, event.writer.version, kept))
             if len(group) >= _ROWS_PER_BATCH:
                 out[event.event_type, date].append(
                     pa.RecordBatch.from_pylist(group, schema=table.schema)

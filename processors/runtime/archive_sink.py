@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
+from refold.contracts.archive_coverage import CoveredRanges
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import DeserializationError
 from refold.contracts.layout import position_field
@@ -57,6 +58,7 @@ from refold.processors.fold.archive import (
     ArchiveSchemaError,
     ArchiveTable,
     Coverage,
+    RecordBytes,
     date_dir,
 )
 from refold.processors.fold.records import SourceRecord
@@ -171,30 +173,57 @@ def _decode_into(
 ) -> bool:
     """Decode one record into its group; a dead letter (False) when it does not decode.
 
-    A watermark marker of an output stream is no event: not archived, not a dead letter.
+    A watermark marker of an output stream is no event: not archived as one, not a dead
+    letter. It, and a record that goes to the dead-letter topic, is kept in the raw table
+    (:data:`~refold.processors.fold.archive.RAW_TABLE`): a replay from the archive hands
+    every record of a range over, as Kafka would.
     """
     if is_marker(record.headers):
+        _add_row(groups, _RAW, {}, record, 0)
         return False
     try:
         event = writer.plan.codec.decode(record.value)
     except DeserializationError as exc:
         dead.append((record, exc))
+        _add_row(groups, _RAW, {}, record, 0)
         return False
     except Exception as exc:  # the codec's own guard missed a kind: still this record only
         dead.append((record, DeserializationError("undecodable", repr(exc), record.value)))
+        _add_row(groups, _RAW, {}, record, 0)
         return False
     try:
         table = writer.table(event.event_type)
     except ArchiveSchemaError as exc:  # a type outside the archive's own, with no Parquet form
         dead.append((record, DeserializationError("unarchivable", str(exc), record.value)))
+        _add_row(groups, _RAW, {}, record, 0)
         return False
-    date = table.date_of(event.data, record.timestamp)
-    group = groups.get((event.event_type, date))
-    if group is None:
-        group = groups[event.event_type, date] = _Group(table)
-    origin = (record.topic, record.partition, record.offset, record.timestamp, record.key)
-    group.add(table.row(event.data, origin, event.writer.version))
+    _add_row(groups, table, event.data, record, event.writer.version)
     return True
+
+
+def _cover(start: int, end: int, covered: CoveredRanges) -> CoveredRanges:
+    return covered.add(start, end)
+
+
+# The table of the records that are no archivable event (made once).
+_RAW = ArchiveTable.raw()
+
+
+def _add_row(
+    groups: dict[tuple[str, str], _Group],
+    table: ArchiveTable,
+    data: dict[str, Any],
+    record: SourceRecord,
+    schema_version: int,
+) -> None:
+    """Add the row of ``record`` (decoded as ``data``) to its (table, date) group."""
+    date = table.date_of(data, record.timestamp)
+    group = groups.get((table.event_type, date))
+    if group is None:
+        group = groups[table.event_type, date] = _Group(table)
+    origin = (record.topic, record.partition, record.offset, record.timestamp, record.key)
+    kept = RecordBytes(record.value, record.headers or (), record.timestamp_type)
+    group.add(table.row(data, origin, schema_version, kept))
 
 
 def _send_dead_letters(
@@ -278,6 +307,9 @@ def archive_ranges(plan: ArchivePlan, ranges: tuple[Range, ...], batch_id: int) 
         for (event_type, date), group in sorted(mine.items()):
             store.write(date_dir(root, event_type, date), coverage, group.to_table())
             outcome.files += 1
+        # Every record of the range is in a file now, whatever it was: the range is covered
+        # (a replay below the log start may read it; reconcile cuts it back with the files).
+        store.ledger.update(topic, partition, functools.partial(_cover, begin, end))
     entries: dict[str, str] = {}
     if dead:
         outcome.undecodable = len(dead)

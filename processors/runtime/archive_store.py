@@ -11,7 +11,12 @@ names starting with ``_``):
   the directories it writes to, recorded before its first file. When the writer's next attempt
   finds the position still at that range's start, the files it may have left (orphans: written,
   never committed) can only be in those directories;
-* ``maintenance.lock``: held by backfill and compaction (one at a time).
+* ``maintenance.lock``: held by backfill and compaction (one at a time);
+* ``covered/<topic>~p<partition>.json``: the ranges of the partition whose every record is in a
+  file (:class:`~refold.contracts.archive_coverage.ArchiveLedger`), cut back with the files.
+
+Besides the event tables, ``_raw/`` holds the records that are no archivable event (see
+:data:`~refold.processors.fold.archive.RAW_TABLE`), laid out like a table.
 
 Every file is written under a hidden temporary name (``.<name>.<random>.tmp``: pyarrow, Spark and
 a ``*.parquet`` glob skip it) and renamed into place, so readers never see half a file.
@@ -41,8 +46,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from refold.contracts.archive_coverage import ARCHIVE_META_DIR, ArchiveLedger
 from refold.processors.errors import ProcessorConfigError, ProcessorError
-from refold.processors.fold.archive import Coverage, date_dir, parse_date_dir, redundant
+from refold.processors.fold.archive import (
+    RAW_TABLE,
+    Coverage,
+    date_dir,
+    parse_date_dir,
+    redundant,
+)
 
 __all__ = [
     "ArchiveBusyError",
@@ -56,7 +68,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-META_DIR = "_refold"
+META_DIR = ARCHIVE_META_DIR
 _TMP = re.compile(r"^\.(?P<name>.+\.parquet)\.[0-9a-f]+\.tmp$")
 
 
@@ -163,11 +175,16 @@ class ArchiveStore:
             return []
         return sorted(d for p in table.iterdir() if (d := parse_date_dir(p.name)) is not None)
 
-    def date_dirs(self) -> Iterator[tuple[str, str, Path]]:
-        """Every ``(event type, date, directory)`` of the archive."""
-        for event_type in self.tables():
+    def date_dirs(self, *, raw: bool = False) -> Iterator[tuple[str, str, Path]]:
+        """Every ``(event type, date, directory)`` of the archive (``raw``: and the raw table's)."""
+        for event_type in [*self.tables(), *([RAW_TABLE] if raw else [])]:
             for date in self.dates(event_type):
                 yield event_type, date, date_dir(self.root, event_type, date)
+
+    @property
+    def ledger(self) -> ArchiveLedger:
+        """Which ranges of each partition the files cover entirely."""
+        return ArchiveLedger(self.root, self.fsync)
 
     @staticmethod
     def files(directory: Path) -> list[tuple[Coverage, Path]]:
@@ -300,6 +317,8 @@ class ArchiveStore:
         is the intent's end (it did), and every directory otherwise.
         """
         done = Reconciled()
+        # Nothing past the applied position is committed: neither the files nor the coverage.
+        self.ledger.update(topic, partition, lambda covered: covered.cut(applied))
         intent = self.read_intent(topic, partition)
         if intent is not None and applied == intent.end:
             return done
@@ -307,7 +326,7 @@ class ArchiveStore:
             dirs = [self.root / d for d in intent.dirs]
         else:
             done.full_scan = True
-            dirs = [d for _t, _d, d in self.date_dirs()]
+            dirs = [d for _t, _d, d in self.date_dirs(raw=True)]
         for directory in dirs:
             for cov, path in self.temporaries(directory):
                 if (cov.topic, cov.partition) == (topic, partition) and cov.end > applied:

@@ -38,6 +38,7 @@ from refold.contracts.registry import Registry, default_registry, import_referen
 from refold.contracts.settings import StackSettings
 from refold.contracts.topics import TopicSpec, dead_letter_topic
 from refold.processors.errors import ProcessorConfigError
+from refold.processors.fold.archive import is_archive_processor
 from refold.processors.fold.projection import Projection
 from refold.processors.runtime.checkpoints import checkpoint_root
 from refold.processors.runtime.code_identity import build_fingerprints
@@ -172,6 +173,11 @@ def build_job(
         source_format=options.source_format,
         dead_letter_topic=options.dead_letter_topic,
         windows_topic=options.windows_topic,
+        # The archive is the cold tier: it never reads below the log start from itself; Spark's
+        # JVM source cannot read it (it fails below the log start, as it always did).
+        archive_root=""
+        if is_archive_processor(projection) or options.source_format == "kafka"
+        else run.archive_root,
     )
     return ProcessorJob(spec, projection, _topics(spec, options, registry), run)
 
@@ -249,6 +255,7 @@ def _jobs(args: argparse.Namespace, settings: ProcessSettings) -> list[Processor
         starting_offsets=args.starting_offsets,
         available_now=args.available_now,
         accept_code_change=args.accept_code_change,
+        archive_root=str(settings.cold_tier() or ""),
     )
     jobs = []
     for name in names:

@@ -292,7 +292,9 @@ class FoldWriter:
                 extra={"topic": topic, "partition": partition, "batch_id": batch_id},
             )
         options = SourceOptions(
-            kafka=self.target.kafka, topics=tuple(sorted({s[0] for s in spans}))
+            kafka=self.target.kafka,
+            topics=tuple(sorted({s[0] for s in spans})),
+            archive_root=self.target.archive_root,
         )
         outcome = BatchOutcome()
         for chunk in read_messages(options, tuple(spans), slot="refill"):

@@ -84,6 +84,8 @@ class FoldTarget:
             (the file edited under the running process) refuses to write ("": unchecked).
         declared_code: What the processor's spec declares about its code (its fingerprint
             covers it): a worker recomputes the fingerprint with it.
+        archive_root: The archive whose files serve the records below a partition's log
+            start (:mod:`refold.processors.runtime.cold_tier`); "": none.
         created_at: The generation's ``created_at`` (registry meta). It names the output
             streams, so a generation number that gc frees and a new generation takes again
             starts new streams and markers.
@@ -126,6 +128,7 @@ class FoldTarget:
     topics: tuple[str, ...] = ()
     code_fingerprint: str = ""
     declared_code: DeclaredCode = NOTHING_DECLARED
+    archive_root: str = ""
     dedupe: EventId | None = None
     state_ttl: StateTtl | None = None
     created_at: str = ""

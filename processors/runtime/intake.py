@@ -401,7 +401,9 @@ class Intake:
         if not spans:
             return
         options = SourceOptions(
-            kafka=self.target.kafka, topics=tuple(sorted({s[0] for s in spans}))
+            kafka=self.target.kafka,
+            topics=tuple(sorted({s[0] for s in spans})),
+            archive_root=self.target.archive_root,
         )
         for chunk in read_messages(options, tuple(spans), slot="learn"):
             records = [SourceRecord.of_message(m) for m in chunk]

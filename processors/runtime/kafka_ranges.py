@@ -16,10 +16,12 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from refold.contracts.archive_coverage import ArchiveLedger
 from refold.contracts.kafka.consumers import passive_consumer
 from refold.contracts.kafka.offsets import LogOffsets, TopicPartitionKey
 from refold.contracts.kafka.offsets_json import parse_offsets_json
@@ -86,6 +88,7 @@ class SourceOptions:
     max_tasks: int | None = None
     min_records_per_task: int = _MIN_RECORDS_PER_TASK
     poll_timeout_s: float = 120.0
+    archive_root: str = ""
 
     @property
     def tasks(self) -> TaskPlan:
@@ -126,6 +129,7 @@ class SourceOptions:
             max_tasks=int(tasks) if tasks else None,
             min_records_per_task=int(min_per_task) if min_per_task else _MIN_RECORDS_PER_TASK,
             poll_timeout_s=float(lowered.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
+            archive_root=lowered.get("archiveroot", ""),
         )
 
 
@@ -245,9 +249,17 @@ def read_messages(
             is suspended (a task's writer folds a lost range again in the middle of the task's
             own read), and a consumer has one assignment at a time.
 
+    With ``options.archive_root``, the records of a range below its partition's log start
+    (deleted by retention) are read from the archive, the log's cold tier
+    (:func:`~refold.processors.runtime.cold_tier.read_archived`), then the rest from Kafka:
+    the same records, in the same order.
+
     Raises:
-        RuntimeError: Records below a range's start are gone (with ``failOnDataLoss``), a
-            broker error, or no progress within the poll timeout (Spark retries the task).
+        RuntimeError: Records below a range's start are gone (with ``failOnDataLoss``, and not
+            in the archive), a broker error, or no progress within the poll timeout (Spark
+            retries the task).
+        ColdTierError: The archive does not cover the records below the log start, or one of
+            its files cannot serve them.
     """
     todo = {(t, p): (s, e) for t, p, s, e in ranges if e > s}
     if not todo:
@@ -266,26 +278,31 @@ def read_messages(
                     f"{options.poll_timeout_s:.0f}s (expected up to {dict(todo)})"
                 )
                 raise RuntimeError(msg)
-            chunk = []
+            chunk: list[Any] = []  # confluent-kafka messages (and archived ones before them)
             for message in messages:
                 tp = (message.topic() or "", message.partition() or 0)
                 if tp not in todo:
                     continue
                 start, end = todo[tp]
                 error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:  # noqa: SLF001 - librdkafka's public name
-                        if int(message.offset() or 0) >= end:
-                            _finish(consumer, todo, tp)
-                        continue
+                eof = error is not None and error.code() == KafkaError._PARTITION_EOF  # noqa: SLF001 - librdkafka's public name
+                if error is not None and not eof:
                     msg = f"refold_kafka: reading {tp[0]}/{tp[1]} failed: {error.str()}"
                     raise RuntimeError(msg)
                 offset = int(message.offset() or 0)
-                if offset >= end:
-                    _finish(consumer, todo, tp)
-                    continue
                 if offset > next_offset[tp] and next_offset[tp] == start:
-                    _on_gap(consumer, options, tp, start, offset)
+                    # The first record (or the log's end) is past the range's start.
+                    cold = _below_log_start(consumer, options, tp, start, min(offset, end))
+                    if cold is not None:
+                        if chunk:
+                            yield chunk
+                            chunk = []
+                        yield from cold
+                        next_offset[tp] = min(offset, end)
+                if eof or offset >= end:
+                    if offset >= end:
+                        _finish(consumer, todo, tp)
+                    continue
                 next_offset[tp] = offset + 1
                 chunk.append(message)
                 if offset + 1 >= end:
@@ -307,21 +324,57 @@ def _finish(
         consumer.pause([TopicPartition(tp[0], tp[1])])
 
 
-def _on_gap(
+def _below_log_start(
     consumer: Consumer, options: SourceOptions, tp: TopicPartitionKey, start: int, first: int
-) -> None:
+) -> Iterator[list[Any]] | None:
     """The first record is past the range start: a loss only if the log starts past it.
 
     Inside the log, offsets without a record a reader gets are transaction markers, records of
     aborted transactions (the reader is read_committed, librdkafka's default) or records
     compaction removed: nothing is lost. Below the log start, records were deleted (retention):
-    Spark's Kafka source fails the query then unless failOnDataLoss=false.
+    with an archive, they are read from it (the chunks returned); without, Spark's Kafka
+    source fails the query then unless failOnDataLoss=false.
+
+    Args:
+        consumer: The consumer reading the partition.
+        options: The read's options.
+        tp: The partition.
+        start: The range's start.
+        first: The first offset Kafka handed over (or its end), capped at the range's end.
+
+    Returns:
+        The archive's chunks of ``[start, min(log start, first))``, or None: nothing to read
+        there (no gap, or records skipped as the options allow).
     """
     log_start, _end = consumer.get_watermark_offsets(
         TopicPartition(*tp), timeout=options.poll_timeout_s
     )
     if log_start <= start:
-        return
+        return None
+    if options.archive_root:
+        # Imported here: the cold tier brings pyarrow's Parquet reader, which only a read
+        # below the log start needs.
+        from refold.processors.runtime.cold_tier import read_archived
+
+        upto = min(log_start, first)
+        logger.info(
+            "%s/%d: offsets %d..%d from the archive (below the log start %d)",
+            tp[0],
+            tp[1],
+            start,
+            upto - 1,
+            log_start,
+            extra={"topic": tp[0], "partition": tp[1]},
+        )
+        return read_archived(Path(options.archive_root), tp[0], tp[1], start, upto)
+    _lost(options, tp, start, log_start, first)
+    return None
+
+
+def _lost(
+    options: SourceOptions, tp: TopicPartitionKey, start: int, log_start: int, first: int
+) -> None:
+    """Records below the log start and no archive: refuse, or skip them if allowed."""
     if options.fail_on_data_loss:
         msg = (
             f"refold_kafka: {tp[0]}/{tp[1]} offsets {start}..{log_start - 1} are no longer in "
@@ -333,7 +386,12 @@ def _on_gap(
 
 
 def resolve_starting_offsets(
-    probe: LogOffsets, topics: Iterable[str], spec: str, *, fail_on_data_loss: bool = True
+    probe: LogOffsets,
+    topics: Iterable[str],
+    spec: str,
+    *,
+    fail_on_data_loss: bool = True,
+    archive_root: str = "",
 ) -> dict[TopicPartitionKey, int]:
     """Resolve a ``startingOffsets`` option to an offset per partition (driver side).
 
@@ -346,9 +404,12 @@ def resolve_starting_offsets(
         spec: ``earliest``, ``latest`` or ``{"topic": {"0": 42}}`` (-2 earliest, -1 latest;
             partitions left out start at the earliest offset).
         fail_on_data_loss: Refuse an offset below the log start instead of clamping to it.
+        archive_root: The archive that serves offsets below the log start: an offset there is
+            kept when the archive covers every record up to the log start.
 
     Raises:
-        ValueError: ``spec`` is not one of those forms, or asks for records that are gone.
+        ValueError: ``spec`` is not one of those forms, or asks for records that are gone
+            (from the log, and from the archive when there is one).
     """
     tps = [(t, p) for t in topics for p in probe.partitions(t)]
     starts = probe.start_offsets(tps)
@@ -369,6 +430,18 @@ def resolve_starting_offsets(
             resolved[tp] = starts[tp]
         elif wanted == _LATEST:
             resolved[tp] = ends[tp]
+        elif wanted < starts[tp] and archive_root:
+            gaps = ArchiveLedger(Path(archive_root)).read(*tp).gaps(wanted, starts[tp])
+            if gaps:
+                missing = ", ".join(f"{s}..{e - 1}" for s, e in gaps)
+                msg = (
+                    f"refold_kafka: startingOffsets asks for {tp[0]}/{tp[1]} at {wanted}; the "
+                    f"log starts at {starts[tp]} and the archive at {archive_root} lacks "
+                    f"offsets {missing}. Operator action: start where the archive or the log "
+                    "has every record, or set failOnDataLoss=false."
+                )
+                raise ValueError(msg)
+            resolved[tp] = wanted
         elif wanted < starts[tp]:
             if fail_on_data_loss:
                 msg = (

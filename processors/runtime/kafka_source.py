@@ -180,6 +180,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             self.options.topics,
             self.options.starting_offsets,
             fail_on_data_loss=self.options.fail_on_data_loss,
+            archive_root=self.options.archive_root,
         )
         if self._last_end is None:
             self._last_end = dict(resolved)

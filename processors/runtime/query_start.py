@@ -193,6 +193,8 @@ def _source(
         raise ProcessorConfigError(str(exc)) from exc
     for key, value in client.items():
         reader = reader.option(f"kafka.{key}", value)
+    if options.source_format.startswith("refold_kafka") and options.archive_root:
+        reader = reader.option("archiveRoot", options.archive_root)
     if options.source_format.startswith("refold_kafka") and options.max_tasks:
         reader = reader.option("maxTasks", str(options.max_tasks))
     if options.max_offsets_per_trigger:

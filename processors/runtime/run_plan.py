@@ -90,6 +90,8 @@ class RunOptions:
             the new one) instead of refusing.
         lease_wait_s: How long a start waits for another processor to let go of the
             generation (e.g. replay's processor finishing its last batch after a cutover).
+        archive_root: The archive that serves reads below a partition's log start (the
+            log's cold tier, :mod:`refold.processors.runtime.cold_tier`); "": none.
     """
 
     generation: GenerationChoice = "live"
@@ -106,6 +108,7 @@ class RunOptions:
     # A processor stopping after a cutover finishes its micro-batch first (SIGTERM), which
     # takes seconds; two minutes also covers a slow batch without hiding a real duplicate.
     lease_wait_s: float = 120.0
+    archive_root: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,7 @@ def resolve_run(
         generation=generation,
         code_fingerprint=fingerprints["code_fingerprint"],
         declared_code=declared,
+        archive_root=options.archive_root,
         created_at=registry.meta(generation).get("created_at", ""),
         redis_url=redis_settings.client_url(),
         key_prefix=redis_settings.key_prefix,
@@ -333,7 +337,12 @@ def record_starting_positions(
         return run
     probe = LogOffsets(kafka.as_librdkafka())
     try:
-        resolved = resolve_starting_offsets(probe, [t.name for t in topics], run.starting_offsets)
+        resolved = resolve_starting_offsets(
+            probe,
+            [t.name for t in topics],
+            run.starting_offsets,
+            archive_root=run.target.archive_root,
+        )
     except ValueError as exc:
         raise ProcessorConfigError(str(exc)) from exc
     finally:

@@ -130,7 +130,11 @@ def records_of_ranges(
 
     Straight from confluent-kafka messages to :class:`SourceRecord`: no Arrow in between.
     """
-    options = SourceOptions(kafka=target.kafka, topics=tuple(sorted({r[0] for r in ranges})))
+    options = SourceOptions(
+        kafka=target.kafka,
+        topics=tuple(sorted({r[0] for r in ranges})),
+        archive_root=target.archive_root,
+    )
     for chunk in read_messages(options, ranges):
         yield [SourceRecord.of_message(m) for m in chunk]
 

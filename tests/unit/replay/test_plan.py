@@ -186,3 +186,38 @@ def test_render_shows_every_partition_and_the_total():
     assert "live generation: none" in text
     assert text.count("\n") == 5
     assert "145" in text.splitlines()[-1]
+
+
+def test_below_the_log_start_the_archive_serves_what_it_covers_and_a_gap_is_refused():
+    from refold.contracts.archive_coverage import CoveredRanges
+    from refold.replay.validate import retention_check
+
+    bounds = {("orders", 0): (600, 1000), ("orders", 1): (400, 900)}
+    archived = {
+        ("orders", 0): CoveredRanges(((0, 700),)),
+        ("orders", 1): CoveredRanges(((0, 100), (150, 500))),
+    }
+    plan = build_plan("p", FromOffset(200), bounds, {}, None, archived=archived)
+    rows = {(r.topic, r.partition): r for r in plan.partitions}
+    assert (rows["orders", 0].target, rows["orders", 0].from_archive) == (200, 400)
+    assert "200..599 from the archive, then the log" in rows["orders", 0].note
+    assert rows["orders", 0].events == 800  # archive part and log part
+    assert not plan.needs_state
+    assert retention_check(plan).ok
+    assert "600 records below the log start come from the archive" in retention_check(plan).detail
+    assert "ARCHIVE" in plan.render()
+    assert "0-700" in plan.render()
+
+    # All of history: each partition from the first offset the archive holds without a gap.
+    earliest = build_plan("p", ToEarliest(), bounds, {}, None, archived=archived)
+    assert [r.target for r in earliest.partitions] == [0, 150]
+
+    # The archive lacks 100..149 of partition 1: refused, naming them.
+    with pytest.raises(
+        PlanError, match=r"orders/1: 50 < log start 400 \(the archive lacks 100\.\.149\)"
+    ):
+        build_plan("p", FromOffset(50), bounds, {}, None, archived=archived)
+    clamped = build_plan(
+        "p", FromOffset(50), bounds, {}, None, archived=archived, allow_data_loss=True
+    )
+    assert [r.target for r in clamped.partitions] == [50, 400]
