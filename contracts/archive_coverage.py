@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ARCHIVE_META_DIR", "ArchiveLedger", "CoveredRanges", "Span"]
+__all__ = ["ARCHIVE_META_DIR", "ArchiveLedger", "CoveredRanges", "Span", "replace_text"]
 
 # The archive's bookkeeping directory (readers of the tables skip names starting with "_").
 ARCHIVE_META_DIR = "_refold"
@@ -139,16 +139,25 @@ class ArchiveLedger:
 
     def _write(self, path: Path, covered: CoveredRanges) -> None:
         text = json.dumps({"ranges": [list(r) for r in covered.ranges]})
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        with tmp.open("w") as out:
-            out.write(text)
-            if self.fsync:
-                out.flush()
-                os.fsync(out.fileno())
-        os.replace(tmp, path)
-        if self.fsync:
-            descriptor = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+        replace_text(path, text, fsync=self.fsync)
+
+
+def replace_text(path: Path, text: str, *, fsync: bool) -> None:
+    """Write ``text`` as ``path``, atomically: a hidden temporary file renamed into place.
+
+    With ``fsync``, the file and then its directory entry are flushed to disk first, so a
+    power cut leaves the old text or the new one (the archive's bookkeeping files).
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    with tmp.open("w") as out:
+        out.write(text)
+        if fsync:
+            out.flush()
+            os.fsync(out.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        descriptor = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from refold.contracts.archive_coverage import ARCHIVE_META_DIR, ArchiveLedger
+from refold.contracts.archive_coverage import ARCHIVE_META_DIR, ArchiveLedger, replace_text
 from refold.processors.errors import ProcessorConfigError, ProcessorError
 from refold.processors.fold.archive import (
     RAW_TABLE,
@@ -296,15 +296,7 @@ class ArchiveStore:
         path = self._intent_path(topic, partition)
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"start": intent.start, "end": intent.end, "dirs": list(intent.dirs)})
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        with tmp.open("w") as out:
-            out.write(text)
-            if self.fsync:
-                out.flush()
-                os.fsync(out.fileno())
-        os.replace(tmp, path)
-        if self.fsync:
-            _fsync_dir(path.parent)
+        replace_text(path, text, fsync=self.fsync)
 
     def reconcile(self, topic: str, partition: int, applied: int) -> Reconciled:
         """Make the partition's files agree with its applied position (before writing more).
