@@ -9,7 +9,8 @@ cutover stays one atomic flip there too.
 key                                         type    content
 =========================================  ======  =============================================
 ``<p>:{<proc>}:live``                       string  live generation number (the alias)
-``<p>:{<proc>}:generations``                hash    generation -> status (building/live/retired)
+``<p>:{<proc>}:generations``                hash    generation -> status (building/live/
+                                                    retired/as_of)
 ``<p>:{<proc>}:flips``                      hash    ``<N>:live_since`` (epoch ms), ``<N>:replaced``
                                                     (the generation N replaced), set by the flip
 ``<p>:<proc>:dlq:redriven``                 hash    ``<topic>/<p>@<offset>`` -> JSON: a dead
@@ -125,7 +126,9 @@ STATE_NAMESPACES = (
 )
 # The namespaces ``replay diff`` compares (the rest are the envelope's internals).
 RESULT_NAMESPACES = ("t:", "a:", "w:", "wd:")
-GenerationStatus = Literal["building", "live", "retired"]
+# as_of: a generation bounded at a moment (replay --until), kept beside the live one, never
+# flipped to, removed by gc only when asked.
+GenerationStatus = Literal["building", "live", "retired", "as_of"]
 
 
 def position_field(topic: str, partition: int) -> str:

@@ -4,8 +4,8 @@ A processor is declared by a :class:`ProcessorSpec` that its package registers u
 point group ``refold.processors`` (:mod:`refold.contracts.registry` finds them). The CLI, replay,
 the demo, the benchmark and the tests know processors only through these specs, and start them
 only through the process contract below (:func:`process_argv`, :func:`process_env`):
-``python -m refold.processors NAME [NAME ...] --generation G --starting-offsets J`` with every
-setting in ``REFOLD_*`` variables.
+``python -m refold.processors NAME [NAME ...] --generation G --starting-offsets J`` (and
+``--ending-offsets J`` for a state as of a moment) with every setting in ``REFOLD_*`` variables.
 """
 
 from __future__ import annotations
@@ -327,11 +327,16 @@ def process_argv(
     generation: str | int | None = None,
     starting_offsets: str | None = None,
     available_now: bool = False,
+    ending_offsets: str | None = None,
     accept_code_change: bool = False,
     print_fingerprint: bool = False,
     python: str = sys.executable,
 ) -> list[str]:
-    """The command line that runs processors ``names`` in one Spark application."""
+    """The command line that runs processors ``names`` in one Spark application.
+
+    ``ending_offsets`` (Spark's offsets JSON) bounds the run: it folds up to, excluding, those
+    offsets and exits (``replay --until``: a state as of a moment).
+    """
     argv = [python, "-m", PROCESSOR_MODULE, *names]
     if generation is not None:  # the command's default: live
         argv += ["--generation", str(generation)]
@@ -339,6 +344,8 @@ def process_argv(
         argv += ["--starting-offsets", starting_offsets]
     if available_now:
         argv.append("--available-now")
+    if ending_offsets is not None:
+        argv += ["--ending-offsets", ending_offsets]
     if accept_code_change:
         argv.append("--accept-code-change")
     if print_fingerprint:

@@ -88,7 +88,10 @@ def cmd_rollback(args: argparse.Namespace, settings: ReplaySettings, client: red
 
 
 def cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Redis) -> int:
-    """``replay gc``: remove retired and abandoned generations (dry run without ``--execute``)."""
+    """``replay gc``: remove retired and abandoned generations (dry run without ``--execute``).
+
+    Generations kept as of a moment stay unless ``--include-as-of`` or ``--generation N``.
+    """
     removed = collect_garbage(
         processor_spec(args.processor),
         client,
@@ -96,6 +99,8 @@ def cmd_gc(args: argparse.Namespace, settings: ReplaySettings, client: redis.Red
         checkpoint_root(settings.state_dir, settings.spark, key_prefix=settings.redis.key_prefix),
         execute=args.execute,
         spark=settings.spark,
+        include_as_of=args.include_as_of,
+        only=args.generation,
     )
     if not removed:
         print(f"{args.processor}: no retired or abandoned generations")

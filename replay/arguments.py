@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  replay --processor order_state --to-earliest            # show the plan (dry run)\n"
         "  replay --processor order_state --to-earliest --execute  # rebuild and cut over\n"
         "  replay --processor order_state --from-offset 5000 --topic commerce.orders:0,1\n"
+        "  replay --processor order_state --until 2026-12-03T12:00:00Z --execute  # as of\n"
         "  replay status                                           # every generation\n"
         "  replay diff --processor order_state 1 2                 # compare two generations\n"
         "  replay rollback --processor order_state                 # flip readers back\n"
@@ -101,6 +102,20 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     which.add_argument("--all", action="store_true", help="every processor")
     _add_reset_specs(plan)
+    until = plan.add_mutually_exclusive_group()
+    until.add_argument(
+        "--until",
+        metavar="ISO-8601",
+        help="state as of a moment: stop each partition before its first record after this "
+        "time (a time zone is required) and keep the generation beside the live one, without "
+        "a flip; the start is --to-earliest unless a reset option says otherwise",
+    )
+    until.add_argument(
+        "--until-offsets",
+        metavar="JSON|CSV",
+        help='as --until, at explicit offsets: {"topic":{"0":42}} or topic,partition,offset '
+        "lines (';' separates them too), every partition named",
+    )
     plan.add_argument(
         "--allow-data-loss",
         action="store_true",
@@ -149,7 +164,8 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def _add_reset_specs(plan: argparse.ArgumentParser) -> None:
     """Where the rebuild starts: exactly one reset spec (:mod:`refold.replay.reset_specs`)."""
-    spec = plan.add_mutually_exclusive_group(required=True)
+    # Required unless --until names a moment (which starts from the earliest): parse_args.
+    spec = plan.add_mutually_exclusive_group()
     spec.add_argument(
         "--to-earliest",
         action="store_true",
@@ -200,9 +216,25 @@ def _add_generation_commands(sub: argparse._SubParsersAction) -> None:  # type: 
     )
     _add_processor(back)
 
-    gc = sub.add_parser("gc", help="remove retired generations (dry run without --execute)")
+    gc = sub.add_parser(
+        "gc",
+        help="remove retired and abandoned generations (dry run without --execute); as-of "
+        "generations only when asked",
+    )
     _add_processor(gc)
     gc.add_argument("--execute", action="store_true", help="really remove them")
+    gc.add_argument(
+        "--include-as-of",
+        action="store_true",
+        help="also remove every generation kept as of a moment (replay --until)",
+    )
+    gc.add_argument(
+        "--generation",
+        type=int,
+        action="append",
+        metavar="N",
+        help="remove only these generations (repeatable; retired, abandoned or as of a moment)",
+    )
 
     check = sub.add_parser(
         "check",
@@ -239,12 +271,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"unknown command {argv[0]!r}{hint}; commands: {', '.join(_COMMANDS)}")
     if argv and argv[0] not in _COMMANDS and argv[0] not in ("-h", "--help"):
         argv = ["plan", *argv]
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.command == "plan" and not _names_spec(args) and not (args.until or args.until_offsets):
+        parser.error(
+            "replay plan needs where to start: one of --to-earliest, --from-offset, --to-latest, "
+            "--to-current, --shift-by, --to-datetime, --by-duration, --from-file (or --until / "
+            "--until-offsets, which start from the earliest)"
+        )
+    return args
+
+
+def _names_spec(args: argparse.Namespace) -> bool:
+    """Whether ``replay plan``'s options name a reset spec."""
+    return bool(
+        args.to_earliest
+        or args.to_latest
+        or args.to_current
+        or args.shift_by is not None
+        or args.from_offset is not None
+        or args.to_datetime
+        or args.by_duration
+        or args.from_file
+    )
 
 
 def reset_spec(args: argparse.Namespace) -> ResetSpec:
-    """The reset spec ``replay plan``'s options name (exactly one of them is given)."""
-    if args.to_earliest:
+    """The reset spec ``replay plan``'s options name (at most one; none: ``--until``'s earliest)."""
+    if args.to_earliest or not _names_spec(args):
         return ToEarliest()
     if args.to_latest:
         return ToLatest()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -177,20 +177,55 @@ def collect_garbage(
     *,
     execute: bool,
     spark: SparkSettings | None = None,
+    include_as_of: bool = False,
+    only: Collection[int] | None = None,
 ) -> list[tuple[int, int]]:
     """Remove retired and abandoned generations: their Redis keys, entry and Spark checkpoint.
 
     Abandoned: ``building``, and neither a processor nor a ``replay`` holds it (its replay
-    was killed; :func:`refold.contracts.store.generations.is_abandoned`).
+    was killed; :func:`refold.contracts.store.generations.is_abandoned`). A generation kept as
+    of a moment (``as_of``, ``replay --until``) only with ``include_as_of``, or when ``only``
+    names it.
+
+    Args:
+        spec: The processor.
+        client: Redis.
+        key_prefix: Key prefix.
+        checkpoint_root: Where its Spark checkpoints are.
+        execute: Remove them (False: a dry run, listing them).
+        spark: Spark settings (a checkpoint URL's file system).
+        include_as_of: Remove the generations kept as of a moment too.
+        only: Remove just these generations (each retired, abandoned or as of a moment).
 
     Returns:
         ``(generation, keys removed)`` per generation removed (keys 0 in a dry run).
+
+    Raises:
+        ReplayError: ``only`` names a generation that does not exist, or one that is live or
+            being built.
     """
     registry = GenerationRegistry.of(client, spec.name, key_prefix)
     abandoned = set(registry.abandoned())
+    removable = {"retired", "as_of"} if include_as_of or only else {"retired"}
+    infos = registry.list()
+    if only:
+        known = {info.generation: info.status for info in infos}
+        refused = [
+            f"g{g} ({known.get(g, 'no such generation')})"
+            for g in sorted(set(only))
+            if known.get(g) not in removable and g not in abandoned
+        ]
+        if refused:
+            msg = (
+                f"{spec.name}: gc removes retired, abandoned and as-of generations only, "
+                f"not {', '.join(refused)}; see `replay status`"
+            )
+            raise ReplayError(msg)
     done = []
-    for info in registry.list():
-        if info.status != "retired" and info.generation not in abandoned:
+    for info in infos:
+        if only and info.generation not in only:
+            continue
+        if info.status not in removable and info.generation not in abandoned:
             continue
         removed = 0
         if execute:

@@ -74,6 +74,8 @@ class PartitionPlan:
             at or before the target); None when the new generation starts empty.
         archived: The ranges of the partition the archive holds every record of (the log's
             cold tier): a rebuild folds ``[begin, log_start)`` from there when they cover it.
+        end: The offset a bounded rebuild stops before (``replay --until``: a state as of a
+            moment); None: it folds on to the log end and beyond.
     """
 
     topic: str
@@ -85,6 +87,7 @@ class PartitionPlan:
     note: str = ""
     seed_position: int | None = None
     archived: CoveredRanges = field(default_factory=CoveredRanges)
+    end: int | None = None
 
     @property
     def from_archive(self) -> int:
@@ -105,8 +108,8 @@ class PartitionPlan:
 
     @property
     def events(self) -> int:
-        """Records the new generation reprocesses to reach today's log end."""
-        return max(0, self.log_end - self.begin)
+        """Records the new generation reprocesses to reach today's log end (or its bound)."""
+        return max(0, (self.log_end if self.end is None else self.end) - self.begin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,8 @@ class ReplayPlan:
     warnings: tuple[str, ...] = ()
     seed: SeedPoint | None = None
     checks: tuple[PlanCheck, ...] = ()
+    # The moment a bounded plan stops at (an ISO time, or "offsets"); "" folds on to the end.
+    until: str = ""
 
     @property
     def total_events(self) -> int:
@@ -187,6 +192,14 @@ class ReplayPlan:
         """The new generation's ``startingOffsets`` in Spark's JSON form (stable key order)."""
         return to_offsets_json({(row.topic, row.partition): row.begin for row in self.partitions})
 
+    def ending_offsets(self) -> str | None:
+        """A bounded plan's ``endingOffsets`` in Spark's JSON form; None when unbounded."""
+        if not self.until:
+            return None
+        return to_offsets_json(
+            {(r.topic, r.partition): r.end for r in self.partitions if r.end is not None}
+        )
+
     def as_dict(self) -> dict[str, object]:
         """The plan for scripts (``--json``)."""
         return {
@@ -195,6 +208,8 @@ class ReplayPlan:
             "live_generation": self.live_generation,
             "total_events": self.total_events,
             "starting_offsets": json.loads(self.starting_offsets()),
+            "until": self.until or None,
+            "ending_offsets": json.loads(self.ending_offsets() or "null"),
             "partitions": [
                 {
                     "topic": r.topic,
@@ -204,6 +219,7 @@ class ReplayPlan:
                     "log_start": r.log_start,
                     "log_end": r.log_end,
                     "begin": r.begin,
+                    "end": r.end,
                     "events": r.events,
                     "from_archive": r.from_archive,
                     "archived": [list(span) for span in r.archived.ranges],
@@ -236,10 +252,12 @@ class ReplayPlan:
         ]
         for row in self.partitions:
             current = "-" if row.current is None else str(row.current)
+            bound = "" if row.end is None else f"stops before {row.end}"
+            note = "; ".join(n for n in (bound, row.note) if n)
             lines.append(
                 f"{row.topic:<28} {row.partition:>4} {current:>10} {row.target:>10} "
                 f"{_archive_column(row):>14} {row.log_start:>10} {row.log_end:>10} "
-                f"{row.events:>12}  {row.note}"
+                f"{row.events:>12}  {note}"
             )
         lines.append(
             f"{'total':<28} {'':>4} {'':>10} {'':>10} {'':>14} {'':>10} {'':>10} "
@@ -249,6 +267,11 @@ class ReplayPlan:
             lines.append(
                 f"seeded from snapshot {self.seed.name}: each partition folds from the "
                 "snapshot's position (at or before its target)"
+            )
+        if self.until:
+            lines.append(
+                f"as of {self.until}: the new generation stops at these bounds and is kept "
+                "beside the live one (status as_of), without a flip"
             )
         lines.extend(f"warning: {w}" for w in self.warnings)
         if self.checks:

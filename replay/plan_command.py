@@ -14,6 +14,7 @@ from refold.contracts.progress import move_to, progress_bar
 from refold.contracts.registry import default_registry, processor_spec
 from refold.contracts.store.generations import GenerationRegistry
 from refold.replay.arguments import reset_spec
+from refold.replay.as_of import parse_until
 from refold.replay.config import ReplaySettings
 from refold.replay.in_place import reset_in_place
 from refold.replay.plan import ReplayPlan
@@ -52,6 +53,7 @@ def _plan_one(
         scan_limit=args.scan_limit,
         accept_dead_letters=args.accept_dead_letters,
         archive_root=settings.cold_tier(),
+        until=parse_until(args.until, args.until_offsets),
     )
     if args.export:
         print(plan.export_csv(), end="")
@@ -61,6 +63,9 @@ def _plan_one(
         print(json.dumps(plan.as_dict(), indent=2))
     else:
         print(plan.render())
+    if args.execute and args.in_place and plan.until:
+        print("replay: --until builds a new generation; it cannot be --in-place", file=sys.stderr)
+        return 2
     if args.execute and args.in_place:
         _reset_in_place(plan, spec, settings, client)
         return 0
@@ -124,7 +129,11 @@ def _rebuild(
             move_to(bar, progress.done, f"lag {sum(progress.lag.values())}{most}")
             if progress.caught_up and not announced:
                 announced = True
-                bar.write("caught up with the log end taken at the start; cutting over")
+                bar.write(
+                    f"reached the bounds as of {plan.until}; keeping it (no flip)"
+                    if plan.until
+                    else "caught up with the log end taken at the start; cutting over"
+                )
 
         result = run_rebuild(
             plan,
@@ -143,6 +152,18 @@ def _rebuild(
                 options_environ([spec.name], os.environ),
             ),
         )
+    if result.as_of:
+        live = "none" if plan.live_generation is None else f"g{plan.live_generation}"
+        print(
+            f"\ng{result.generation} built as of {result.as_of} from {result.events} records in "
+            f"{result.seconds:.1f}s and kept beside the live generation (status as_of; readers "
+            f"still see {live}). Read it by naming it (StateReader/WindowReader "
+            f"generation={result.generation}, HTTP ?generation={result.generation}); compare it "
+            f"with live: `replay diff --processor {spec.name} {result.generation} "
+            f"{plan.live_generation if plan.live_generation is not None else 'N'}`; remove it: "
+            f"`replay gc --processor {spec.name} --generation {result.generation} --execute`."
+        )
+        return
     previous = "none" if result.previous is None else f"g{result.previous}"
     print(
         f"\ng{result.generation} built from {result.events} records in {result.seconds:.1f}s; "

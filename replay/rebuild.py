@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
@@ -45,6 +46,8 @@ from refold.contracts.processors import ProcessLauncher, ProcessorSpec
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.store.connect import redis_client
 from refold.contracts.store.generations import (
+    AS_OF_FIELD,
+    ENDING_OFFSETS_FIELD,
     SHARDS_FIELD,
     GenerationRegistry,
     Positions,
@@ -56,6 +59,7 @@ from refold.processors.runtime.checkpoints import (
     checkpoint_root,
     remove_stale_checkpoint,
 )
+from refold.replay.as_of import LogTimes, Until, UntilTime, bound_plan, check_moment, ending_offsets
 from refold.replay.errors import PlanError, ReplayInterruptedError
 from refold.replay.interrupts import InterruptedBySignalError, InterruptGuard
 from refold.replay.plan import ReplayPlan, SeedPoint, build_plan
@@ -94,6 +98,7 @@ class RebuildResult:
     events: int
     seconds: float
     flip_ms: float = 0.0  # the successful check-and-flip transaction
+    as_of: str = ""  # a bounded rebuild (replay --until): the moment; kept, not flipped to
 
 
 def processor_topics(spec: ProcessorSpec, registry: GenerationRegistry) -> list[str]:
@@ -123,6 +128,35 @@ def _archived(
     return {tp: ledger.read(*tp) for tp, (start, _end) in bounds.items() if start > 0}
 
 
+def _log_times(offsets: LogOffsets, bounds: dict[tuple[str, int], tuple[int, int]]) -> LogTimes:
+    """The timestamps of the first and the last record of the partitions (``--until``'s check)."""
+    firsts, lasts = [], []
+    for (topic, partition), (start, end) in bounds.items():
+        if end <= start:
+            continue
+        first = offsets.record_timestamp(topic, partition, start)
+        if first is not None:
+            firsts.append(first[0])
+        # The last offset may be a transaction marker: step back over a few.
+        for offset in range(end - 1, max(start, end - 4) - 1, -1):
+            last = offsets.record_timestamp(topic, partition, offset)
+            if last is not None:
+                lasts.append(last[0])
+                break
+    return LogTimes(min(firsts, default=None), max(lasts, default=None))
+
+
+def _until_offsets(
+    until: Until, offsets: LogOffsets, bounds: dict[tuple[str, int], tuple[int, int]]
+) -> dict[tuple[str, int], int]:
+    """Where a bounded rebuild stops on each partition (checks a time against the log first)."""
+    if not isinstance(until, UntilTime):
+        return ending_offsets(until, bounds)
+    check_moment(until, _log_times(offsets, bounds), datetime.now(UTC))
+    after = {tp: offsets.offset_at_time(tp[0], tp[1], until.after_ms) for tp in bounds}
+    return ending_offsets(until, bounds, after)
+
+
 def plan_replay(
     spec: ProcessorSpec,
     reset: ResetSpec,
@@ -135,6 +169,7 @@ def plan_replay(
     scan_limit: int = 1_000_000,
     accept_dead_letters: bool = False,
     archive_root: Path | None = None,
+    until: Until | None = None,
 ) -> ReplayPlan:
     """Gather log offsets and live positions, build the plan and validate it (reads only).
 
@@ -150,12 +185,15 @@ def plan_replay(
         accept_dead_letters: Unknown fingerprints and non-Avro records do not fail the plan.
         archive_root: The archive that serves offsets below the log start (the log's cold
             tier, ``StackSettings.cold_tier()``); None: none.
+        until: Stop at a moment (``replay --until``): the plan is bounded there
+            (:mod:`refold.replay.as_of`), and its rebuild is kept beside the live generation.
 
     Returns:
         The plan, seeded from the best snapshot when it needs one, with its checks.
 
     Raises:
-        PlanError: See :func:`refold.replay.plan.build_plan`; also when offsets cannot be read.
+        PlanError: See :func:`refold.replay.plan.build_plan`; also when offsets cannot be read,
+            or the moment is in the future or before the first event.
     """
     registry = GenerationRegistry.of(client, spec.name, key_prefix)
     topics = processor_topics(spec, registry)
@@ -166,6 +204,7 @@ def plan_replay(
         if isinstance(reset, TIME_SPECS):
             when_ms = int(reset.when.timestamp() * 1000)
             at_time = {tp: offsets.offset_at_time(tp[0], tp[1], when_ms) for tp in bounds}
+        ends = _until_offsets(until, offsets, bounds) if until is not None else None
     except PlanError:
         raise
     except Exception as exc:
@@ -201,6 +240,8 @@ def plan_replay(
                     snapshot.snapshot,
                 )
             )
+    if until is not None and ends is not None:
+        plan = bound_plan(plan, until, ends)
     scan = scan_fingerprints(kafka.as_librdkafka(), plan, scan_limit)
     return plan.with_checks(
         (
@@ -301,6 +342,8 @@ def run_rebuild(
                 guard.on_repeat = process.kill
             guard.check()
             target = offsets.end_offsets(tps)  # the log end when the rebuild began
+            if plan.until:  # a bounded rebuild is done at its ending offsets
+                target = {(r.topic, r.partition): r.end or 0 for r in plan.partitions}
             total = sum(max(0, target[tp] - starts[tp]) for tp in tps)
             logger.info(
                 "g%d: rebuilding %d records (processor pid %d)",
@@ -312,7 +355,8 @@ def run_rebuild(
             rebuilding = Rebuilding(
                 registry, generation, plan, process, log_path, offsets, starts, target, total
             )
-            rebuilding.until_flipped(guard, started, timeout_s, lag_threshold, on_progress)
+            slack = 0 if plan.until else lag_threshold  # a bounded one stops exactly there
+            rebuilding.until_flipped(guard, started, timeout_s, slack, on_progress)
             cutover_at = time.monotonic()
             # Read at the flip, before the processor's later (live) batches add to them.
             measured = _measure(registry, generation, starts)
@@ -336,9 +380,12 @@ def run_rebuild(
         raise ReplayInterruptedError(msg, guard.signal_number)
     seconds = cutover_at - started
     applied = _record_rate(registry, generation, measured, seconds)
-    # It flipped: nothing else leaves the block above without raising.
+    # It flipped (or, bounded, was kept as of its moment): nothing else leaves the block above
+    # without raising.
     flipped = cast("Rebuilding", rebuilding)
-    return RebuildResult(generation, flipped.previous, applied, seconds, flipped.flip_ms)
+    return RebuildResult(
+        generation, flipped.previous, applied, seconds, flipped.flip_ms, plan.until
+    )
 
 
 def _measure(registry: GenerationRegistry, generation: int, starts: Positions) -> tuple[int, float]:
@@ -399,6 +446,12 @@ def _new_generation(registry: GenerationRegistry, plan: ReplayPlan, topics: list
             "topics": topics,
             "starting_offsets": plan.starting_offsets(),
             "seeded_from": plan.seed.name if plan.seed is not None else "",
+            # A bounded rebuild (replay --until): the moment and where it stops.
+            **(
+                {AS_OF_FIELD: plan.until, ENDING_OFFSETS_FIELD: plan.ending_offsets() or ""}
+                if plan.until
+                else {}
+            ),
             # Undecided: its processor's first run shards it or not (run_plan).
             SHARDS_FIELD: "",
         }

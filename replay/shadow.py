@@ -120,13 +120,18 @@ class Rebuilding:
     ) -> None:
         """Report progress until the generation is caught up, then flip readers to it.
 
+        A bounded rebuild (``replay --until``) is done at its ending offsets (``target``): the
+        generation is marked ``as_of`` instead, and readers stay where they are.
+
         Raises:
             RebuildError: The processor exited, or did not catch up within ``timeout_s``.
         """
         tps = list(self.starts)
         ends, ends_at = dict(self.target), time.monotonic()
+        bounded = bool(self.plan.until)
         while True:
-            self._check_running(started, timeout_s)
+            if not bounded:  # a bounded one's processor exits once there: positions first
+                self._check_running(started, timeout_s)
             positions = {
                 tp: o
                 for tp, o in self.registry.positions(self.generation)[0].items()
@@ -140,6 +145,13 @@ class Rebuilding:
                 lag = {tp: max(0, ends[tp] - at[tp]) for tp in tps}
                 done = _done(positions, self.starts, self.target)
                 on_progress(RebuildProgress(done, self.total, lag, reached))
+            if reached and bounded:
+                # State as of a moment: kept beside the live generation, never flipped to.
+                with guard.held():
+                    self.registry.keep_as_of(self.generation)
+                return
+            if bounded:
+                self._check_running(started, timeout_s)
             if reached:
                 flip_started = time.perf_counter()
                 with guard.held():  # a signal now waits for the transaction's answer
@@ -193,6 +205,9 @@ def start_processor(
     # The processor stops when this replay is gone, even after a kill -9 (no finally here).
     env = {**launcher.env(), STOP_WITH_PARENT_ENV: str(os.getpid())}
     command = launcher.argv(
-        [spec.name], generation=generation, starting_offsets=plan.starting_offsets()
+        [spec.name],
+        generation=generation,
+        starting_offsets=plan.starting_offsets(),
+        ending_offsets=plan.ending_offsets(),
     )
     return GroupProcess(command, env, log_path).start()

@@ -37,8 +37,10 @@ from refold.contracts.store.positions import Applied, GenerationPositions, Posit
 from refold.contracts.store.scan import scan_names
 
 __all__ = [
+    "AS_OF_FIELD",
     "CHECKPOINT_EPOCH_FIELD",
     "CODE_REFUSED_FIELD",
+    "ENDING_OFFSETS_FIELD",
     "RESET_PENDING_FIELD",
     "SHARDS_FIELD",
     "SLOTS_FIELD",
@@ -55,6 +57,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# A generation bounded at a moment (``replay --until``): its meta records the moment (an ISO
+# time, or ``offsets``) and the offsets it stopped before (Spark's JSON); ``bounded_at`` is when
+# it reached them (Unix ms) and its status became ``as_of``.
+AS_OF_FIELD = "as_of"
+ENDING_OFFSETS_FIELD = "ending_offsets"
 # What a flip records of the generation it makes live, in the registry's ``flips`` hash.
 _FLIP_FIELDS = ("live_since", "replaced")
 
@@ -108,7 +115,7 @@ def describe_runner(
     """Who folds a generation, in a few words (``replay status``, the monitor, the dashboard).
 
     Args:
-        status: ``building``, ``live`` or ``retired``.
+        status: ``building``, ``live``, ``retired`` or ``as_of``.
         lease_owner: The holder of its processing lease (``host:pid:nonce``), if any.
         meta: Its meta hash.
         builder: The holder of its builder lease (the ``replay`` building it), if any.
@@ -118,11 +125,13 @@ def describe_runner(
         builds whose processor has not started yet; ``abandoned (...)``; ``waiting for code
         <fingerprint> (<fingerprint> refused it)`` when a processor with other code stopped
         rather than fold it; ``not running`` for a live generation nobody folds; ``-`` for a
-        retired one.
+        retired one; ``as of <moment> ...`` for one bounded at a moment.
     """
     running = _alive(lease_owner)
     if running:
         return f"running on {_host_pid(running)}"
+    if status == "as_of":
+        return f"as of {meta.get(AS_OF_FIELD, '?')} (kept; readers name it)"
     if status == "building":
         building = _alive(builder)
         if building:
@@ -422,6 +431,31 @@ class GenerationRegistry:
         pipe.hset(self.layout.flips, f"{generation}:live_since", str(int(time.time() * 1000)))
         if record_replaced and previous is not None and previous != generation:
             pipe.hset(self.layout.flips, f"{generation}:replaced", str(previous))
+
+    def keep_as_of(self, generation: int) -> bool:
+        """Mark a ``building`` generation that reached its ending offsets ``as_of`` (no flip).
+
+        Returns:
+            False when it was no longer ``building`` (gc removed it, or it is marked already).
+        """
+        self._adopt_legacy_registry()
+        key = self.layout.generations
+        with self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    raw = pipe.hget(key, str(generation))
+                    if raw is None or _decode(cast("bytes", raw)) != "building":
+                        pipe.unwatch()
+                        return False
+                    # The meta is in the generation's own slot (a cluster): written first.
+                    self.update_meta(generation, {"bounded_at": str(int(time.time() * 1000))})
+                    pipe.multi()
+                    pipe.hset(key, str(generation), "as_of")
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
 
     def flip_if_caught_up(
         self,

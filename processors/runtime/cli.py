@@ -223,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--available-now", action="store_true", help="process what is in the log now, then exit"
     )
     parser.add_argument(
+        "--ending-offsets",
+        default="",
+        metavar="JSON",
+        help='Spark JSON {"topic":{"0":42}}: per partition, stop before this offset and exit '
+        "(replay --until builds a state as of a moment so; refold's sources only)",
+    )
+    parser.add_argument(
         "--accept-code-change",
         action="store_true",
         help="resume a generation built by other code (records the new fingerprint) instead "
@@ -254,6 +261,7 @@ def _jobs(args: argparse.Namespace, settings: ProcessSettings) -> list[Processor
         checkpoint_root=root,
         starting_offsets=args.starting_offsets,
         available_now=args.available_now,
+        ending_offsets=args.ending_offsets,
         accept_code_change=args.accept_code_change,
         archive_root=str(settings.cold_tier() or ""),
     )

@@ -89,6 +89,9 @@ class SourceOptions:
     min_records_per_task: int = _MIN_RECORDS_PER_TASK
     poll_timeout_s: float = 120.0
     archive_root: str = ""
+    # ``endingOffsets``: per partition, the offset the stream stops before (state as of a
+    # moment); a partition it does not name is unbounded.
+    ending_offsets: tuple[tuple[TopicPartitionKey, int], ...] = ()
 
     @property
     def tasks(self) -> TaskPlan:
@@ -130,7 +133,28 @@ class SourceOptions:
             min_records_per_task=int(min_per_task) if min_per_task else _MIN_RECORDS_PER_TASK,
             poll_timeout_s=float(lowered.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
             archive_root=lowered.get("archiveroot", ""),
+            ending_offsets=_ending_offsets(lowered.get("endingoffsets", "")),
         )
+
+    def bounded(self, ends: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
+        """``ends`` held at ``endingOffsets``: a batch never plans a record at or past them."""
+        bound = dict(self.ending_offsets)
+        return {tp: min(e, bound[tp]) if tp in bound else e for tp, e in ends.items()}
+
+
+def _ending_offsets(text: str) -> tuple[tuple[TopicPartitionKey, int], ...]:
+    """``endingOffsets`` (Spark's offsets JSON; "" or ``latest``: none), sorted."""
+    if not text.strip() or text.strip() == "latest":
+        return ()
+    try:
+        offsets = parse_offsets_json(text)
+    except ValueError as exc:
+        msg = f"refold_kafka: endingOffsets is not offsets JSON ({exc}): {text[:200]}"
+        raise ValueError(msg) from None
+    if any(o < 0 for o in offsets.values()):
+        msg = f"refold_kafka: endingOffsets takes offsets >= 0 (no -1/-2): {text[:200]}"
+        raise ValueError(msg)
+    return tuple(sorted(offsets.items()))
 
 
 def cap_offsets(

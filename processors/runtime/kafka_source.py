@@ -9,7 +9,9 @@ source, so a deployment with the jar can switch formats by configuration:
   ``startingOffsets`` (``earliest`` | ``latest`` | ``{"topic":{"0":23,"1":-2}}``, -2 earliest,
   -1 latest, missing partitions earliest), ``maxOffsetsPerTrigger``, ``failOnDataLoss``;
 * refold additions: ``maxTasks`` (coalesce the batch's partition ranges into at most this many
-  Spark tasks; on 2 cores fewer, larger tasks cut the per-batch cost) and
+  Spark tasks; on 2 cores fewer, larger tasks cut the per-batch cost),
+  ``endingOffsets`` (Spark's batch option, here for a stream: per partition, the offset it stops
+  before; the query then plans empty batches, and ``replay --until`` stops it there) and
   ``minRecordsPerTask`` (default 25000: a small batch gets fewer tasks, down to one, since every
   task costs a fixed Python worker round trip; this is what keeps latency low). Consumer-group
   offsets for lag tools are committed by the processor's sink, not here.
@@ -203,6 +205,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         self._unreachable_since = None
         # Never behind what was already planned: an end offset only moves forward.
         ends = {tp: max(e, self._last_end.get(tp, 0)) for tp, e in ends.items()}
+        ends = self.options.bounded(ends)  # endingOffsets: a state as of a moment stops there
         if self.options.max_offsets_per_trigger:
             ends = cap_offsets(self._last_end, ends, self.options.max_offsets_per_trigger)
         self._last_end = dict(ends)

@@ -128,6 +128,9 @@ def _planned_ends(query: StreamingQuery) -> Positions | None:
 class _CatchUp:
     """Decides when an ``available_now`` run has applied everything that was in the log at start.
 
+    A run with ending offsets (``replay --until``) is done at those instead, on the partitions
+    they name.
+
     Done when every partition's applied position (Redis) reached the log end taken at start, a
     partition that had nothing to apply counting as done, or when Spark's progress reports an end
     offset at or past that log end on every partition (covers a restart from a checkpoint).
@@ -139,6 +142,7 @@ class _CatchUp:
         topics: list[TopicSpec],
         run: ProcessorRun,
         registry: GenerationRegistry,
+        ending_offsets: str = "",
     ) -> None:
         probe = LogOffsets(kafka.as_librdkafka())
         try:
@@ -147,6 +151,8 @@ class _CatchUp:
             log_start = probe.start_offsets(tps)
         finally:
             probe.close()
+        # A run bounded by ending offsets (a state as of a moment) is done there instead.
+        self.target.update(parse_offsets_json(ending_offsets) if ending_offsets else {})
         self.registry = registry
         self.generation = run.generation
         applied, _batch = registry.positions(run.generation)
@@ -218,7 +224,11 @@ def run_generation(
     # After a crash between the Redis commit and the group commit, the re-run batch skips
     # every record and commits nothing: mirror what Redis holds now, so lag tools agree.
     mirror.commit({position_field(t, p): o for (t, p), o in applied.items()})
-    catch_up = _CatchUp(kafka, topics, run, registry) if options.available_now else None
+    catch_up = (
+        _CatchUp(kafka, topics, run, registry, options.ending_offsets)
+        if options.available_now or options.ending_offsets
+        else None
+    )
     sink, query = start_query(projection, topics, kafka, options, spark, run, mirror, closer)
     # The ranges source and Spark's kafka source (ranges from the offsets log) move a fold's
     # positions to each planned range's end; refold's record source leaves them at the last

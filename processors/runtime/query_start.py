@@ -199,6 +199,14 @@ def _source(
         reader = reader.option("maxTasks", str(options.max_tasks))
     if options.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
+    if options.ending_offsets:
+        if not options.source_format.startswith("refold_kafka"):
+            msg = (
+                "a run bounded by ending offsets (replay --until) needs refold's source: "
+                f"Spark's {options.source_format!r} source has no endingOffsets for a stream"
+            )
+            raise ProcessorConfigError(msg)
+        reader = reader.option("endingOffsets", options.ending_offsets)
     return reader.load()
 
 

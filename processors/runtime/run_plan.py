@@ -33,6 +33,7 @@ from refold.contracts.settings import KafkaSettings, RedisSettings
 from refold.contracts.store.catch_up import CATCH_UP_FIELD, CATCH_UP_PENDING, target_field
 from refold.contracts.store.connect import is_cluster
 from refold.contracts.store.generations import (
+    AS_OF_FIELD,
     CHECKPOINT_EPOCH_FIELD,
     RESET_PENDING_FIELD,
     SHARDS_FIELD,
@@ -78,6 +79,9 @@ class RunOptions:
         starting_offsets: Used only when neither a checkpoint nor Redis positions exist.
         available_now: Process what is in the log at start, then stop (replay catch-up, batch
             runs); micro-batches still respect ``max_offsets_per_trigger``.
+        ending_offsets: Spark offsets JSON: per partition, the offset the run stops before
+            (``replay --until``: a state as of a moment); "" for none. Implies stopping once
+            there, as ``available_now`` does at the log end.
         trigger_interval: Processing-time trigger; keeps the idle ``latestOffset`` calls cheap.
         max_offsets_per_trigger: Cap on records per micro-batch (None: no cap).
         max_tasks: Spark tasks per micro-batch; on 2 cores fewer, larger tasks are faster.
@@ -98,6 +102,7 @@ class RunOptions:
     checkpoint_root: str | Path = ".state/checkpoints"
     starting_offsets: str = "earliest"
     available_now: bool = False
+    ending_offsets: str = ""
     trigger_interval: str = "250 milliseconds"
     max_offsets_per_trigger: int | None = 200_000
     max_tasks: int | None = 2
@@ -171,8 +176,16 @@ def resolve_run(
         generation, created = registry.create(meta), True
     else:
         generation = options.generation
-        if registry.status(generation) is None:
+        status = registry.status(generation)
+        if status is None:
             msg = f"{projection.name} has no generation {generation}; see `replay status`"
+            raise ProcessorConfigError(msg)
+        if status == "as_of":
+            moment = registry.meta(generation).get(AS_OF_FIELD, "?")
+            msg = (
+                f"{projection.name} g{generation} is the state as of {moment} (replay --until): "
+                "folding on would change it. Operator action: replay again with a later --until."
+            )
             raise ProcessorConfigError(msg)
     if not created:
         pending = registry.meta(generation).get(RESET_PENDING_FIELD)

@@ -205,7 +205,8 @@ def run_processor(
         # rebuild (new files get the new columns; `refold archive backfill` rewrites old dates).
         options = dataclasses.replace(options, accept_code_change=True)
     processor = _checked(projection, topics, kafka, redis_settings, options, spec)
-    following = options.generation == "live" and not options.available_now
+    bounded = options.available_now or bool(options.ending_offsets)
+    following = options.generation == "live" and not bounded
     loop = _Loop(options, options.lease_wait_s)
     while True:
         picked = processor.until_redis_answers(functools.partial(processor.resolve, loop.options))
