@@ -3,7 +3,9 @@
 Every answer carries its freshness (processor, generation, applied positions) and a weak ETag
 (``If-None-Match`` gives 304), and is read from one generation. ``consistency_token`` (from
 ingest), ``min_positions`` and ``wait_ms`` make a read wait until the live generation has
-applied the given positions (see :mod:`refold.services.query.reads`).
+applied the given positions (see :mod:`refold.services.query.reads`). ``generation=N`` reads
+generation N instead of the live one: a state as of a moment (``replay --until``), or a retired
+generation before ``replay gc`` removes it.
 
 The routes are ``async``. The single-entity read, the hot one, awaits its round trip on the
 process's auto-pipeline (:meth:`ServiceContext.redis_pipeline`: the reads a worker holds share
@@ -113,6 +115,23 @@ WaitMs = Annotated[
     ),
 ]
 
+NamedGeneration = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        description="read this generation instead of the live one (a state as of a moment: "
+        "`replay --until`; `replay status` lists them)",
+    ),
+]
+
+
+def _named(context: ServiceContext, spec: ProcessorSpec, generation: int | None) -> int | None:
+    """``generation`` when the processor has it (404 ``GENERATION_UNKNOWN`` otherwise)."""
+    if generation is not None and context.reader(spec.name).registry.status(generation) is None:
+        msg = f"{spec.name} has no generation {generation}; `replay status` lists them"
+        raise ApiError(404, "GENERATION_UNKNOWN", msg)
+    return generation
+
 
 # async although it does no I/O: FastAPI runs a sync dependency on the thread pool, a hop that
 # cost ~0.25 ms of CPU per read (a third of a single-key read; bench/serving.py).
@@ -150,8 +169,11 @@ async def read_entity(
     key: str,
     wanted: Consistency,
     if_none_match: str | None,
+    generation: int | None = None,
 ) -> Response:
     """The entity route's answer (its declared route and the hot path both call it).
+
+    ``generation``: read that one, not the live one (it is not checked here: the route does).
 
     The read's round trip goes through the worker's auto-pipeline, shared with the other reads
     awaited in the same turn of the loop (:meth:`ServiceContext.redis_pipeline`); without an
@@ -169,8 +191,8 @@ async def read_entity(
         spec,
         context.key_prefix,
         wanted,
-        (lambda: reader.get(table, key, raw=True))
-        if pipeline is None
+        (lambda: reader.get(table, key, generation, raw=True))
+        if pipeline is None or generation is not None
         else (lambda: reader.get_async(pipeline, table, key, raw=True)),
     )
     if view.value is None:
@@ -195,16 +217,19 @@ def _aggregate(spec: ProcessorSpec, name: str) -> None:
 
 
 def _windows(
-    context: ServiceContext, spec: ProcessorSpec, read: Callable[[WindowReader, int], StateView]
+    context: ServiceContext,
+    spec: ProcessorSpec,
+    read: Callable[[WindowReader, int], StateView],
+    named: int | None = None,
 ) -> Callable[[], StateView]:
-    """A window read of one generation, resolved once per call.
+    """A window read of one generation (``named``, else the live one), resolved once per call.
 
     The reader uses the window definitions that generation recorded (a replay may change them).
     """
 
     def run() -> StateView:
         alias = context.reader(spec.name)
-        generation = alias.live_generation()
+        generation = alias.live_generation() if named is None else named
         meta = alias.registry.meta(generation)
         windows, distinct = windows_from_meta(meta)
         lateness = spec.event_time.lateness_ms if spec.event_time is not None else 0
@@ -222,15 +247,17 @@ def _windows(
     return run
 
 
-def _live_positions(reader: StateReader) -> StateView:
-    """The live generation and its positions (the generation resolved once)."""
-    generation = reader.live_generation()
+def _live_positions(reader: StateReader, named: int | None = None) -> StateView:
+    """The live generation (or ``named``) and its positions (the generation resolved once)."""
+    generation = reader.live_generation() if named is None else named
     return StateView(generation, None, reader.freshness(generation))
 
 
 # Documented answers besides 200 (bodies: refold.services.api.errors).
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"description": "no such processor, table, entity, or no live generation yet"},
+    404: {
+        "description": "no such processor, table, entity or generation, or no live generation yet"
+    },
     409: {"description": "wait_ms=0 and the consistency positions are not applied yet"},
     410: {"description": "the scan's generation was removed (replay gc): start again"},
     503: {
@@ -258,9 +285,11 @@ def query_router() -> APIRouter:
         context: Context,
         wanted: Wanted,
         if_none_match: IfNoneMatch = None,
+        generation: NamedGeneration = None,
     ) -> Response:
         """One entity's state (404 with the freshness when it does not exist)."""
-        return await read_entity(context, name, table, key, wanted, if_none_match)
+        named = _named(context, processor(name), generation)
+        return await read_entity(context, name, table, key, wanted, if_none_match, named)
 
     router.add_api_route(
         "/v1/processors/{name}/tables/{table}/entities/{key:path}",
@@ -279,6 +308,7 @@ def query_router() -> APIRouter:
         body: BatchGet,
         context: Context,
         wanted: Wanted,
+        generation: NamedGeneration = None,
     ) -> Response:
         """Several entities, from one generation (``null`` for those that do not exist)."""
         spec = processor(name)
@@ -293,7 +323,7 @@ def query_router() -> APIRouter:
             spec,
             context.key_prefix,
             wanted,
-            lambda: reader.get_many(table, body.keys),
+            lambda: reader.get_many(table, body.keys, _named(context, spec, generation)),
         )
         return _answer(spec, view, {"values": view.value}, None)
 
@@ -308,6 +338,7 @@ def query_router() -> APIRouter:
         wanted: Wanted,
         limit: Annotated[int | None, Query(ge=1, description="page size (about)")] = None,
         cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+        generation: NamedGeneration = None,
     ) -> Response:
         """A page of a table's entities; follow ``next_cursor`` until it is null."""
         spec = processor(name)
@@ -321,7 +352,7 @@ def query_router() -> APIRouter:
                 spec,
                 context.key_prefix,
                 wanted,
-                lambda: _live_positions(reader),
+                lambda: _live_positions(reader, _named(context, spec, generation)),
             )
             at = ScanCursor(name, table, start.generation, 0)
         else:
@@ -344,21 +375,30 @@ def query_router() -> APIRouter:
         context: Context,
         wanted: Wanted,
         if_none_match: IfNoneMatch = None,
+        generation: NamedGeneration = None,
     ) -> Response:
         """An aggregate's counters (counters at zero are left out)."""
         spec = processor(name)
         _aggregate(spec, aggregate)
         reader = context.reader(name)
+        named = _named(context, spec, generation)
         view = await read_consistent(
-            context.redis, spec, context.key_prefix, wanted, lambda: reader.aggregate(aggregate)
+            context.redis,
+            spec,
+            context.key_prefix,
+            wanted,
+            lambda: reader.aggregate(aggregate, named),
         )
         return _answer(spec, view, {"counters": view.value}, if_none_match)
 
     @router.get("/v1/processors/{name}/windows/{window}/groups")
-    async def window_groups(name: Processor, window: str, context: Context) -> Response:
+    async def window_groups(
+        name: Processor, window: str, context: Context, generation: NamedGeneration = None
+    ) -> Response:
         """The groups that have data in ``window``."""
         spec = processor(name)
-        view = _windows(context, spec, lambda r, g: r.groups(window, g))()
+        named = _named(context, spec, generation)
+        view = _windows(context, spec, lambda r, g: r.groups(window, g), named)()
         return _answer(spec, view, {"window": window, "groups": view.value}, None)
 
     @router.get("/v1/processors/{name}/windows/{window}/groups/{group}")
@@ -375,15 +415,17 @@ def query_router() -> APIRouter:
             int, Query(ge=0, le=_MAX_MS, description="epoch ms: windows ending at or before it")
         ],
         if_none_match: IfNoneMatch = None,
+        generation: NamedGeneration = None,
     ) -> Response:
         """Every window of ``group`` ending in ``(start, end]`` that has data, oldest first."""
         spec = processor(name)
+        named = _named(context, spec, generation)
         view = await read_consistent(
             context.redis,
             spec,
             context.key_prefix,
             wanted,
-            _windows(context, spec, lambda r, g: r.range(window, group, start, end, g)),
+            _windows(context, spec, lambda r, g: r.range(window, group, start, end, g), named),
         )
         body = {"window": window, "group": group, "results": view.value}
         return _answer(spec, view, body, if_none_match)
@@ -402,24 +444,35 @@ def query_router() -> APIRouter:
         end: Annotated[
             int, Query(ge=0, le=_MAX_MS, description="epoch ms: buckets starting before it")
         ],
+        generation: NamedGeneration = None,
     ) -> Response:
         """The estimated number of distinct ``measure`` values over ``[start, end)``."""
         spec = processor(name)
+        named = _named(context, spec, generation)
         view = await read_consistent(
             context.redis,
             spec,
             context.key_prefix,
             wanted,
-            _windows(context, spec, lambda r, g: r.distinct(window, measure, group, start, end, g)),
+            _windows(
+                context,
+                spec,
+                lambda r, g: r.distinct(window, measure, group, start, end, g),
+                named,
+            ),
         )
         body = {"window": window, "measure": measure, "group": group, "distinct": view.value}
         return _answer(spec, view, body, None)
 
     @router.get("/v1/processors/{name}/watermark")
-    async def watermark(name: Processor, context: Context) -> Response:
+    async def watermark(
+        name: Processor, context: Context, generation: NamedGeneration = None
+    ) -> Response:
         """The processor's event-time watermark and its partitions' clocks."""
         spec = processor(name)
-        view = _windows(context, spec, lambda r, g: r.watermark(g))()
+        view = _windows(
+            context, spec, lambda r, g: r.watermark(g), _named(context, spec, generation)
+        )()
         mark = view.value
         body = {
             "watermark": mark.watermark,
