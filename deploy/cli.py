@@ -34,12 +34,25 @@ __all__ = ["main"]
 def _stack(args: argparse.Namespace) -> LocalStack:
     secure = True if getattr(args, "secure", False) else None  # else: as first started
     cluster = True if getattr(args, "redis_cluster", False) else None
+    tiered = True if getattr(args, "tiered_storage", False) else None
     return LocalStack(
         Path(args.state_dir) / "stack",
         args.kafka_port,
         args.redis_port,
         secure=secure,
         redis_cluster=cluster,
+        tiered_storage=tiered,
+    )
+
+
+def _tier_line(stack: LocalStack) -> str:
+    """Where a tiered broker's remote tier is (docs/local-broker.md, "Tiered storage")."""
+    if stack.tiered is None:
+        return ""
+    return (
+        f"tiered storage (KIP-405, LocalTieredStorage): remote tier {stack.tiered.root} "
+        f"({_size(stack.tiered.disk_use())}); refold creates its topics tiered (all but "
+        "compacted ones)\n"
     )
 
 
@@ -75,7 +88,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         f"{stack.redis_url}\n"
         f"logs and pid files in {stack.state_dir}\n"
         f"use it:  export REFOLD_KAFKA__BOOTSTRAP_SERVERS={stack.bootstrap_servers} "
-        f"REFOLD_REDIS__URL={stack.redis_url}\n{_security_lines(stack)}"
+        f"REFOLD_REDIS__URL={stack.redis_url}\n{_security_lines(stack)}{_tier_line(stack)}"
         f"stop it: {stop_hint('refold down', args.state_dir)}"
     )
     return 0
@@ -100,7 +113,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"       Apache Kafka {server.version}, data {server.data_dir} "
                 f"({_size(server.disk_bytes)})"
             )
-    print(_security_lines(stack), end="")
+    print(_security_lines(stack) + _tier_line(stack), end="")
     if verdict.exit_code:
         print(verdict.message(stop_hint("refold up", args.state_dir)), file=sys.stderr)
     return verdict.exit_code
@@ -428,6 +441,15 @@ def build_parser() -> argparse.ArgumentParser:
                 help="a local Redis Cluster of 3 masters with 1 replica each, on --redis-port "
                 "and the 5 ports after it, instead of one redis-server (a new stack only: it "
                 "stays a cluster); clients reach it as redis+cluster://127.0.0.1:<port>",
+            )
+            command.add_argument(
+                "--tiered-storage",
+                action="store_true",
+                help="Kafka's tiered storage (KIP-405) with Kafka's LocalTieredStorage: closed "
+                "segments of tiered topics (refold creates every topic but compacted ones so) "
+                "are copied to <state dir>/stack/kafka/remote and leave the broker's disk "
+                "after their local.retention.ms (default 60 s); consumers still read them from "
+                "offset 0 (an existing stack may turn it on; it stays tiered)",
             )
     # `refold cluster up|down|status`: a local Spark standalone master + worker.
     from refold.deploy.cluster_cli import add_cluster_commands

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from refold.deploy.stack_security import StackSecurity
+    from refold.deploy.tiered_storage import TieredStorage
 
 __all__ = [
     "KAFKA_JARS_ENV",
@@ -144,12 +145,15 @@ class KafkaBroker:
         controller_port: The KRaft controller listener (chosen afresh at each start).
         security: SASL/SCRAM on a TLS client listener (:mod:`refold.deploy.stack_security`);
             ``None`` for a PLAINTEXT one.
+        tiered: A remote tier (KIP-405, :mod:`refold.deploy.tiered_storage`); ``None``:
+            none. Only with a PLAINTEXT listener.
     """
 
     home: Path
     port: int
     controller_port: int
     security: StackSecurity | None = None
+    tiered: TieredStorage | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -180,6 +184,8 @@ class KafkaBroker:
         else:
             self.security.ensure()
             listeners = self.security.broker_properties(**ports)
+        if self.tiered is not None:
+            listeners += self.tiered.broker_properties("PLAINTEXT")
         # Only its owner reads it: the secured broker's holds its store passwords.
         self.config_file.touch(mode=0o600)
         self.config_file.chmod(0o600)

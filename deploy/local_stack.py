@@ -47,6 +47,7 @@ from refold.deploy.kafka_broker import (
 from refold.deploy.kafka_ready import coordinators_unready
 from refold.deploy.redis_cluster import CLUSTER_PORTS_FROM, LocalRedisCluster, RedisClusterError
 from refold.deploy.stack_security import StackSecurity
+from refold.deploy.tiered_storage import TieredStorage
 
 __all__ = [
     "DEFAULT_KAFKA_PORT",
@@ -179,6 +180,8 @@ class LocalStack:
         redis_cluster: A local Redis Cluster (3 masters, 1 replica each, on ``redis_port``
             and the 5 ports after it) instead of one redis-server. ``None``: as the state dir
             was first started.
+        tiered_storage: The broker tiers to a local remote tier (KIP-405,
+            :mod:`refold.deploy.tiered_storage`). ``None``: as the state dir was first started.
     """
 
     def __init__(
@@ -190,6 +193,7 @@ class LocalStack:
         redis_persistent: bool = True,
         secure: bool | None = None,
         redis_cluster: bool | None = None,
+        tiered_storage: bool | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         cluster = LocalRedisCluster(self.state_dir, redis_port, persistent=redis_persistent)
@@ -207,12 +211,17 @@ class LocalStack:
         # everysec), so a restart or a kill -9 loses at most the last second. Throwaway stacks
         # (the test session, benchmarks, fault tests that restore RDB files) turn it off.
         self.redis_persistent = redis_persistent
-        if self.cluster is not None and self.security is not None:
-            msg = (
-                "a secured stack with a Redis Cluster is not supported yet. Operator action: "
-                "choose one of --secure and --redis-cluster (or another state dir)."
-            )
-            raise LocalStackError(msg)
+        remote = TieredStorage(self.state_dir / "kafka" / "remote")
+        if tiered_storage is None:
+            tiered_storage = remote.root.is_dir()
+        self.tiered = remote if tiered_storage else None
+        for option, kind in (("--redis-cluster", self.cluster), ("--tiered-storage", self.tiered)):
+            if kind is not None and self.security is not None:
+                msg = (
+                    f"a secured stack with {option} is not supported yet. Operator action: "
+                    f"choose one of --secure and {option} (or another state dir)."
+                )
+                raise LocalStackError(msg)
         # The servers this stack runs itself: the cluster's nodes are the cluster's.
         self._servers: tuple[ServerName, ...] = _START_ORDER if self.cluster is None else ("kafka",)
 
@@ -266,7 +275,7 @@ class LocalStack:
 
     def _broker(self, controller_port: int = 0) -> KafkaBroker:
         home = self.state_dir / "kafka"
-        return KafkaBroker(home, self.kafka_port, controller_port, self.security)
+        return KafkaBroker(home, self.kafka_port, controller_port, self.security, self.tiered)
 
     def _command(self, name: ServerName) -> list[str]:
         if name == "kafka":
