@@ -29,9 +29,13 @@ __all__ = [
     "config_changes",
     "delete_topics",
     "ensure_topics",
+    "tiering",
 ]
 
 _CLIENT = "the admin client (topics)"
+# A broker with a remote tier (KIP-405) says so in this config of its own.
+_REMOTE_STORAGE_SYSTEM = "remote.log.storage.system.enable"
+_TIERED = "remote.storage.enable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,16 +75,34 @@ class TopicsReport:
         return [c for c in self.altered if c.topic == topic]
 
 
-def config_changes(spec: TopicSpec, current: Mapping[str, str | None]) -> list[ConfigChange]:
+def tiering(spec: TopicSpec) -> dict[str, str]:
+    """The config that tiers ``spec``'s topic on a broker with a remote tier (pure).
+
+    ``remote.storage.enable=true``, unless the topic is compacted (Kafka cannot tier it) or the
+    spec's ``config`` sets ``remote.storage.enable`` itself (``false`` keeps it local). How long
+    a segment stays on the broker's disk is the broker's ``log.local.retention.ms``, or the
+    spec's ``local.retention.ms`` in ``config``.
+    """
+    config = dict(spec.config)
+    if _TIERED in config or "compact" in config.get("cleanup.policy", ""):
+        return {}
+    return {_TIERED: "true"}
+
+
+def config_changes(
+    spec: TopicSpec, current: Mapping[str, str | None], *, tiered: bool = False
+) -> list[ConfigChange]:
     """The retention configs of ``spec`` whose value on the topic differs (pure).
 
     Args:
         spec: The topic's spec; a retention it does not set is left alone.
         current: The topic's configs as the broker describes them (defaults included).
+        tiered: The broker has a remote tier: the topic is tiered too (:func:`tiering`).
     """
+    wanted = {**spec.retention, **(tiering(spec) if tiered else {})}
     return [
         ConfigChange(spec.name, key, current.get(key), value)
-        for key, value in spec.retention.items()
+        for key, value in wanted.items()
         if current.get(key) != value
     ]
 
@@ -103,7 +125,10 @@ def ensure_topics(
 ) -> TopicsReport:
     """Create every topic that does not exist yet; check the partition count of those that do.
 
-    A topic is created with its spec's configs and retention (:attr:`TopicSpec.topic_config`).
+    A topic is created with its spec's configs and retention (:attr:`TopicSpec.topic_config`);
+    on a broker with a remote tier (KIP-405, ``remote.log.storage.system.enable``) it is tiered
+    too (:func:`tiering`): tiering is the cluster's choice, so one contract set runs on brokers
+    with and without one.
 
     Args:
         kafka: librdkafka settings.
@@ -113,8 +138,9 @@ def ensure_topics(
             existing one is used with whatever partition count it has (the producer hashes keys
             over it; a consumer checks its own inputs).
         alter_retention: Also set the spec's retention on existing topics whose value
-            differs (``refold topics``). A processor's start does not: a rollback to older
-            code would set the older retention back.
+            differs, and tier them on a broker with a remote tier (``refold topics``). A
+            processor's start does not: a rollback to older code would set the older retention
+            back.
         dry_run: Create and alter nothing; the report says what would be.
 
     Returns:
@@ -130,7 +156,7 @@ def ensure_topics(
     admin = AdminClient(config)
     wanted = {spec.name: spec for spec in specs}
     try:
-        existing = admin.list_topics(timeout=timeout).topics
+        metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         admin.poll(0)  # serves the error callbacks: a refused login is one
         if watch.failure is not None:
@@ -139,6 +165,7 @@ def ensure_topics(
         if reason is not None:
             raise KafkaUnreachableError(reason) from exc
         raise
+    existing = metadata.topics
     for name, spec in wanted.items():
         if (
             check_partitions
@@ -150,6 +177,8 @@ def ensure_topics(
                 f"{spec.partitions}. Operator action: fix the spec or recreate the topic."
             )
             raise RefoldError(msg)
+    new = [s for name, s in wanted.items() if name not in existing]
+    tiered = bool(new or alter_retention) and _broker_tiers(admin, metadata.brokers, timeout)
     missing = [
         NewTopic(
             s.name,
@@ -157,15 +186,18 @@ def ensure_topics(
             # -1: the broker's default.replication.factor (KIP-464), so one setting on the
             # cluster decides, and min.insync.replicas comes from the broker too.
             replication_factor=-1 if s.replication_factor is None else s.replication_factor,
-            config=s.topic_config,
+            config={**s.topic_config, **(tiering(s) if tiered else {})},
         )
-        for name, s in wanted.items()
-        if name not in existing
+        for s in new
     ]
     altered: list[ConfigChange] = []
     if alter_retention:
-        kept = [s for name, s in wanted.items() if name in existing and s.retention]
-        altered = _retention_changes(admin, kept, timeout)
+        kept = [
+            s
+            for name, s in wanted.items()
+            if name in existing and (s.retention or (tiered and tiering(s)))
+        ]
+        altered = _retention_changes(admin, kept, timeout, tiered=tiered)
     report = TopicsReport(tuple(t.topic for t in missing), tuple(altered))
     if dry_run:
         return report
@@ -177,10 +209,28 @@ def ensure_topics(
     return report
 
 
+def _broker_tiers(admin: AdminClient, brokers: Mapping[int, Any], timeout: float) -> bool:
+    """Whether the cluster's brokers have a remote tier (KIP-405), asked of one of them.
+
+    A broker that does not let this client describe its configs counts as one without.
+    """
+    if not brokers:
+        return False
+    resource = ConfigResource(ResourceType.BROKER, str(min(brokers)))
+    try:
+        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout=timeout
+        )
+    except (KafkaException, concurrent.futures.TimeoutError):
+        return False
+    entry = entries.get(_REMOTE_STORAGE_SYSTEM)
+    return entry is not None and entry.value == "true"
+
+
 def _retention_changes(
-    admin: AdminClient, specs: list[TopicSpec], timeout: float
+    admin: AdminClient, specs: list[TopicSpec], timeout: float, *, tiered: bool
 ) -> list[ConfigChange]:
-    """The retention configs of existing topics that differ from their specs."""
+    """The retention (and tiering) configs of existing topics that differ from their specs."""
     if not specs:
         return []
     resources = [ConfigResource(ResourceType.TOPIC, s.name) for s in specs]
@@ -192,7 +242,7 @@ def _retention_changes(
         except (KafkaException, concurrent.futures.TimeoutError) as exc:
             msg = f"could not read the configs of topic {spec.name}: {exc}"
             raise RefoldError(msg) from exc
-        changes += config_changes(spec, {k: e.value for k, e in entries.items()})
+        changes += config_changes(spec, {k: e.value for k, e in entries.items()}, tiered=tiered)
     return changes
 
 
