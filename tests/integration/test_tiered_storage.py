@@ -5,7 +5,7 @@ own LocalTieredStorage as the remote tier. refold creates a topic from its spec,
 the broker has a remote tier, with 1 MiB segments and a local retention of one second: once its
 first segments are copied to the remote tier and gone from the broker's disk, refold reads
 every record from offset 0 unchanged, and the replay plan sees a log start of 0 (ListOffsets
-EARLIEST counts remote segments).
+EARLIEST counts remote segments); and again after the broker was stopped and started.
 """
 
 from __future__ import annotations
@@ -89,3 +89,9 @@ def test_a_read_from_offset_0_gets_records_that_left_the_brokers_disk(tiered_sta
     assert [m.value() for m in read] == sent
     # The first records were served from the remote tier: they are still not on local disk.
     assert _local_log_start(tiered_stack, topic) >= local_start
+
+    # `refold down` and `refold up`: the remote tier and its metadata outlive the broker.
+    tiered_stack.stop()
+    tiered_stack.start()
+    again = [m.value() for chunk in read_log(kafka, topic) for m in chunk]
+    assert again == sent
