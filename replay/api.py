@@ -32,6 +32,7 @@ from refold.contracts.registry import processor_spec
 from refold.contracts.settings import StackSettings
 from refold.contracts.store.connect import redis_client
 from refold.processors.runtime.checkpoints import checkpoint_root
+from refold.replay.as_of import parse_until
 from refold.replay.generations_admin import collect_garbage, rollback
 from refold.replay.rebuild import plan_replay
 from refold.replay.reset_specs import (
@@ -72,6 +73,15 @@ class PlanRequest(BaseModel):
     datetime: str | None = Field(default=None, description="to=datetime: ISO-8601 with a zone")
     duration: str | None = Field(default=None, description="to=duration: e.g. PT1H (now minus)")
     topics: list[str] | None = Field(default=None, description="TOPIC or TOPIC:P,P (scope)")
+    until: str | None = Field(
+        default=None,
+        description="state as of this moment (ISO-8601 with a zone): the generation stops there "
+        "and is kept beside the live one, without a flip",
+    )
+    until_offsets: str | None = Field(
+        default=None,
+        description='as until, at offsets: {"topic":{"0":42}} or topic,partition,offset lines',
+    )
     allow_data_loss: bool = False
     accept_dead_letters: bool = False
     scan_limit: int = Field(default=_API_SCAN_LIMIT, ge=0, le=_MAX_SCAN_LIMIT)
@@ -83,6 +93,9 @@ class PlanRequest(BaseModel):
         if self.to in needs and needs[self.to] is None:
             field = {"shift": "shift_by"}.get(self.to, self.to)
             msg = f"to={self.to} needs the field {field!r}"
+            raise ValueError(msg)
+        if self.until and self.until_offsets:
+            msg = "until and until_offsets name one moment: give one of them"
             raise ValueError(msg)
         return self
 
@@ -115,6 +128,10 @@ class PlanRequest(BaseModel):
         }[self.to]
         for topic in self.topics or []:
             flags += ["--topic", topic]
+        if self.until:
+            flags += ["--until", self.until]
+        if self.until_offsets:
+            flags += ["--until-offsets", self.until_offsets]
         if self.allow_data_loss:
             flags.append("--allow-data-loss")
         if self.accept_dead_letters:
@@ -140,6 +157,7 @@ class _Control:
             scan_limit=request.scan_limit,
             accept_dead_letters=request.accept_dead_letters,
             archive_root=self.settings.cold_tier(),
+            until=parse_until(request.until, request.until_offsets),
         )
         return plan.as_dict()
 

@@ -7,6 +7,7 @@ import pytest
 
 from refold.contracts.processors import process_argv
 from refold.processors.runtime.kafka_source import KafkaStreamReader, SourceOptions
+from refold.replay.api import PlanRequest
 from refold.replay.arguments import parse_args, reset_spec
 from refold.replay.as_of import (
     LogTimes,
@@ -170,3 +171,12 @@ def test_the_source_stops_at_its_ending_offsets():
         SourceOptions.parse(
             {"kafka.bootstrap.servers": "x", "subscribe": "t", "endingOffsets": "{bad"}
         )
+
+
+def test_the_control_api_takes_the_moment_as_replay_plan_does():
+    request = PlanRequest(to="earliest", until="2026-12-03T12:00:00Z")
+    assert request.flags()[:3] == ["--to-earliest", "--until", "2026-12-03T12:00:00Z"]
+    by_offsets = PlanRequest(to="offset", offset=5, until_offsets="orders,0,9")
+    assert "--until-offsets" in by_offsets.flags()
+    with pytest.raises(ValueError, match="one moment"):
+        PlanRequest(to="earliest", until="2026-12-03T12:00:00Z", until_offsets="orders,0,9")
