@@ -164,7 +164,7 @@ def test_the_archive_equals_the_log_through_a_kill_9_read_by_pyarrow_duckdb_and_
     planned = [
         line
         for line in (tmp_path / "run-2.log").read_text().splitlines()
-        if '"processor": "archive"' in line and "planned from the offsets log" in line
+        if "processor=archive" in line and "planned from the offsets log" in line
     ]
     assert planned
 
