@@ -15,7 +15,8 @@ One run, on a private local stack, over the same pre-produced order events:
    (Spark's own window, a DataFrame processor) against order_state, and the Redis memory per
    window bucket, HyperLogLog and row
    (``bench/windows.py``; ``python -m bench windows`` runs this part alone, on its own backlog).
-Parts run alone, each on a private stack of its own: ``python -m bench archive``, ``webhooks``,
+Parts run alone, each on a private stack of its own: ``python -m bench archive``,
+``cold-tier`` (a rebuild's read and fold from the archive against from Kafka), ``webhooks``,
 ``serving`` (the HTTP services: single-key reads against Redis, batched ingest against the SDK;
 ``bench/serving.py``), ``cluster`` (the entity fold on a local Redis Cluster against one
 redis-server, and failover; ``bench/redis_cluster.py``), ``realtime`` (Spark's real-time
@@ -542,6 +543,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.archive import main as archive_main
 
         return archive_main(given[1:])
+    if given[:1] == ["cold-tier"]:  # a rebuild's archive part against its Kafka part, alone
+        from bench.cold_tier import main as cold_tier_main
+
+        return cold_tier_main(given[1:])
     if given[:1] == ["webhooks"]:  # webhook deliveries/s to a local receiver, alone
         from bench.webhooks import main as webhooks_main
 

@@ -137,15 +137,19 @@ def configure_logging(
     *,
     log_format: str = "plain",
     environ: MutableMapping[str, str] | None = None,
+    record_level: bool = False,
 ) -> None:
     """Install one stderr handler on the root logger; call once, from ``__main__``.
 
     Args:
         level: Root log level (``INFO``, ``warning``...).
         log_format: ``plain`` (people) or ``json`` (machines).
-        environ: The process's environment (``os.environ``), to record the format and level
-            in, so the processes it starts log the same way: Spark's Python workers (they
-            call :func:`configure_logging` from it), a replay's processor, uvicorn's workers.
+        environ: The process's environment (``os.environ``), to record the format in, so
+            the processes it starts log the same way: Spark's Python workers (they call
+            :func:`configure_logging` from it), a replay's processor, uvicorn's workers.
+        record_level: Record the level too (``REFOLD_LOG_LEVEL``): for a processor, whose
+            Spark workers log at its level. Not for a command whose own level is not its
+            children's: ``replay`` is quiet (WARNING), the processor it starts logs INFO.
 
     Raises:
         ValueError: An unknown format (e.g. a misspelt ``REFOLD_LOG_FORMAT``).
@@ -160,6 +164,7 @@ def configure_logging(
     root.setLevel(level.upper())
     if environ is not None:
         environ[LOG_FORMAT_ENV] = log_format
-        environ[LOG_LEVEL_ENV] = level.upper()
+        if record_level:
+            environ[LOG_LEVEL_ENV] = level.upper()
     for noisy in ("py4j", "pyspark"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

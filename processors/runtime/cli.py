@@ -316,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     except RefoldError as exc:
         print(f"refold process: {exc}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level, log_format=args.log_format, environ=os.environ)
+    configure_logging(
+        args.log_level, log_format=args.log_format, environ=os.environ, record_level=True
+    )
     parent = os.environ.get(STOP_WITH_PARENT_ENV, "")
     if parent.isdigit():
         _stop_with_parent(int(parent))

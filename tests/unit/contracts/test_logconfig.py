@@ -108,9 +108,17 @@ def test_the_flag_defaults_to_the_environment_then_plain():
 
 def test_the_format_is_handed_to_the_processes_started_from_here():
     environ: dict[str, str] = {}
-    configure_logging("info", log_format="json", environ=environ)
+    configure_logging("info", log_format="json", environ=environ, record_level=True)
     assert environ == {LOG_FORMAT_ENV: "json", LOG_LEVEL_ENV: "INFO"}
     assert log_format_in_use() == "json"
+
+
+def test_a_quiet_command_does_not_quiet_the_processes_it_starts():
+    # replay logs WARNING and up; the processor it starts (and any later one a test process
+    # starts with its environment) must still log its INFO lines.
+    environ: dict[str, str] = {}
+    configure_logging("WARNING", log_format="plain", environ=environ)
+    assert environ == {LOG_FORMAT_ENV: "plain"}
 
 
 def test_a_spark_worker_logs_dead_letter_summaries_in_the_drivers_format(monkeypatch, capsys):
