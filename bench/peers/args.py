@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["parse"]
+__all__ = ["FETCH", "parse"]
+
+# The fetch settings of every librdkafka consumer here (refold's range reader's own defaults,
+# processors/runtime/kafka_ranges.py): the Python peers get them too, not their own defaults
+# (librdkafka's 1 s queue backoff, Quix's 100 ms). The JVM peers keep the Java client's
+# defaults, which have no queue backoff.
+FETCH = {"fetch.queue.backoff.ms": 10, "fetch.wait.max.ms": 10}
 
 
 def parse(description: str, argv: list[str] | None = None) -> argparse.Namespace:

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ends = {(args.topic, p): e for p, e in args.ends.items()}
     result = run_baseline(args.bootstrap, target, ends, args.processes)
     ended = time.time()
-    progress = Progress(args.progress, args.ends, keep_states=False)
+    progress = Progress(args.progress, args.ends)
     progress.first = ended - result.seconds
     progress.offsets = {p: e - 1 for p, e in args.ends.items()}
     progress.reached = dict.fromkeys(args.ends, ended)

@@ -1,18 +1,26 @@
-"""Bytewax folding the order backlog: ``stateful_map`` per order, with recovery on.
+"""Bytewax folding the order backlog, written as its docs show a Kafka app.
 
 Run in ``.venv-peers`` by :mod:`bench.peers.run`: one process per core, one worker each
 (``cli_main`` with both addresses); Bytewax's Kafka source splits the partitions between the
 workers and, with ``tail=False``, ends at the end of each partition, so the dataflow ends by
-itself (``--tail true``, the latency run: it reads on until stopped). Recovery
-(``--recovery``): Bytewax's snapshots of the state every epoch into a SQLite store per
-partition (``python -m bytewax.recovery`` made them). The in-memory variant writes its states
-at the end; the Redis variant writes each batch of new states with a pipeline.
+itself (``--tail true``, the latency run: it reads on until stopped). The consumer gets the
+fetch settings every librdkafka engine here gets (:data:`bench.peers.args.FETCH`).
+
+Two shapes:
+- in memory: ``fold_final`` per order, which emits each order's final state when the input
+  ends; the states are written to a file after that, outside the timed run. With recovery
+  (``--work-dir``/recovery made by ``python -m bytewax.recovery``) Bytewax snapshots the fold's
+  state into SQLite every epoch, its default 10 s.
+- Redis (``--redis-url``): ``stateful_map`` per order and every new state written to Redis, a
+  pipeline per batch, so another process can read it (the latency run).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,80 +32,107 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from bytewax.recovery import RecoveryConfig
 from bytewax.run import cli_main
 
-from bench.peers.args import parse
-from bench.peers.report import OrderFold, Progress
+from bench.peers.args import FETCH, parse
+from bench.peers.report import OrderFold, Progress, dump_states
 
-_Folded = tuple[str, tuple[int, int, Any]]  # key, (partition, offset, state)
-
-
-class _Partition(StatelessSinkPartition[_Folded]):
-    def __init__(self, progress: Progress, client: redis.Redis | None, prefix: str) -> None:
-        self.progress, self.client, self.prefix = progress, client, prefix
-
-    def write_batch(self, items: list[_Folded]) -> None:
-        if self.client is not None:
-            pipe = self.client.pipeline(transaction=False)
-            for key, (_p, _o, state) in items:
-                if state is not None:
-                    pipe.set(f"{self.prefix}:{key}", orjson.dumps(state))
-            pipe.execute()
-        for key, (partition, offset, state) in items:
-            self.progress.seen(key, partition, offset, state)
+_EPOCH = timedelta(seconds=10)  # bytewax.run's default epoch (and snapshot) interval
+_Item = tuple[str, Any]
 
 
-class _Sink(DynamicSink[_Folded]):
-    """Progress (and the Redis variant's writes) where the states come out of the fold."""
+class _Partition(StatelessSinkPartition[_Item]):
+    def __init__(self, write: Callable[[list[_Item]], None]) -> None:
+        self.write = write
 
-    def __init__(self, progress: Progress, redis_url: str | None, prefix: str) -> None:
-        self.progress, self.redis_url, self.prefix = progress, redis_url, prefix
+    def write_batch(self, items: list[_Item]) -> None:
+        self.write(items)
+
+
+class _Sink(DynamicSink[_Item]):
+    def __init__(self, write: Callable[[list[_Item]], None]) -> None:
+        self.write = write
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition:
         del step_id, worker_index, worker_count
-        client = None if self.redis_url is None else redis.Redis.from_url(self.redis_url)
-        return _Partition(self.progress, client, self.prefix)
+        return _Partition(self.write)
 
 
-def flow(args: Any, progress: Progress) -> Dataflow:
-    """The dataflow: Kafka -> key by order -> stateful fold -> sink."""
+def _final_states(progress: Progress, states: dict[str, Any]) -> Callable[[list[_Item]], None]:
+    """The in-memory shape's sink: the final states, once the input has ended."""
+
+    def write(items: list[_Item]) -> None:
+        if progress.done is None:
+            progress.finished()
+        states.update((key, state) for key, state in items if state is not None)
+
+    return write
+
+
+def _redis_writes(progress: Progress, url: str, prefix: str) -> Callable[[list[_Item]], None]:
+    """The Redis shape's sink: each batch's new states in one pipeline."""
+    client = redis.Redis.from_url(url)
+
+    def write(items: list[_Item]) -> None:
+        pipe = client.pipeline(transaction=False)
+        last: dict[int, int] = {}
+        for key, (partition, offset, state) in items:
+            if state is not None:
+                pipe.set(f"{prefix}:{key}", orjson.dumps(state))
+            if offset > last.get(partition, -1):
+                last[partition] = offset
+        pipe.execute()
+        progress.seen_batch(last)
+
+    return write
+
+
+def flow(args: Any, progress: Progress, states: dict[str, Any]) -> Dataflow:
+    """The dataflow: Kafka -> key by order -> fold -> sink."""
     fold = OrderFold()
     dataflow = Dataflow("orders")
     source = KafkaSource(
-        [args.bootstrap],
-        [args.topic],
-        tail=args.tail == "true",
-        add_config={"fetch.queue.backoff.ms": "10"},
+        [args.bootstrap], [args.topic], tail=args.tail == "true", add_config=dict(FETCH)
     )
     messages = op.input("kafka", dataflow, source)
+    if args.redis_url is None:
 
-    def keyed(message: KafkaSourceMessage[bytes, bytes]) -> tuple[str, tuple[int, int, bytes]]:
+        def keyed(message: KafkaSourceMessage[bytes, bytes]) -> tuple[str, bytes]:
+            if progress.first is None:
+                progress.seen(message.partition, message.offset)
+            return message.key.decode(), message.value
+
+        final = op.fold_final("fold", op.map("key", messages, keyed), lambda: None, fold)
+        op.output("out", final, _Sink(_final_states(progress, states)))
+        return dataflow
+
+    def record(message: KafkaSourceMessage[bytes, bytes]) -> tuple[str, tuple[int, int, bytes]]:
         return message.key.decode(), (message.partition, message.offset, message.value)
 
-    def mapper(state: Any, record: tuple[int, int, bytes]) -> tuple[Any, tuple[int, int, Any]]:
-        partition, offset, value = record
-        new = fold(state, value)
+    def mapper(state: Any, value: tuple[int, int, bytes]) -> tuple[Any, tuple[int, int, Any]]:
+        partition, offset, body = value
+        new = fold(state, body)
         return new, (partition, offset, new)
 
-    folded = op.stateful_map("fold", op.map("key", messages, keyed), mapper)
-    op.output("out", folded, _Sink(progress, args.redis_url, args.redis_prefix))
+    folded = op.stateful_map("fold", op.map("key", messages, record), mapper)
+    op.output("out", folded, _Sink(_redis_writes(progress, args.redis_url, args.redis_prefix)))
     return dataflow
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     args = parse(__doc__ or "", argv)
-    progress = Progress(args.progress, args.ends, keep_states=args.states is not None)
-    recovery = args.work_dir / "recovery"
+    progress = Progress(args.progress, args.ends)
+    states: dict[str, Any] = {}
+    recovery: Path = args.work_dir / "recovery"
     cli_main(
-        flow(args, progress),
+        flow(args, progress, states),
         workers_per_process=1,
         process_id=args.process_id,
         addresses=args.addresses.split(",") if args.addresses else None,
-        epoch_interval=timedelta(seconds=1),
+        epoch_interval=_EPOCH,
         recovery_config=RecoveryConfig(str(recovery)) if recovery.exists() else None,
     )
-    progress.write()
     if args.states is not None:
-        progress.dump_states(args.states)
+        dump_states(args.states, states)
     return 0
 
 

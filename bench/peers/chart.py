@@ -1,7 +1,8 @@
-"""Draw ``bench/results/peers.png`` from ``peers.json``: events/s of each engine, two bars.
+"""Draw ``bench/results/peers.png`` from ``peers.json``: each engine's rate against backlog size.
 
 Run in ``.venv-peers`` (matplotlib is in the ``peers`` extra): ``python -m bench.peers.chart
-IN.json OUT.png``.
+IN.json OUT.png``. Two panels: steady events/s (start-up left out) and events/s including
+start-up, a line per engine over the sizes of the run.
 """
 
 from __future__ import annotations
@@ -20,23 +21,40 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     source, target = (Path(a) for a in (argv or sys.argv[1:]))
     results = json.loads(source.read_text())
-    rows = [(e["label"], e) for e in results["engines"].values() if "rate_steady" in e]
-    labels = [label + ("" if e["ok"] else " (state WRONG)") for label, e in rows]
-    steady = [(e["rate_steady"] or 0) / 1000 for _l, e in rows]  # None: one batch (Spark)
-    wall = [e["rate_wall"] / 1000 for _l, e in rows]
-    figure, axes = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.6))
-    positions = range(len(rows))
-    axes.barh([p + 0.2 for p in positions], steady, height=0.4, label="steady")
-    axes.barh([p - 0.2 for p in positions], wall, height=0.4, label="including start-up")
-    axes.set_yticks(list(positions), labels)
-    axes.invert_yaxis()
-    axes.set_xlabel("thousand order events per second (higher is better)")
-    axes.set_title(
-        f"{results['events']:,} order events, 8 partitions, refold's Avro, "
-        f"order_state's fold;\n{results['cores']} cores, load average "
+    sizes = results["sizes"]
+    engines: dict[str, str] = {}
+    for run in results["runs"].values():
+        for name, out in run.items():
+            engines.setdefault(name, out["label"])
+    figure, panels = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
+    for panel, field, title in (
+        (panels[0], "rate_steady", "steady (start-up left out)"),
+        (panels[1], "rate_wall", "including start-up"),
+    ):
+        for name, label in engines.items():
+            points = [
+                (size, out[field] / 1000)
+                for size in sizes
+                if (out := results["runs"][str(size)].get(name)) and out.get(field)
+            ]
+            if not points:
+                continue
+            wrong = any(not results["runs"][str(s)][name].get("ok") for s, _r in points)
+            style = "-o" if name.startswith("refold") else "--o"
+            panel.plot(
+                *zip(*points, strict=True), style, label=label + (" (WRONG)" if wrong else "")
+            )
+        panel.set_xscale("log")
+        panel.set_xticks(sizes, [f"{s / 1e6:g}M" if s >= 1e6 else f"{s // 1000}k" for s in sizes])
+        panel.set_xlabel("backlog, order events (8 partitions)")
+        panel.set_title(title)
+        panel.grid(alpha=0.3)
+    panels[0].set_ylabel("thousand events per second (higher is better)")
+    panels[1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+    figure.suptitle(
+        f"order_state's fold on {results['cores']} cores; load average "
         f"{results['load_before'][0]:.1f} at the start"
     )
-    axes.legend(loc="upper right")  # beside the short bars of the first rows
     figure.tight_layout()
     figure.savefig(target, dpi=110)
     print(f"chart written to {target}")

@@ -1,9 +1,11 @@
 """The engines of ``python -m bench peers``: how each is started, and where its states end up.
 
-Every engine folds the same backlog into order_state's per-key state with refold's decoder
-(the JVM peers: Avro's Java library on the same schemas). Two processes (or threads, for the
-JVM peers) each: the machine's two cores. A Redis variant writes each new state to Redis with
-a pipeline, as refold's processor and baseline do (they write in exactly-once transactions).
+Every engine folds the same backlog into order_state's per-key state with the same rules, each
+decoding as its users would (the Python peers: fastavro with the schemas parsed once,
+:class:`bench.peers.report.OrderFold`; the JVM peers: Avro's Java library on the same
+schemas). Two processes (or threads, for the JVM peers) each: the machine's two cores. A Redis
+variant writes each new state to Redis with a pipeline, as refold's processor and baseline do
+(they write in exactly-once transactions).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.backlog import ORDERS_TOPIC
-from bench.peers.oracle import merged_states, redis_states
+from bench.peers.oracle import changelog_states, merged_states, redis_states
 from refold.contracts.process_group import GroupProcess
 from refold.contracts.processors import ProcessLauncher
 from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
@@ -100,6 +102,7 @@ class Engine:
     jars: str = ""
     prepare: Callable[[Job, Path], list[str]] | None = None  # extra flags per process
     ends_itself: bool = False  # a bounded job: it ends at the log's end
+    changelog: bool = False  # its states are read from its store's changelogs (Quix Streams)
 
     @property
     def redis_prefix(self) -> str:
@@ -170,6 +173,8 @@ class Engine:
             return job.refold_states(target.keys.base)
         if self.redis:
             return redis_states(redis_client(job.redis_url), self.redis_prefix)
+        if self.changelog:
+            return changelog_states(job.bootstrap, f"peers-{self.name}{job.run}")
         return merged_states(sorted((job.work / self.name).glob("states-*.json")))
 
 
@@ -179,14 +184,19 @@ def _baseline(job: Job, folder: Path) -> list[str]:
 
 
 def _bytewax(job: Job, folder: Path) -> list[str]:
-    """Two processes' addresses, and Bytewax's recovery store (one SQLite file per part)."""
+    """Two processes' addresses (a Bytewax cluster of one worker per process)."""
+    del job, folder
+    return ["--addresses", ",".join(f"127.0.0.1:{free_port()}" for _ in range(_PROCESSES))]
+
+
+def _bytewax_recovery(job: Job, folder: Path) -> list[str]:
+    """:func:`_bytewax`, and Bytewax's recovery store (one SQLite file per process)."""
     recovery = folder / "recovery"
     recovery.mkdir(exist_ok=True)
     subprocess.run(
         [_peers_python(), "-m", "bytewax.recovery", str(recovery), str(_PROCESSES)], check=True
     )
-    del job
-    return ["--addresses", ",".join(f"127.0.0.1:{free_port()}" for _ in range(_PROCESSES))]
+    return _bytewax(job, folder)
 
 
 def spark_processor(
@@ -239,31 +249,40 @@ ENGINES: tuple[Engine, ...] = (
     Engine(
         "quix",
         "Quix Streams, RocksDB",
-        f"{_EOS} (Kafka transactions, changelog topics); state local to the process",
+        f"{_EOS} (Kafka transactions, changelog topics), commits every 5 s (its default)",
         module="bench.peers.quix_peer",
+        changelog=True,
     ),
     Engine(
         "quix-redis",
         "Quix Streams + Redis sink",
-        f"{_EOS} in Kafka; the Redis sink at least once (a pipeline per checkpoint)",
+        f"{_EOS} in Kafka; the Redis sink at least once (a pipeline per 5 s checkpoint)",
         module="bench.peers.quix_peer",
         redis=True,
     ),
     Engine(
         "bytewax",
         "Bytewax, in memory",
-        "snapshots every epoch (recovery on): at least once into outputs",
+        "none: no recovery, a restart folds the topic again from its start",
         module="bench.peers.bytewax_peer",
         prepare=_bytewax,
         ends_itself=True,
     ),
     Engine(
+        "bytewax-recovery",
+        "Bytewax, recovery on",
+        "state snapshots to SQLite every 10 s epoch (its default): resumes from the last one",
+        module="bench.peers.bytewax_peer",
+        prepare=_bytewax_recovery,
+        ends_itself=True,
+    ),
+    Engine(
         "bytewax-redis",
         "Bytewax + Redis sink",
-        "recovery on; the Redis writes at least once (a pipeline per batch)",
+        "recovery on (10 s epochs); the Redis writes at least once (a pipeline per batch)",
         module="bench.peers.bytewax_peer",
         redis=True,
-        prepare=_bytewax,
+        prepare=_bytewax_recovery,
         ends_itself=True,
     ),
     Engine(

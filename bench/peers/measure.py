@@ -61,8 +61,19 @@ def _read(paths: Sequence[Path]) -> list[dict[str, dict[str, float] | float | No
     return out
 
 
-def _done_at(reports: list[dict], ends: Mapping[int, int]) -> float | None:  # type: ignore[type-arg]
-    """When the last partition was first seen at its end, or None while one is not."""
+def _done_at(
+    reports: list[dict],  # type: ignore[type-arg]
+    ends: Mapping[int, int],
+    processes: int,
+) -> float | None:
+    """When the last partition was first seen at its end, or None while one is not.
+
+    A bounded fold that emits its states at the end (Bytewax's ``fold_final``) reports
+    ``done`` instead: the latest of its processes' once every process has.
+    """
+    dones = [d for r in reports if isinstance(d := r.get("done"), float | int)]
+    if dones:
+        return max(dones) if len(dones) >= processes else None
     latest = 0.0
     for partition, end in ends.items():
         if end <= 0:
@@ -100,7 +111,7 @@ def measure(
     try:
         while True:
             reports = _read(progress)
-            done = _done_at(reports, ends)
+            done = _done_at(reports, ends, len(processes))
             if done is not None:
                 break
             now = time.time()
@@ -112,7 +123,7 @@ def measure(
                     process.returncode != 0 or all(p.returncode is not None for p in processes)
                 ):
                     reports = _read(progress)
-                    if _done_at(reports, ends) is None:
+                    if _done_at(reports, ends, len(processes)) is None:
                         msg = f"{desc}: a process exited early:\n{process.log_tail()}"
                         raise RuntimeError(msg)
             if now - started > timeout_s:

@@ -2,12 +2,14 @@
 
 The oracle is :func:`refold.processors.fold.oracle.fold_all` over the log as it is (read back
 from the broker and decoded with refold's codec, in each partition's order: orders are keyed,
-so an order's events are in one partition). A peer's states come from its states files or from
-Redis; both are JSON, so they are compared as JSON values.
+so an order's events are in one partition). A peer's states come from its states files, its
+store's changelog topics (Quix Streams) or Redis; all are JSON, so they are compared as JSON
+values.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 import orjson
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.store.scan import scan_batches
@@ -23,7 +25,17 @@ from refold.processors.fold.oracle import fold_all
 from refold.processors.fold.projection import State
 from refold.processors.order_state.projection import OrderStateProjection
 
-__all__ = ["Verdict", "compare", "log_events", "merged_states", "oracle_states", "redis_states"]
+__all__ = [
+    "Verdict",
+    "changelog_states",
+    "compare",
+    "log_events",
+    "merged_states",
+    "oracle_states",
+    "redis_states",
+]
+
+_CHANGELOG_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,4 +125,59 @@ def redis_states(client: redis.Redis, prefix: str) -> dict[str, Any]:
         for name, value in zip(names, client.mget(names), strict=True):
             if value is not None:
                 out[name.removeprefix(f"{prefix}:")] = orjson.loads(value)
+    return out
+
+
+def changelog_states(bootstrap: str, group: str, state_key: bytes = b'"order"') -> dict[str, Any]:
+    """The states a Quix Streams app of consumer group ``group`` holds, read from its changelogs.
+
+    Quix backs each store partition with a compacted changelog topic,
+    ``changelog__<group>--<topic>--<store>``: each record's key is the message key (JSON, as
+    Quix serializes a state's prefix), ``|`` and the state key (JSON), its value the state
+    (JSON). The newest value per key is the store's
+    content once the app has committed (read_committed: its last transaction included).
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "refold-bench-peers-changelog",  # never joined: assign() only
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    out: dict[str, Any] = {}
+    try:
+        topics = consumer.list_topics(timeout=10).topics
+        parts = [
+            TopicPartition(name, p, OFFSET_BEGINNING)
+            for name, meta in topics.items()
+            if name.startswith(f"changelog__{group}--")
+            for p in meta.partitions
+        ]
+        if not parts:
+            return out
+        consumer.assign(parts)
+        open_parts = {(tp.topic, tp.partition) for tp in parts}
+        suffix = b"|" + state_key
+        deadline = time.monotonic() + _CHANGELOG_S
+        while open_parts:
+            if time.monotonic() > deadline:
+                msg = f"the changelogs of {group} did not end within {_CHANGELOG_S:.0f} s"
+                raise RuntimeError(msg)
+            for message in consumer.consume(10_000, timeout=5.0):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:  # noqa: SLF001 - its public name
+                        open_parts.discard((message.topic(), message.partition()))
+                    continue
+                key, value = message.key() or b"", message.value()
+                if key.endswith(suffix):
+                    name = str(orjson.loads(key[: -len(suffix)]))
+                    if value is None:
+                        out.pop(name, None)
+                    else:
+                        out[name] = orjson.loads(value)
+    finally:
+        consumer.close()
     return out

@@ -1,8 +1,10 @@
-"""``python -m bench peers``: one backlog, every engine in turn, one table.
+"""``python -m bench peers``: one backlog at three sizes, every engine in turn, one table each.
 
-See :mod:`bench.peers` and docs/performance.md ("refold and its peers"). Prints the table,
-writes ``bench/results/peers.json`` and draws ``bench/results/peers.png`` from it
-(:mod:`bench.peers.chart`, in ``.venv-peers`` where matplotlib is).
+See :mod:`bench.peers` and docs/performance.md ("refold and its peers"). The topic grows to
+each size in turn (200k, 1M, 5M events by default) and every engine folds it from its start,
+on an empty Redis, with consumer groups and work folders of that size. Prints a table per
+size and the curve, writes ``bench/results/peers.json`` and draws ``bench/results/peers.png``
+from it (:mod:`bench.peers.chart`, in ``.venv-peers`` where matplotlib is).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.backlog import ORDERS_TOPIC, produce_orders
+from bench.backlog import ORDERS_TOPIC, produce_order_steps
 from bench.catch_up import Run, Watched, run_catch_up
 from bench.peers.engines import ENGINES, NOTIFICATIONS, Engine, Job, spark_processor
 from bench.peers.latency import measure_engine_latency, why_no_latency
@@ -27,6 +29,7 @@ from bench.peers.measure import measure
 from bench.peers.oracle import compare, log_events, oracle_states
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
+from refold.contracts.store.connect import redis_client
 from refold.contracts.topics import TopicSpec, effects_spec
 from refold.deploy.local_stack import LocalStack, free_port
 from refold.processors.order_state.projection import DEFAULT_NOTIFICATIONS_TOPIC
@@ -37,7 +40,9 @@ ROOT = Path(__file__).parent.parent.parent
 
 def _spark(job: Job) -> dict[str, Any]:
     """refold's Spark processor catching up (``--available-now``), as ``make bench`` runs it."""
-    process, registry = spark_processor(job, "peers-spark", "spark.log", available_now=True)
+    process, registry = spark_processor(
+        job, f"peers-spark{job.run}", f"spark{job.run}.log", available_now=True
+    )
     started = time.time()
     run = run_catch_up([Run(process, (Watched("order_state", registry, job.events),))], "spark")
     result = run.processors["order_state"]
@@ -118,6 +123,7 @@ def _run(engine: Engine, job: Job, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(results: dict[str, dict[str, Any]]) -> str:
+    """One size's table: an engine a row."""
     header = (
         "engine",
         "steady ev/s",
@@ -172,10 +178,68 @@ def _chart(path: Path) -> None:
     )
 
 
+def _curve(runs: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """Steady ev/s (incl. start-up) of each engine at each size, and its ratio to refold's."""
+    sizes = sorted(runs)
+    rows = [("engine", *(f"{size:,} events" for size in sizes))]
+    for engine in ENGINES:
+        cells = []
+        for size in sizes:
+            out = runs[size].get(engine.name)
+            spark = runs[size].get("refold-spark", {}).get("rate_steady")
+            if out is None or out.get("rate_steady") is None:
+                cells.append("-" if out is None or "rate_wall" not in out else "one batch")
+                continue
+            ratio = f" ({spark / out['rate_steady']:.2f}x)" if spark and out is not None else ""
+            cells.append(
+                f"{out['rate_steady']:,.0f} ({out['rate_wall']:,.0f}){ratio}"
+                + ("" if out.get("ok") else " WRONG")
+            )
+        if any(cell != "-" for cell in cells):
+            rows.append((engine.label, *cells))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    )
+
+
+def _one_size(
+    stack: LocalStack, events: int, work: Path, chosen: list[Engine], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """Every chosen engine over the topic's first ``events`` records, on an empty Redis."""
+    kafka = {"bootstrap.servers": stack.bootstrap_servers}
+    offsets = LogOffsets(kafka)
+    try:
+        ends = offsets.end_offsets([(ORDERS_TOPIC.name, p) for p in range(ORDERS_TOPIC.partitions)])
+    finally:
+        offsets.close()
+    redis_client(stack.redis_url).flushdb()  # no positions or states of a smaller size
+    print(f"{events:,} events: the oracle reads the backlog back and folds it ...", flush=True)
+    expected = oracle_states(log_events(stack.bootstrap_servers, ends))
+    folder = work / f"size-{events}"
+    job = Job(stack.bootstrap_servers, stack.redis_url, ORDERS_TOPIC.name, ends, events, folder)
+    job.expected, job.run = expected, f"-{events}"
+    results: dict[str, dict[str, Any]] = {}
+    for engine in chosen:
+        try:
+            results[engine.name] = _run(engine, job, args)
+        except RuntimeError as exc:
+            print(f"  {engine.label} failed: {exc}", flush=True)
+            results[engine.name] = {"error": f"FAILED to run: {str(exc)[:200]}"}
+    print(f"\n{events:,} events:\n{_table(results)}\n", flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(prog="python -m bench peers", description=__doc__)
-    parser.add_argument("--events", type=int, default=1_000_000, help="backlog size")
+    parser.add_argument(
+        "--sizes",
+        default="200000,1000000,5000000",
+        help="backlog sizes, comma-separated: the topic grows to each in turn",
+    )
+    parser.add_argument("--events", type=int, help="one size only (--sizes N)")
     parser.add_argument(
         "--engines",
         default=",".join(e.name for e in ENGINES),
@@ -194,9 +258,13 @@ def main(argv: list[str] | None = None) -> int:
         help="latency runs: seconds at the same rate before the counted ones",
     )
     args = parser.parse_args(argv)
+    sizes = [args.events] if args.events else sorted({int(n) for n in args.sizes.split(",")})
     load = os.getloadavg()
     chosen = [e for e in ENGINES if e.name in args.engines.split(",")]
-    results: dict[str, dict[str, Any]] = {}
+    unknown = set(args.engines.split(",")) - {e.name for e in ENGINES}
+    if unknown:
+        parser.error(f"unknown engines: {', '.join(sorted(unknown))}")
+    runs: dict[int, dict[str, dict[str, Any]]] = {}
     with (
         contextlib.nullcontext(str(args.work_dir))
         if args.work_dir is not None
@@ -204,10 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ) as tmp:
         work = Path(tmp)
         with LocalStack(work / "stack", free_port(), free_port(), redis_persistent=False) as stack:
-            kafka = {"bootstrap.servers": stack.bootstrap_servers}
             topic = ORDERS_TOPIC
             ensure_topics(
-                kafka,
+                {"bootstrap.servers": stack.bootstrap_servers},
                 [
                     topic,
                     TopicSpec(f"{topic.name}.dlq", 1, "(key)", ("(any)",)),
@@ -215,41 +282,37 @@ def main(argv: list[str] | None = None) -> int:
                     effects_spec(DEFAULT_NOTIFICATIONS_TOPIC),  # the same, from the baseline
                 ],
             )
-            events = produce_orders(stack.bootstrap_servers, args.events)
-            offsets = LogOffsets(kafka)
-            try:
-                ends = offsets.end_offsets([(topic.name, p) for p in range(topic.partitions)])
-            finally:
-                offsets.close()
-            print("oracle: reading the backlog back and folding it ...", flush=True)
-            expected = oracle_states(log_events(stack.bootstrap_servers, ends))
-            job = Job(stack.bootstrap_servers, stack.redis_url, topic.name, ends, events, work)
-            job.expected = expected
-            for engine in chosen:
-                try:
-                    results[engine.name] = _run(engine, job, args)
-                except RuntimeError as exc:
-                    print(f"  {engine.label} failed: {exc}", flush=True)
-                    results[engine.name] = {"error": f"FAILED to run: {str(exc)[:200]}"}
-    table = _table(results)
-    print("\n" + table)
+            for index, events in enumerate(produce_order_steps(stack.bootstrap_servers, sizes)):
+                # Latency does not depend on the backlog: measured once, with the first size.
+                args.skip_latency = args.skip_latency or index > 0
+                runs[events] = _one_size(stack, events, work, chosen, args)
+    for events, results in runs.items():
+        print(f"\n{events:,} events:\n{_table(results)}")
+    print(f"\nsteady ev/s (incl. start-up) (refold Spark's steady / this one's):\n{_curve(runs)}")
     RESULTS.parent.mkdir(exist_ok=True)
     labels = {e.name: {"label": e.label, "guarantee": e.guarantee} for e in ENGINES}
     RESULTS.write_text(
         json.dumps(
             {
-                "events": args.events,
+                "sizes": sorted(runs),
                 "cores": os.cpu_count(),
                 "python": platform.python_version(),
                 "load_before": load,
-                "engines": {name: {**labels[name], **out} for name, out in results.items()},
+                "runs": {
+                    str(events): {name: {**labels[name], **out} for name, out in results.items()}
+                    for events, results in runs.items()
+                },
             },
             indent=2,
         )
     )
     print(f"\nresults written to {RESULTS}")
     _chart(RESULTS)
-    return 0 if all(out.get("ok", "skipped" in out) for out in results.values()) else 1
+    return (
+        0
+        if all(out.get("ok", "skipped" in out) for r in runs.values() for out in r.values())
+        else 1
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ import pytest
 
 from bench.latency import LatencyResult
 from bench.peers.oracle import compare, merged_states, oracle_states
-from bench.peers.report import OrderFold, Progress
+from bench.peers.measure import _done_at
+from bench.peers.report import OrderFold, Progress, dump_states
 from refold.contracts.codec import EventCodec
 from refold.deploy.simulators.orders import OrderSimulator
 
@@ -48,17 +49,33 @@ def test_a_peer_fold_of_the_encoded_log_equals_the_oracle_and_a_wrong_state_fail
 def test_states_of_two_processes_merge_by_the_highest_offset(tmp_path):
     # A rebalance moved order o-1's partition: the process that folded it last wins.
     first, second = tmp_path / "states-0.json", tmp_path / "states-1.json"
-    for path, states in (
-        (first, {"o-1": (5, {"status": "placed"}), "o-2": (9, {"status": "paid"})}),
-        (second, {"o-1": (7, {"status": "paid"})}),
-    ):
-        progress = Progress(tmp_path / "progress.json", {0: 10}, keep_states=True)
-        for key, (offset, state) in states.items():
-            progress.seen(key, 0, offset, state)
-        progress.dump_states(path)
-        progress.write()
+    first.write_bytes(
+        orjson.dumps({"o-1": [5, {"status": "placed"}], "o-2": [9, {"status": "paid"}]})
+    )
+    second.write_bytes(orjson.dumps({"o-1": [7, {"status": "paid"}]}))
     assert merged_states([first, second]) == {"o-1": {"status": "paid"}, "o-2": {"status": "paid"}}
-    assert orjson.loads((tmp_path / "progress.json").read_bytes())["offsets"] == {"0": 7}
+    dump_states(first, {"o-3": {"status": "shipped"}})  # a bounded fold's final states
+    assert merged_states([first]) == {"o-3": {"status": "shipped"}}
+
+
+def test_progress_reaches_a_partition_at_its_last_record_and_a_bounded_fold_reports_done(tmp_path):
+    path = tmp_path / "progress.json"
+    progress = Progress(path, {0: 10, 1: 3})
+    for offset in range(10):
+        progress.seen(0, offset)
+    progress.seen_batch({1: 1})
+    body = orjson.loads(path.read_bytes())
+    assert body["first"] is not None
+    assert (body["offsets"], list(body["reached"]), body["done"]) == ({"0": 9}, ["0"], None)
+    assert _done_at([body], {0: 10, 1: 3}, 1) is None  # partition 1 is not at its end
+    progress.seen_batch({1: 2})
+    body = orjson.loads(path.read_bytes())
+    assert _done_at([body], {0: 10, 1: 3}, 1) == max(body["reached"].values())
+
+    progress.finished()  # Bytewax's fold_final: the final states came out
+    done = orjson.loads(path.read_bytes())
+    assert _done_at([done], {0: 10, 1: 3}, 2) is None  # the other process has not ended yet
+    assert _done_at([done, {**done, "done": done["done"] + 1}], {0: 10}, 2) == done["done"] + 1
 
 
 def test_latency_percentiles_are_of_the_sorted_values():
