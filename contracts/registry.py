@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from refold.contracts.errors import ContractError
 from refold.contracts.processors import ProcessorSpec
+from refold.contracts.schema_registry import SINGLE_OBJECT, Framing
 from refold.contracts.topics import TopicSpec
 
 __all__ = [
@@ -60,12 +61,17 @@ class ContractSet:
             Its ``contracts.lock`` lists the fingerprints of the published versions.
         topics: The topics whose events are these records.
         package: The distribution that registered it (filled in by the registry).
+        framing: How producers write the records of its topics that do not say
+            (:attr:`TopicSpec.framing`): ``single-object`` (the default, no server) or
+            ``registry`` (docs/schema-registry.md); :meth:`Registry.framing` resolves a
+            topic's.
     """
 
     name: str
     schemas: Path
     topics: tuple[TopicSpec, ...] = ()
     package: str = field(default="", compare=False)
+    framing: Framing = SINGLE_OBJECT
 
     @property
     def lock_path(self) -> Path:
@@ -137,6 +143,7 @@ class Registry:
             self.processors[spec.name] = spec
         self.contract_sets: dict[str, ContractSet] = {}
         self.topics: dict[str, TopicSpec] = {}
+        self.framings: dict[str, Framing] = {}
         for contract_set in contract_sets:
             self.contract_sets[contract_set.name] = contract_set
             for topic in contract_set.topics:
@@ -144,6 +151,8 @@ class Registry:
                     msg = f"topic {topic.name} is declared twice (in {contract_set.name})"
                     raise ContractError(msg)
                 self.topics[topic.name] = topic
+                # A topic's framing: its own, else its contract set's (one place says it).
+                self.framings[topic.name] = topic.framing or contract_set.framing
 
     @classmethod
     def from_entry_points(cls) -> Registry:
@@ -194,6 +203,10 @@ class Registry:
             known = ", ".join(sorted(self.topics)) or "none"
             msg = f"no contract set declares topic {name!r}; known: {known}"
             raise ContractError(msg) from None
+
+    def framing(self, topic: str) -> Framing:
+        """How producers write ``topic``'s records (single-object for a topic no set declares)."""
+        return self.framings.get(topic, SINGLE_OBJECT)
 
     def schema_dirs(self) -> list[Path]:
         """Every contract set's schema folder."""

@@ -1,10 +1,11 @@
 """Settings blocks shared by every deployable (each composes them in its own ``config.py``).
 
-Environment names: ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_SPARK__*`` (nested with
-``__``); each processor's own options are ``REFOLD_<PROCESSOR>__*`` (see
-:class:`refold.contracts.processors.ProcessorOptions`). Secrets are ``SecretStr``: they print as
-``**********`` and reach clients only through :meth:`KafkaSettings.as_librdkafka` (and its
-Java form, :meth:`KafkaSettings.as_java_client`) and :meth:`RedisSettings.client_kwargs`.
+Environment names: ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_SPARK__*``,
+``REFOLD_SCHEMA_REGISTRY__*`` (nested with ``__``); each processor's own options are
+``REFOLD_<PROCESSOR>__*`` (see :class:`refold.contracts.processors.ProcessorOptions`).
+Secrets are ``SecretStr``: they print as ``**********`` and reach clients only through
+:meth:`KafkaSettings.as_librdkafka` (and its Java form, :meth:`KafkaSettings.as_java_client`),
+:meth:`RedisSettings.client_kwargs` and :meth:`SchemaRegistrySettings.client_config`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
+from refold.contracts.schema_registry import SchemaRegistrySettings
 from refold.contracts.store.connect import redis_client
 
-__all__ = ["KafkaSettings", "RedisSettings", "SparkSettings", "StackSettings"]
+__all__ = [
+    "KafkaSettings",
+    "RedisSettings",
+    "SchemaRegistrySettings",
+    "SparkSettings",
+    "StackSettings",
+]
 
 
 class KafkaSettings(BaseModel):
@@ -149,6 +157,8 @@ class StackSettings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    # REFOLD_SCHEMA_REGISTRY__*: the registry of registry-framed topics (docs/schema-registry.md)
+    schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     state_dir: Path = Path(".state")
     # REFOLD_ARCHIVE_ROOT: where the archive is (default <state dir>/archive). The archive
     # processor writes there, and reads below a partition's log start take records from it.

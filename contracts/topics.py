@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
+
+from refold.contracts.schema_registry import Framing
 
 __all__ = [
     "RETENTION_KEYS",
@@ -42,6 +45,11 @@ class TopicSpec:
             retention").
         retention_bytes: The most a partition keeps (``retention.bytes``), -1 no limit; None:
             the broker's default (no limit), as ``retention_ms``.
+        framing: How the topic's producers (the producer SDK, HTTP ingest, a processor's
+            outputs) write its records: ``single-object`` (Avro single-object encoding, no
+            server) or ``registry`` (``00`` + schema id, with a schema registry;
+            docs/schema-registry.md). None: its contract set's ``framing``. Readers decode
+            either on every topic, whatever this says (a topic moving over holds both).
     """
 
     name: str
@@ -53,8 +61,15 @@ class TopicSpec:
     event_time_field: str | None = None
     retention_ms: int | None = None
     retention_bytes: int | None = None
+    framing: Framing | None = None
 
     def __post_init__(self) -> None:
+        if self.framing is not None and self.framing not in get_args(Framing):
+            msg = (
+                f"topic {self.name}: framing must be one of {', '.join(get_args(Framing))}, "
+                f"got {self.framing!r}"
+            )
+            raise ValueError(msg)
         if self.partitions < 1:
             msg = f"topic {self.name}: partitions must be >= 1, got {self.partitions}"
             raise ValueError(msg)

@@ -4,8 +4,9 @@
   plan is built, unless ``--allow-data-loss``; the check reports the clamped partitions);
 * state: a rebuild from anywhere but the log start starts from a snapshot taken at or before
   its targets (:mod:`refold.replay.snapshots`); without one it is refused;
-* decode: the writer fingerprints of the records to reprocess are scanned (the first 10 bytes of
-  each value), and each writer schema is checked against today's reader schema of its type with
+* decode: the writer schemas of the records to reprocess are scanned (the header of each value:
+  a single-object fingerprint, or a registry schema id mapped to its fingerprint through the
+  schema registry), and each writer schema is checked against today's reader schema of its type with
   Avro schema resolution; unknown fingerprints and non-Avro records are reported (they would
   go to the dead-letter topic);
 * estimate: the rebuild time from the last measured rebuild (informational): its records over
@@ -23,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from refold.contracts.codec import EventCodec, fingerprint_of
+from refold.contracts.codec import EventCodec, writer_key
 from refold.contracts.compat import reader_problem
 from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.consumers import passive_consumer
@@ -170,8 +171,8 @@ def scan_fingerprints(
                 if offset >= ends[tp]:
                     todo.discard(tp)
                     continue
-                fingerprint = fingerprint_of(message.value())
-                counts[NOT_AVRO if fingerprint is None else fingerprint.hex()] += 1
+                key = writer_key(message.value())
+                counts[NOT_AVRO if key is None else key.hex()] += 1
                 scanned += 1
                 if offset + 1 >= ends[tp]:
                     todo.discard(tp)
@@ -196,10 +197,16 @@ def decode_check(
             dead += count
             continue
         try:
-            writer = codec.catalog.by_fingerprint(bytes.fromhex(fingerprint))
-        except DeserializationError:
+            writer = codec.writer_for_key(bytes.fromhex(fingerprint))
+        except DeserializationError as exc:
             dead += count
-            unresolvable.append(f"unknown fingerprint {fingerprint} ({count} records)")
+            key = bytes.fromhex(fingerprint)
+            named = (
+                f"fingerprint {fingerprint}"
+                if len(key) == 8  # single-object; a registry key is 5 bytes
+                else f"schema id {int.from_bytes(key[1:], 'big')} ({exc.reason})"
+            )
+            unresolvable.append(f"unknown {named} ({count} records)")
             continue
         reader = codec.reader_for(writer.name)
         problem = None if reader is writer else reader_problem(reader, writer)
@@ -209,7 +216,9 @@ def decode_check(
             known.append(f"{writer.name} v{writer.version}: {count}")
     not_avro = scan.counts.get(NOT_AVRO, 0)
     if not_avro:
-        unresolvable.append(f"{not_avro} records are not Avro single-object encoded")
+        unresolvable.append(
+            f"{not_avro} records are neither Avro single-object encoded nor registry framed"
+        )
     coverage = (
         f"{scan.scanned} of {scan.total} records scanned"
         if not scan.complete

@@ -16,6 +16,8 @@ import orjson
 
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import ContractError, RefoldError
+from refold.contracts.registry import default_registry
+from refold.contracts.schema_registry import Framing
 
 __all__ = [
     "EventRejectedError",
@@ -127,7 +129,7 @@ class SideEffect:
     key: str
     value: Mapping[str, Any]
     contract: str | None = None
-    # The value as produced (Avro single-object encoding or JSON), filled by encode_effects.
+    # The value as produced (Avro in its topic's framing, or JSON), filled by encode_effects.
     payload: bytes | None = field(default=None, compare=False, repr=False)
 
 
@@ -135,6 +137,12 @@ class SideEffect:
 def output_codec() -> EventCodec:
     """The codec of output contracts: every installed contract set (one per process)."""
     return EventCodec()
+
+
+@cache
+def output_framing(topic: str) -> Framing:
+    """How an output topic's records are written: its contract set's framing (one per topic)."""
+    return default_registry().framing(topic)
 
 
 def encode_effects(effects: Iterable[SideEffect]) -> list[SideEffect]:
@@ -150,7 +158,9 @@ def encode_effects(effects: Iterable[SideEffect]) -> list[SideEffect]:
             if effect.contract is None:
                 payload = orjson.dumps(effect.value)
             else:
-                payload = output_codec().encode_checked(effect.contract, dict(effect.value))
+                payload = output_codec().encode_checked(
+                    effect.contract, dict(effect.value), output_framing(effect.topic)
+                )
         except (ContractError, TypeError, ValueError) as exc:  # JSONEncodeError is a TypeError
             msg = f"output to {effect.topic} is invalid: {exc}"
             raise InvalidOutputError(msg) from exc

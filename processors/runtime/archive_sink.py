@@ -49,6 +49,7 @@ from refold.contracts.archive_coverage import CoveredRanges
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import DeserializationError
 from refold.contracts.layout import position_field
+from refold.contracts.schema_registry import SchemaRegistryUnavailableError
 from refold.contracts.watermarks import is_marker
 from refold.processors.errors import (
     ProcessorConfigError,
@@ -187,6 +188,8 @@ def _decode_into(
         dead.append((record, exc))
         _add_row(groups, _RAW, {}, record, 0)
         return False
+    except SchemaRegistryUnavailableError:
+        raise  # the registry is down: the batch fails and runs again, nothing is skipped
     except Exception as exc:  # the codec's own guard missed a kind: still this record only
         dead.append((record, DeserializationError("undecodable", repr(exc), record.value)))
         _add_row(groups, _RAW, {}, record, 0)

@@ -44,7 +44,7 @@ import redis
 from confluent_kafka import Producer
 from redis.typing import EncodableT, FieldT
 
-from refold.contracts.codec import EventCodec, fingerprint_of
+from refold.contracts.codec import EventCodec, writer_key
 from refold.contracts.errors import DeserializationError
 from refold.contracts.kafka.outputs import output_producer
 from refold.contracts.layout import BATCH_ID_FIELD
@@ -150,12 +150,13 @@ def _send_once(target: FoldTarget, dead: list[DeadLetter]) -> None:
 def _wanted(plan: DecodePlan, value: bytes | None) -> bool:
     """Whether to decode a record: one of the plan's types, or not decodable (say why).
 
-    Read off the 10-byte single-object header, so records of other types are never decoded.
+    Read off the record's header (single-object or registry framing), so records of other
+    types are never decoded.
     """
-    fingerprint = fingerprint_of(value)
-    if fingerprint is None:
+    header = writer_key(value)
+    if header is None:
         return True
-    key = (plan.target.processor, plan.target.generation, fingerprint)
+    key = (plan.target.processor, plan.target.generation, header)
     wanted = _WANTED.get(key)
     if wanted is None:
         writer = plan.codec.writer_of(value)

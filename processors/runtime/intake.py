@@ -23,9 +23,10 @@ from typing import Any, cast
 from redis.client import Pipeline
 
 from refold.contracts.catalog import SchemaVersion
-from refold.contracts.codec import DecodedEvent, EventCodec, fingerprint_of
+from refold.contracts.codec import DecodedEvent, EventCodec, writer_key
 from refold.contracts.errors import DeserializationError
 from refold.contracts.layout import position_field
+from refold.contracts.schema_registry import SchemaRegistryUnavailableError
 from refold.contracts.watermarks import is_marker, read_marker
 from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.projection import EventRejectedError, Projection
@@ -264,6 +265,8 @@ class Intake:
             return self.codec.decode(record.value)
         except DeserializationError as exc:
             return DeadLetter(record, exc.reason, str(exc))
+        except SchemaRegistryUnavailableError:
+            raise  # the registry is down: the batch waits or fails, the record is not skipped
         except Exception as exc:  # the codec's own guard missed a kind: still this record only
             return DeadLetter(record, "undecodable", repr(exc))
 
@@ -360,19 +363,20 @@ class Intake:
         known: dict[bytes, bool],
         decide: Callable[[SchemaVersion], bool],
     ) -> bool:
-        """``decide`` of the record's writer schema, once per fingerprint (True: unknown).
+        """``decide`` of the record's writer schema, once per writer key (True: unknown).
 
-        Per fingerprint, not ``writer_of`` per record: this runs for every record of the fold.
+        Per writer key (fingerprint, or registry schema id), not ``writer_of`` per record: this
+        runs for every record of the fold.
         """
-        fingerprint = fingerprint_of(record.value)
-        if fingerprint is None:
+        key = writer_key(record.value)
+        if key is None:
             return True
-        answer = known.get(fingerprint)
+        answer = known.get(key)
         if answer is None:
             writer = self.codec.writer_of(record.value)
             if writer is None:
                 return True
-            answer = known[fingerprint] = decide(writer)
+            answer = known[key] = decide(writer)
         return answer
 
     def _learn_before(self, pipe: Pipeline, records: Sequence[SourceRecord]) -> None:

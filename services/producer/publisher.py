@@ -25,6 +25,7 @@ from refold.contracts.kafka.credentials import is_refusal, refused
 from refold.contracts.kafka.logs import routed
 from refold.contracts.lock import PublishGate, default_publish_gate
 from refold.contracts.registry import default_registry
+from refold.contracts.schema_registry import Framing
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.topics import TopicSpec
 from refold.services.errors import PublishError, UnacknowledgedEvent
@@ -170,14 +171,21 @@ class EventPublisher:
         spec = self._check_type(event_type)
         if not validated:
             self._codec.validate(event_type, event)
-        value = self._codec.encode(event_type, event, validated=True)
+        framing = self._framing(spec)
+        value = self._codec.encode(event_type, event, validated=True, framing=framing)
         return spec.name, str(event[spec.key_field]).encode(), value
+
+    def _framing(self, spec: TopicSpec) -> Framing:
+        """The topic's framing: its spec's, else its contract set's (the registry's answer)."""
+        return spec.framing or default_registry().framing(spec.name)
 
     def _check_type(self, event_type: str) -> TopicSpec:
         spec = _topic_for(event_type, self._topics)
         if event_type not in self._cleared:  # once per type: its newest version is publishable
             latest = self._codec.catalog.latest(event_type)
             self._gate.check(latest, allow_unlocked=self._allow_unlocked)
+            # registry framing: its id, or SchemaNotRegisteredError saying what to run
+            self._codec.header(latest, self._framing(spec))
             self._cleared.add(event_type)
         return spec
 
@@ -211,7 +219,7 @@ class EventPublisher:
         """
         if len(orjson.dumps(event, default=str)) * 3 < limit:
             return
-        size = len(self._codec.encode(event_type, event, validated=True))
+        size = len(self._codec.encode(event_type, event, validated=True))  # +-5 B by framing
         if size > limit:
             msg = (
                 f"{event_type} event is {size} bytes encoded, over the producer's limit of "

@@ -15,12 +15,14 @@ from hypothesis import example, given, settings, strategies as st
 from refold.contracts.catalog import default_catalog
 from refold.contracts.codec import MAGIC, DecodedEvent, EventCodec
 from refold.contracts.errors import DeserializationError, EventValidationError
+from refold.contracts.schema_registry import SchemaRegistrySettings
 from refold.deploy.simulators.orders import OrderSimulator
 
-CODEC = EventCodec()
+# A registry-framed prefix (00 + 4 bytes) asks confluent-kafka's in-memory registry: no such id.
+CODEC = EventCodec(registry=SchemaRegistrySettings(url="mock://codec-fuzz"))
 CATALOG = default_catalog()
 FINGERPRINTS = sorted(v.fingerprint for v in CATALOG)
-DECODE_REASONS = {"bad-magic", "unknown-fingerprint", "bad-body"}
+DECODE_REASONS = {"bad-magic", "unknown-fingerprint", "unknown-schema-id", "bad-body"}
 # A few hundred examples per property keep the whole file at a few seconds.
 FUZZ = settings(max_examples=300, derandomize=True, database=None, deadline=None)
 
