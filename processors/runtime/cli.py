@@ -38,10 +38,10 @@ from refold.contracts.registry import Registry, default_registry, import_referen
 from refold.contracts.settings import StackSettings
 from refold.contracts.topics import TopicSpec, dead_letter_topic
 from refold.processors.errors import ProcessorConfigError
-from refold.processors.fold.archive import is_archive_processor
 from refold.processors.fold.projection import Projection
 from refold.processors.runtime.checkpoints import checkpoint_root
 from refold.processors.runtime.code_identity import build_fingerprints
+from refold.processors.runtime.engines import engine_of
 from refold.processors.runtime.output_topics import output_topics
 from refold.processors.runtime.runner import (
     GenerationChoice,
@@ -175,9 +175,9 @@ def build_job(
         windows_topic=options.windows_topic,
         # The archive is the cold tier: it never reads below the log start from itself; Spark's
         # JVM source cannot read it (it fails below the log start, as it always did).
-        archive_root=""
-        if is_archive_processor(projection) or options.source_format == "kafka"
-        else run.archive_root,
+        archive_root=run.archive_root
+        if engine_of(projection).reads_cold_tier and options.source_format != "kafka"
+        else "",
     )
     return ProcessorJob(spec, projection, _topics(spec, options, registry), run)
 

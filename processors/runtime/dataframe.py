@@ -446,7 +446,7 @@ def build_dataframe_query(
         raise ProcessorConfigError(msg)
     values = [F.col(f"`{name}`") for name in fields if name != "key"]
     out = rows.select(F.col("key"), F.to_json(F.struct(*values), _JSON_OPTIONS).alias("value"))
-    # A processing-time trigger, as every processor (see query_loop.build_query); available_now is
+    # A processing-time trigger, as every processor (see engines.fold.build_query); available_now is
     # the runner's catch-up check.
     return (
         out.writeStream.outputMode(mode)

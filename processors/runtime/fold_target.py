@@ -185,3 +185,11 @@ class BatchOutcome:
     def merge(self, other: BatchOutcome) -> None:
         """Add another outcome (from another task) into this one."""
         add_outcome(self, other)
+
+    def describe(self) -> str:
+        """One line for the log, once a query has stopped."""
+        return (
+            f"{self.records} records, {self.applied} applied, {self.passed} passed by "
+            f"(types it does not fold), {self.rejected} rejected, "
+            f"{self.undecodable} undecodable"
+        )

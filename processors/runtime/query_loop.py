@@ -25,14 +25,10 @@ from refold.contracts.store.lease import GenerationLease
 from refold.contracts.topics import TopicSpec
 from refold.processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError
 from refold.processors.fold.projection import Projection
-from refold.processors.runtime.archive_sink import ArchiveSink
 from refold.processors.runtime.background import DriverTask
-from refold.processors.runtime.dataframe import (
-    DataFrameSink,
-)
+from refold.processors.runtime.engines import RunningSink, engine_of
 from refold.processors.runtime.group_mirror import ConsumerGroupMirror
 from refold.processors.runtime.query_start import (
-    Sink,
     driver_task,
     ensure_generation_topics,
     log_start,
@@ -230,11 +226,8 @@ def run_generation(
         else None
     )
     sink, query = start_query(projection, topics, kafka, options, spark, run, mirror, closer)
-    # The ranges source and Spark's kafka source (ranges from the offsets log) move a fold's
-    # positions to each planned range's end; refold's record source leaves them at the last
-    # record, below the end after a transaction marker. A DataFrame processor records the
-    # batch's end offsets whatever the source.
-    exact_ends = isinstance(sink, DataFrameSink) or options.source_format != "refold_kafka"
+    # Whether the applied positions reach each planned batch's end (else: no behind check).
+    exact_ends = engine_of(projection).exact_ends(options.source_format)
     watch = _RedisWatch(registry, run.generation, exact_ends)
     stop = external_stop or threading.Event()
 
@@ -335,17 +328,9 @@ def _watch_query(
     return "stopped"
 
 
-def _log_stopped(projection: Projection, run: ProcessorRun, sink: Sink) -> None:
+def _log_stopped(projection: Projection, run: ProcessorRun, sink: RunningSink) -> None:
     """What the generation's run folded, once its query has stopped."""
-    if isinstance(sink, ArchiveSink | DataFrameSink):
-        what = sink.total.describe()
-    else:
-        total = sink.total
-        what = (
-            f"{total.records} records, {total.applied} applied, {total.passed} passed by "
-            f"(types it does not fold), {total.rejected} rejected, "
-            f"{total.undecodable} undecodable"
-        )
+    what = sink.total.describe()
     logger.info("%s generation %d stopped: %s", projection.name, run.generation, what)
 
 

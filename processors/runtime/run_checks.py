@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
@@ -16,16 +15,12 @@ from refold.contracts.processors import (
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.topics import TopicSpec
 from refold.processors.errors import ProcessorConfigError
-from refold.processors.fold.archive import is_archive_processor
-from refold.processors.fold.dataframe import is_dataframe_processor
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.rekey import Keying, KeyingError, plan_keying
+from refold.processors.runtime.engines import engine_of
 from refold.processors.runtime.run_plan import (
     RunOptions,
 )
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 
@@ -63,21 +58,11 @@ def check_dedupe(projection: Projection, dedupe: EventId | None) -> None:
     """De-duplication by event id is a rule of entity folds: refuse it anywhere else."""
     if dedupe is None:
         return
-    kind = (
-        "a DataFrame processor"
-        if is_dataframe_processor(projection)
-        else "an archive"
-        if is_archive_processor(projection)
-        else "a window fold"
-        if getattr(projection, "windows", None)
-        else "a lookup fold"
-        if getattr(projection, "lookup", None)
-        else None
-    )
-    if kind is not None:
+    engine = engine_of(projection)
+    if not engine.dedupes:
         msg = (
-            f"{projection.name} is {kind}, but its spec declares dedupe=, which only entity "
-            "folds apply. Operator action: remove dedupe from its ProcessorSpec."
+            f"{projection.name} is {engine.called}, but its spec declares dedupe=, which only "
+            "entity folds apply. Operator action: remove dedupe from its ProcessorSpec."
         )
         raise ProcessorConfigError(msg)
 
@@ -88,11 +73,7 @@ def check_state_ttl(
     """State that expires is a rule of entity folds with an event time: refuse it elsewhere."""
     if state_ttl is None:
         return
-    # Imported here: the kinds import the writer's modules, which a start check need not load.
-    from refold.processors.runtime.kinds import kind_of
-
-    keyless = is_dataframe_processor(projection) or is_archive_processor(projection)
-    kind = "none" if keyless else kind_of(projection)[0]
+    kind = engine_of(projection).state_kind(projection) or "none"
     if kind != "entity" or event_time is None:
         what = "has no event_time" if event_time is None else f"is not an entity fold ({kind})"
         msg = (
@@ -106,43 +87,12 @@ def check_state_ttl(
 def check_event_time(
     projection: Projection, event_time: EventTime | None, keying: Keying | None
 ) -> None:
-    """Windows need an event time; lookups need entities owned by partitions.
+    """What the engine requires of the event time and the keying (ProcessorConfigError).
 
-    A DataFrame processor has none: its watermark is Spark's, in its transform.
+    Windows need an event time; a lookup fold is not re-keyed; a DataFrame processor has none:
+    its watermark is Spark's, in its transform.
     """
-    name = projection.name
-    if event_time is not None and is_dataframe_processor(projection):
-        msg = (
-            f"{name} is a DataFrame processor, whose lateness is Spark's (withWatermark in its "
-            "transform), but its spec declares an event_time that nothing would apply. "
-            "Operator action: remove event_time from its ProcessorSpec."
-        )
-        raise ProcessorConfigError(msg)
-    if getattr(projection, "windows", None) and event_time is None:
-        msg = (
-            f"{name} declares windows but its spec has no event_time. Operator action: add "
-            "event_time=EventTime(field=...) to its ProcessorSpec."
-        )
-        raise ProcessorConfigError(msg)
-    if (
-        event_time is not None
-        and keying is not None
-        and keying.slots
-        and getattr(projection, "lookup", None)
-    ):
-        # Re-keyed with an event time: lateness is judged per source partition by every
-        # writer slot (processors/runtime/lateness.py), and timers fire on each slot's
-        # watermark over every partition (processors/fold/timers.py). A lookup fold keeps no
-        # state per entity (its events wait in one pending set, scored by event time, and its
-        # lookup_key picks the table row whatever the processor's key), so re-keying it would
-        # only cost every slot a read of every record; it is not built, nor tested, re-keyed.
-        msg = (
-            f"{name} has a lookup but is re-keyed ({keying.reason}). A lookup fold keeps no "
-            "state per entity, and its lookup_key picks the table's row whatever the "
-            "processor's key, so it needs no re-keying. Operator action: declare the topics' "
-            "partition key as its key."
-        )
-        raise ProcessorConfigError(msg)
+    engine_of(projection).check_spec(projection, event_time, keying)
 
 
 def check_marker_source(
@@ -154,8 +104,8 @@ def check_marker_source(
     ``kafka`` and refold's ``refold_kafka`` row sources carry none, so each marker would go to
     the dead-letter topic as an undecodable record. Refused at start, naming the fix.
     """
-    if is_dataframe_processor(projection) or is_archive_processor(projection):
-        return  # they skip markers themselves
+    if engine_of(projection).skips_markers:
+        return  # it tells markers apart itself
     if options.source_format.startswith("refold_kafka_ranges"):
         return
     marked = [t.name for t in topics if t.event_time_field]

@@ -42,17 +42,16 @@ from refold.contracts.store.generations import (
 )
 from refold.contracts.store.outage import wait_out_redis
 from refold.contracts.topics import TopicSpec, dead_letter_topic
-from refold.contracts.windows import window_meta
 from refold.processors.errors import ProcessorConfigError
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.rekey import Keying
-from refold.processors.fold.windows import scales_of
 from refold.processors.runtime.checkpoints import (
     checkpoint_location,
     has_batches,
     remove_stale_checkpoint,
 )
 from refold.processors.runtime.code_identity import build_fingerprints, check_resume
+from refold.processors.runtime.engines import engine_of
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.kafka_ranges import resolve_starting_offsets
 from refold.processors.runtime.shards import wanted_shards
@@ -197,9 +196,8 @@ def resolve_run(
             )
             raise ProcessorConfigError(msg)
         check_resume(registry, projection, generation, options.accept_code_change, declared)
-    windows = getattr(projection, "windows", None)
-    if windows:  # readers (the query API) build the windows from it, without the code
-        described = window_meta(windows, getattr(projection, "distinct", ()), scales_of(projection))
+    described = engine_of(projection).generation_meta(projection)
+    if described:  # readers (the query API) build the windows from it, without the code
         registry.update_meta(generation, described)
     epoch = int(registry.meta(generation).get(CHECKPOINT_EPOCH_FIELD, "0"))
     checkpoint = checkpoint_location(

@@ -36,8 +36,6 @@ from refold.contracts.store.generations import GenerationRegistry
 from refold.contracts.store.lease import GenerationLease
 from refold.contracts.topics import TopicSpec
 from refold.processors.errors import REDIS_UNAVAILABLE, ProcessorConfigError, ProcessorError
-from refold.processors.fold.archive import is_archive_processor
-from refold.processors.fold.dataframe import is_dataframe_processor
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.rekey import Keying
 from refold.processors.runtime.checkpoints import (
@@ -49,6 +47,7 @@ from refold.processors.runtime.dataframe import (
     redis_behind_message,
     refuse_lost_checkpoint,
 )
+from refold.processors.runtime.engines import Engine, engine_of
 from refold.processors.runtime.output_transactions import fence_writers
 from refold.processors.runtime.query_loop import (
     RestartBudget,
@@ -94,6 +93,7 @@ class _Processor:
     """What every start of one processor uses: checked once, before the first generation."""
 
     projection: Projection
+    engine: Engine
     topics: list[TopicSpec]
     kafka: KafkaSettings
     redis_settings: RedisSettings
@@ -138,10 +138,11 @@ def _checked(
     spec: ProcessorSpec | None,
 ) -> _Processor:
     """The spec checked against the fold and the broker (keying, event time, dedupe, markers)."""
-    # A DataFrame processor's rows are written by the driver, one transaction per batch: its
-    # entities need no owner task, and an archive has no entities: neither is ever re-keyed.
-    keyless = is_dataframe_processor(projection) or is_archive_processor(projection)
-    keying = None if spec is None or keyless else plan_keying_of(spec, topics, kafka, options)
+    engine = engine_of(projection)
+    # Only an engine whose entities are owned by tasks is re-keyed (not a DataFrame processor,
+    # whose rows the driver writes, nor an archive, which has no entities).
+    keyed = spec is not None and engine.keyed
+    keying = plan_keying_of(spec, topics, kafka, options) if spec and keyed else None
     event_time = None if spec is None else spec.event_time
     check_event_time(projection, event_time, keying)
     dedupe = None if spec is None else spec.dedupe
@@ -154,6 +155,7 @@ def _checked(
     declared = NOTHING_DECLARED if spec is None else spec.declared_code
     return _Processor(
         projection,
+        engine,
         topics,
         kafka,
         redis_settings,
@@ -200,9 +202,8 @@ def run_processor(
     Returns:
         The generation that ran last.
     """
-    if is_archive_processor(projection):
-        # An archive is one lineage of files: code and schema changes never call for a
-        # rebuild (new files get the new columns; `refold archive backfill` rewrites old dates).
+    if not engine_of(projection).rebuilds_on_code_change:
+        # One lineage whatever the code (an archive's files: new files get the new columns).
         options = dataclasses.replace(options, accept_code_change=True)
     processor = _checked(projection, topics, kafka, redis_settings, options, spec)
     bounded = options.available_now or bool(options.ending_offsets)
@@ -261,7 +262,7 @@ def _prepared(
 ) -> tuple[ProcessorRun, SparkSession]:
     """The run with its starting positions recorded, and the session (built on first use)."""
     projection, registry = processor.projection, processor.registry
-    if is_dataframe_processor(projection):
+    if processor.engine.state_in_checkpoint:
         refuse_lost_checkpoint(
             projection.name,
             run.generation,
@@ -301,7 +302,7 @@ class _Loop:
         if outcome == "retired":
             self._follow(processor, run)
         elif outcome == "behind":
-            if is_dataframe_processor(processor.projection):
+            if processor.engine.state_in_checkpoint:
                 # Its state is in Spark's checkpoint, past what Redis lost.
                 raise ProcessorConfigError(redis_behind_message(name, run.generation))
             # Redis lost writes Spark's checkpoint has passed: plan from Redis' positions.
@@ -347,7 +348,7 @@ class _Loop:
         """After a cutover: check the new live generation's code, then wait for its lease."""
         registry = processor.registry
         live = processor.until_redis_answers(registry.live)
-        if live is not None and not is_archive_processor(processor.projection):
+        if live is not None and processor.engine.rebuilds_on_code_change:
             # Raises when the new live generation was built by other code: this process
             # stops rather than fold it with its old code (an accepted change at start
             # was for the generation it started on, not for a later rebuild's).

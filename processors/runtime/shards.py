@@ -13,12 +13,9 @@ from typing import cast
 
 from refold.contracts.layout import parse_position_field
 from refold.contracts.topics import TopicSpec
-from refold.processors.fold.archive import is_archive_processor
-from refold.processors.fold.dataframe import is_dataframe_processor
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.rekey import Keying
-from refold.processors.runtime.kinds import kind_of
 
 __all__ = ["SHARDABLE_KINDS", "SHARDED_KINDS", "ShardPart", "split_by_shard", "wanted_shards"]
 
@@ -76,10 +73,12 @@ def wanted_shards(
     """
     if mode == "off" or (mode == "auto" and not cluster) or not topics:
         return 0
-    if is_dataframe_processor(projection) or is_archive_processor(projection):
-        return 0
+    # Imported here: the engines load the fold writer, which imports this module.
+    from refold.processors.runtime.engines import engine_of
+
     kinds = SHARDABLE_KINDS if mode == "on" else SHARDED_KINDS
-    if (keying is not None and keying.slots) or kind_of(projection)[0] not in kinds:
+    kind = engine_of(projection).state_kind(projection)  # None: DataFrame and archive
+    if (keying is not None and keying.slots) or kind not in kinds:
         return 0
     counts = {t.partitions for t in topics}
     return counts.pop() if len(counts) == 1 else 0
