@@ -18,8 +18,14 @@ from refold.deploy.local_stack import (
     DEFAULT_REDIS_PORT,
     LocalStack,
     LocalStackError,
+    ServerStatus,
 )
 from refold.deploy.processes import stop_hint, tcp_port
+from refold.deploy.schema_registry import (
+    DEFAULT_REGISTRY_PORT,
+    LocalSchemaRegistry,
+    SchemaRegistryError,
+)
 from refold.deploy.stack_security import SCRAM_MECHANISM
 from refold.deploy.stack_status import stack_verdict
 
@@ -42,6 +48,32 @@ def _stack(args: argparse.Namespace) -> LocalStack:
         secure=secure,
         redis_cluster=cluster,
         tiered_storage=tiered,
+    )
+
+
+def _registry(args: argparse.Namespace) -> LocalSchemaRegistry:
+    """The stack's schema registry (docs/schema-registry.md, "A local registry")."""
+    port = getattr(args, "schema_registry_port", None) or int(
+        os.environ.get("REFOLD_SCHEMA_REGISTRY_PORT", DEFAULT_REGISTRY_PORT)
+    )
+    return LocalSchemaRegistry(Path(args.state_dir) / "stack", port)
+
+
+def _registry_up(args: argparse.Namespace) -> str:
+    """Start the registry when asked, or when this state dir ran one; the lines to print."""
+    registry = _registry(args)
+    if not (getattr(args, "schema_registry", False) or registry.configured):
+        return ""
+    was = registry.status()
+    try:
+        registry.start()
+    except SchemaRegistryError as exc:
+        raise LocalStackError(str(exc)) from None
+    state = f"was running already (pid {was.pid})" if was.running else "up"
+    return (
+        f"schema registry {state}: Apicurio Registry at {registry.url} (in memory: "
+        "`refold contracts publish` after each start)\n"
+        f"         export REFOLD_SCHEMA_REGISTRY__URL={registry.url}\n"
     )
 
 
@@ -79,6 +111,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if len(running) == 2:
         print("local stack already running:")
     stack.start(missing_only=True)  # what is down starts; a failure exits non-zero (main)
+    registry_lines = _registry_up(args)
     for name, server in running.items():
         print(f"{name} was running already (pid {server.pid}, port {server.port})")
     redis_kind = "Redis" if stack.cluster is None else "a Redis Cluster (3 masters, 3 replicas)"
@@ -89,14 +122,15 @@ def _cmd_up(args: argparse.Namespace) -> int:
         f"logs and pid files in {stack.state_dir}\n"
         f"use it:  export REFOLD_KAFKA__BOOTSTRAP_SERVERS={stack.bootstrap_servers} "
         f"REFOLD_REDIS__URL={stack.redis_url}\n{_security_lines(stack)}{_tier_line(stack)}"
-        f"stop it: {stop_hint('refold down', args.state_dir)}"
+        f"{registry_lines}stop it: {stop_hint('refold down', args.state_dir)}"
     )
     return 0
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
     stack = _stack(args)
-    running = [f"{s.name} (port {s.port})" for s in stack.status() if s.running]
+    running = [f"{s.name} (port {s.port})" for s in _servers(stack, args) if s.running]
+    _registry(args).stop()
     stack.stop()
     print(f"stopped: {', '.join(running)}" if running else "nothing was running")
     return 0
@@ -104,10 +138,12 @@ def _cmd_down(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     stack = _stack(args)
-    servers = stack.status()
+    servers = _servers(stack, args)
     verdict = stack_verdict(servers)
     for server, state in zip(servers, verdict.states, strict=True):
         print(f"{server.name:<6} port {server.port:<6} {state:<22} log {server.log_file}")
+        if server.name == "schema-registry":
+            print(f"       Apicurio Registry, {_registry(args).url}")
         if server.data_dir is not None:
             print(
                 f"       Apache Kafka {server.version}, data {server.data_dir} "
@@ -117,6 +153,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if verdict.exit_code:
         print(verdict.message(stop_hint("refold up", args.state_dir)), file=sys.stderr)
     return verdict.exit_code
+
+
+def _servers(stack: LocalStack, args: argparse.Namespace) -> list[ServerStatus]:
+    """The stack's servers, and its schema registry when this state dir runs one."""
+    servers = stack.status()
+    registry = _registry(args)
+    if registry.configured or registry.status().pid is not None:
+        found = registry.status()
+        servers.append(
+            ServerStatus("schema-registry", found.port, found.pid, found.running, found.log_file)
+        )
+    return servers
 
 
 def _size(n: int) -> str:
@@ -441,6 +489,21 @@ def build_parser() -> argparse.ArgumentParser:
                 help="a local Redis Cluster of 3 masters with 1 replica each, on --redis-port "
                 "and the 5 ports after it, instead of one redis-server (a new stack only: it "
                 "stays a cluster); clients reach it as redis+cluster://127.0.0.1:<port>",
+            )
+            command.add_argument(
+                "--schema-registry",
+                action="store_true",
+                help="also a schema registry: Apicurio Registry (Java 21+: "
+                "REFOLD_SCHEMA_REGISTRY_JAVA_HOME, JAVA_HOME or /usr/lib/jvm), in memory, its "
+                "Confluent-compatible API at http://127.0.0.1:<port>/apis/ccompat/v7 (then "
+                "`refold up` starts it again; `refold down` stops it)",
+            )
+            command.add_argument(
+                "--schema-registry-port",
+                type=tcp_port,
+                default=None,
+                help="the schema registry's port (env REFOLD_SCHEMA_REGISTRY_PORT, default "
+                f"{DEFAULT_REGISTRY_PORT})",
             )
             command.add_argument(
                 "--tiered-storage",

@@ -78,7 +78,7 @@ class LocalStackError(RuntimeError):
 class ServerStatus:
     """What ``refold status`` reports for one server."""
 
-    name: ServerName
+    name: ServerName | Literal["schema-registry"]  # the registry: deploy/schema_registry.py
     port: int
     pid: int | None
     running: bool
