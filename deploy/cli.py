@@ -424,7 +424,7 @@ PASSED_ON: dict[str, tuple[str, str]] = {
         "refold.deploy.tail_cli",
     ),
     "contracts": (
-        "check | lock the published schema versions (see `refold contracts -h`)",
+        "check | lock | publish the schema versions (see `refold contracts -h`)",
         "refold.deploy.contracts_cli",
     ),
     "webhooks": (

@@ -1,10 +1,12 @@
-"""``refold contracts check | lock``: the published schema versions of the installed contract sets.
+"""``refold contracts check | lock | publish``: the published schema versions of the contract sets.
 
 ``check`` prints every contract set (its records, versions, fingerprints, published or new) and
 exits 1 when a published version was changed or deleted, or a new version breaks
 BACKWARD_TRANSITIVE. ``lock`` publishes every version (writes each set's ``contracts.lock``)
 and refuses, with exit 1, the same problems. Run ``lock`` in the source checkout (an editable
-install), where the lock files are committed. See :mod:`contracts.lock`.
+install), where the lock files are committed. See :mod:`contracts.lock`. ``publish``
+registers every locked version in the schema registry of ``REFOLD_SCHEMA_REGISTRY__URL``
+(:mod:`contracts.schema_publish`), and exits 1 when the registry disagrees with the lock.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
             "lock",
             "publish every version: write each set's contracts.lock (commit it); refuses, "
             "with exit 1, what check refuses",
+        ),
+        (
+            "publish",
+            "register every locked version in the schema registry (REFOLD_SCHEMA_REGISTRY__URL;"
+            " subjects by RecordNameStrategy, compatibility BACKWARD_TRANSITIVE); exit 1 when "
+            "a subject's versions differ from the lock's",
         ),
     ):
         command = sub.add_parser(name, help=text, description=text)
@@ -135,6 +143,44 @@ def _lock(contract_sets: Iterable[ContractSet]) -> int:
     return status
 
 
+def _publish(contract_sets: Iterable[ContractSet]) -> int:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from refold.contracts.schema_publish import COMPATIBILITY, locked_versions, publish_subject
+    from refold.contracts.schema_registry import SchemaRegistrySettings
+
+    settings = SchemaRegistrySettings.from_env()
+    try:
+        client = SchemaRegistryClient.new_client(settings.client_config())
+        subjects = locked_versions(contract_sets)
+    except ContractError as exc:
+        print(f"refold contracts publish: {exc}", file=sys.stderr)
+        return 1
+    problems: list[str] = []
+    for subject, locked in sorted(subjects.items()):
+        report = publish_subject(client, subject, locked)
+        problems += report.problems
+        if report.problems:
+            print(f"  {subject:<40} REFUSED")
+            continue
+        new = ", ".join(f"v{version} (id {schema_id})" for version, schema_id in report.registered)
+        print(
+            f"  {subject:<40} {report.present + len(report.registered)} version(s), "
+            f"{COMPATIBILITY}; {'registered ' + new if new else 'nothing new'}"
+        )
+    if problems:
+        print(f"\n{len(problems)} problem(s):", *problems, sep="\n  - ", file=sys.stderr)
+        print(
+            "Operator action: the registry must hold the lock's versions, in order; a subject "
+            "that differs was left as it is (delete it in the registry if it is wrong, or fix "
+            "the lock as `refold contracts check` says).",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"schema registry {settings.url}: agrees with the lock ({len(subjects)} subjects)")
+    return 0
+
+
 def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> int:
     """Run ``refold contracts``; returns the exit code.
 
@@ -151,6 +197,8 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
         return 1
     if args.command == "lock":
         return _lock(contract_sets)
+    if args.command == "publish":
+        return _publish(contract_sets)
     return _check(contract_sets, registry)
 
 
