@@ -17,6 +17,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from refold.contracts.catalog import SchemaCatalog, default_catalog
 from refold.contracts.codec import EventCodec
+from refold.contracts.commerce import ORDERS
 from refold.contracts.errors import SchemaIncompatibleError
 from refold.contracts.lock import PublishGate, relock
 from refold.contracts.registry import ContractSet, Registry
@@ -27,7 +28,8 @@ from refold.contracts.schema_registry import (
 )
 from refold.contracts.settings import KafkaSettings
 from refold.contracts.topics import TopicSpec
-from refold.deploy import cli, contracts_cli
+from refold.deploy import cli, contracts_cli, tail_cli
+from refold.deploy.simulators.orders import OrderSimulator
 from refold.services.producer.publisher import EventPublisher
 
 V1 = [{"name": "id", "type": "string"}, {"name": "n", "type": "long"}]
@@ -178,3 +180,20 @@ def test_the_sdk_writes_registry_framing_a_plain_avro_deserializer_reads(
             break
     consumer.close()
     assert read == events
+
+
+def test_refold_tail_decodes_registry_framing(
+    registry_url, kafka_bootstrap, make_topic, monkeypatch, capsys
+):
+    assert contracts_cli.main(["publish"]) == 0  # the installed contracts (again: idempotent)
+    topic = make_topic(partitions=1, prefix="orders")
+    spec = TopicSpec(topic, 1, "order_id", ORDERS.event_types, framing="registry")
+    events = list(OrderSimulator(3, seed=5))
+    EventPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap), topics=[spec]).emit_many(
+        events
+    )
+    monkeypatch.setenv("REFOLD_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    capsys.readouterr()
+    assert tail_cli.main([topic, "--from", "earliest", "--json"]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["event_type"], r["value"]) for r in shown] == events

@@ -26,6 +26,7 @@ from refold.contracts.schema_registry import (
 )
 from refold.contracts.topics import TopicSpec
 from refold.deploy.simulators.orders import OrderSimulator
+from refold.replay.validate import FingerprintScan, decode_check
 
 CATALOG = default_catalog()
 PLACED = CATALOG.latest("OrderPlaced")
@@ -185,3 +186,15 @@ def test_a_topic_framing_is_its_own_else_its_contract_sets(tmp_path):
     ]
     with pytest.raises(ValueError, match="framing must be one of single-object, registry"):
         TopicSpec("d", 1, "id", ("D",), framing="confluent")  # type: ignore[arg-type]
+
+
+def test_the_replay_plan_s_decode_check_names_registry_ids():
+    settings, client = registry_with(PLACED, url="mock://framing-decode-check")
+    codec = codec_of(settings, client)
+    framed = codec.encode("OrderPlaced", EVENT, framing="registry")
+    counts = {framed[:5].hex(): 3, PLACED.fingerprint.hex(): 2, "00000003e7": 1}
+    check = decode_check(FingerprintScan(counts, 6, 6), codec, accept_dead_letters=False)
+    assert not check.ok
+    assert f"all 6 records scanned; OrderPlaced v{PLACED.version}: 3" in check.detail
+    assert f"OrderPlaced v{PLACED.version}: 2" in check.detail
+    assert "unknown schema id 999 (unknown-schema-id) (1 records)" in check.detail
