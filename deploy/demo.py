@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from refold.contracts.kafka.admin import ensure_topics
 from refold.contracts.kafka.offsets import LogOffsets
@@ -319,14 +321,42 @@ class _Running:
     processor: GroupProcess
 
 
+def _delete_head(running: _Running) -> None:
+    """Delete the first half of order_state's topic, as its retention would; print what."""
+    (topic,) = processor_spec(PROCESSOR).topics
+    with LogOffsets(running.kafka.as_librdkafka()) as offsets:
+        ends = offsets.end_offsets([(topic, p) for p in offsets.partitions(topic)])
+    cut = {tp: end // 2 for tp, end in ends.items()}
+    config: dict[str, str | int | float | bool] = {**running.kafka.as_librdkafka()}
+    admin = AdminClient(config)
+    requests = [TopicPartition(t, p, offset) for (t, p), offset in cut.items()]
+    for future in admin.delete_records(requests).values():
+        future.result(timeout=30)
+    _say(f"retention: the head of {topic} is deleted; the archive keeps it")
+    print(
+        f"deleted the first {sum(cut.values()):,} of {sum(ends.values()):,} records of {topic}, "
+        "half of each partition (delete_records, what retention.ms does after its time)"
+    )
+
+
 def _replay(running: _Running, live: int) -> bool:
-    """Rebuild order_state online, flip readers, and compare; True when identical."""
+    """Rebuild order_state online from all of history, flip readers, compare; True if identical.
+
+    Its topic's head is deleted first: the rebuild reads it from the archive (the log's cold
+    tier), then the log.
+    """
     client, prefix = running.client, running.redis_settings.key_prefix
     reader = StateReader(client, PROCESSOR, prefix)
-    _say("replay: rebuild order_state from the earliest offset into a new generation")
+    _delete_head(running)
+    _say(
+        "replay: rebuild order_state from all of history into a new generation (the archive "
+        "below each partition's log start, then the log)"
+    )
     spec = processor_spec(PROCESSOR)
-    plan = plan_replay(spec, ToEarliest(), running.kafka, client, prefix)
-    print(plan.render())
+    plan = plan_replay(
+        spec, ToEarliest(), running.kafka, client, prefix, archive_root=running.demo_dir / "archive"
+    )
+    print(plan.render())  # its ARCHIVE column and retention check say what the archive serves
     print(f"readers keep seeing generation {reader.live_generation()} meanwhile")
     with progress_bar(total=plan.total_events, unit="ev", desc="rebuilding") as bar:
 

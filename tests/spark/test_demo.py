@@ -1,7 +1,8 @@
 """The README's first command: ``refold demo`` end to end, small, as a new user runs it.
 
 It starts its own local stack (as ``make run`` does), so this test has a second broker for its
-two minutes. What it checks is what the demo prints as its own verdicts: the replay equals the
+two minutes. What it checks is what the demo prints as its own verdicts: the replay (from all
+of history, after the orders topic's head was deleted: the archive, then the log) equals the
 live state, the archive equals the events produced, the chained processor counts each order
 once; and that it stops everything it started. It failed once for 120 s waiting on a webhook
 position that could not reach the log's end, and no test noticed.
@@ -39,6 +40,9 @@ def test_the_demo_runs_to_the_end_with_every_verdict_yes(tmp_path):
         pytest.fail(f"the demo did not end in 900 s; it printed:\n{_tail(expired.stdout)}")
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    # The replay read the head that retention deleted from the archive, then the log.
+    assert "retention: the head of commerce.orders is deleted" in out
+    assert "from the archive, then the log" in out
     assert "rebuilt state identical to generation 1: yes" in out
     assert "equal to the events produced per type: yes" in out
     assert "each once, as order_state counts them: yes" in out
