@@ -33,7 +33,7 @@ from refold.contracts.store.generations import GenerationRegistry, status_and_li
 from refold.contracts.store.positions import GenerationPositions
 from refold.contracts.store.sketches import UnionCounts
 from refold.contracts.windows import WINDOW_RESULT, result_record, watermark_of
-from refold.processors.fold.projection import output_codec
+from refold.processors.fold.projection import output_codec, output_framing
 from refold.processors.fold.windows import (
     CLOSE_TIMERS,
     EXPIRE_TIMERS,
@@ -368,10 +368,10 @@ class WindowCloser(DriverTask):
         if self._producer is None:
             self._producer = output_producer(self.kafka)
         sent = Deliveries(self._producer, f"{len(results)} window results to {self.topic}")
-        codec = output_codec()
+        codec, framing = output_codec(), output_framing(self.topic)
         for result in results:
             record = result_record(self.keys.processor, result, self._scales)
-            payload = codec.encode(WINDOW_RESULT, record, validated=True)
+            payload = codec.encode(WINDOW_RESULT, record, validated=True, framing=framing)
             # The same result emitted again has the same id; a correction has another.
             digest = hashlib.blake2b(payload, digest_size=8).hexdigest()
             result_id = (
