@@ -23,7 +23,12 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from refold.contracts.errors import ContractError
 from refold.contracts.fingerprints import DeclaredCode
 from refold.contracts.layout import DEFAULT_KEY_PREFIX
-from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
+from refold.contracts.settings import (
+    KafkaSettings,
+    RedisSettings,
+    SchemaRegistrySettings,
+    SparkSettings,
+)
 
 # How a processor reads Kafka: refold's Python source planning offset ranges (each task reads
 # its own range), the same source yielding records through Spark, or Spark's own JVM connector.
@@ -403,6 +408,8 @@ class ProcessLauncher:
         options: Per processor name, its ``REFOLD_<PROCESSOR>__*`` variables (strings as in an
             environment, or an options model).
         log_level: ``REFOLD_LOG_LEVEL`` when set.
+        schema_registry: The registry of registry-framed records (``REFOLD_SCHEMA_REGISTRY__*``,
+            passed when its URL is set).
     """
 
     kafka: KafkaSettings
@@ -411,6 +418,7 @@ class ProcessLauncher:
     state_dir: Path
     options: Mapping[str, Mapping[str, str] | BaseModel] = field(default_factory=dict)
     log_level: str | None = None
+    schema_registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
 
     def env(self) -> dict[str, str]:
         """Every setting as ``REFOLD_*`` variables, to add to the child's environment."""
@@ -420,6 +428,8 @@ class ProcessLauncher:
             **settings_env("REFOLD_SPARK", self.spark),
             "REFOLD_STATE_DIR": str(self.state_dir),
         }
+        if self.schema_registry.url:
+            env.update(settings_env("REFOLD_SCHEMA_REGISTRY", self.schema_registry))
         for name, block in self.options.items():
             if isinstance(block, BaseModel):
                 env.update(settings_env(options_env_prefix(name).removesuffix("__"), block))

@@ -168,7 +168,11 @@ class _Control:
         log = logs / f"replay-{name}-{time.strftime('%Y%m%dT%H%M%S')}.log"
         settings = self.settings
         env = ProcessLauncher(
-            settings.kafka, settings.redis, settings.spark, settings.state_dir
+            settings.kafka,
+            settings.redis,
+            settings.spark,
+            settings.state_dir,
+            schema_registry=settings.schema_registry,
         ).env()
         argv = [sys.executable, "-m", "refold.replay", "plan"]
         argv += ["--processor", name, *request.flags(), "--execute", "--no-progress"]

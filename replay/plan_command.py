@@ -150,6 +150,7 @@ def _rebuild(
                 settings.spark,
                 settings.state_dir,
                 options_environ([spec.name], os.environ),
+                schema_registry=settings.schema_registry,
             ),
         )
     if result.as_of:

@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from refold.contracts.catalog import default_catalog
 from refold.contracts.codec import MAGIC, EventCodec, framing_of, writer_key
 from refold.contracts.errors import DeserializationError
+from refold.contracts.processors import ProcessLauncher
 from refold.contracts.registry import ContractSet, Registry
 from refold.contracts.schema_registry import (
     RegistrySchemas,
@@ -24,6 +25,7 @@ from refold.contracts.schema_registry import (
     schema_text,
     subject_of,
 )
+from refold.contracts.settings import KafkaSettings, RedisSettings, SparkSettings
 from refold.contracts.topics import TopicSpec
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.replay.validate import FingerprintScan, decode_check
@@ -198,3 +200,19 @@ def test_the_replay_plan_s_decode_check_names_registry_ids():
     assert f"all 6 records scanned; OrderPlaced v{PLACED.version}: 3" in check.detail
     assert f"OrderPlaced v{PLACED.version}: 2" in check.detail
     assert "unknown schema id 999 (unknown-schema-id) (1 records)" in check.detail
+
+
+def test_a_processor_s_environment_carries_the_registry(monkeypatch, tmp_path):
+    registry = SchemaRegistrySettings(
+        url="https://registry:8081",
+        basic_auth_user_info="u:pw",  # type: ignore[arg-type]
+        client_properties={"ssl.ca.location": "/ca.pem"},
+    )
+    plain = ProcessLauncher(KafkaSettings(), RedisSettings(), SparkSettings(), tmp_path)
+    assert not any(k.startswith("REFOLD_SCHEMA_REGISTRY") for k in plain.env())
+    launcher = ProcessLauncher(
+        KafkaSettings(), RedisSettings(), SparkSettings(), tmp_path, schema_registry=registry
+    )
+    for key, value in launcher.env().items():
+        monkeypatch.setenv(key, value)
+    assert SchemaRegistrySettings.from_env() == registry  # the child builds the same settings
