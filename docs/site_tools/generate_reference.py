@@ -2,7 +2,7 @@
 
 - ``reference/cli.md``: every command line, from its argparse parser (``command_parsers``).
 - ``reference/api.md``: every public name of ``import refold``, rendered by mkdocstrings from
-  its docstring, grouped by the module that defines it.
+  its docstring, grouped by the module that defines it; then those of ``refold.extend``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import mkdocs_gen_files
 
 import refold
+import refold.extend
 from refold.deploy.cli import command_parsers
 
 os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal: the same on every machine
@@ -36,3 +37,10 @@ with mkdocs_gen_files.open("reference/api.md", "w") as page:
         page.write(f"## `{module}`\n\n")
         for name in names:
             page.write(f"::: {module}.{name}\n\n")
+    page.write(
+        "# Extension API\n\n"
+        "Every name of `refold.extend.__all__`: what a package adds to refold itself (an engine). "
+        "Import them from `refold.extend`.\n\n"
+    )
+    for name in refold.extend.__all__:
+        page.write(f"::: refold.extend.{name}\n\n")

@@ -35,6 +35,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
 def driver_task(
     projection: Projection, run: ProcessorRun, kafka: KafkaSettings, options: RunOptions
 ) -> tuple[DriverTask | None, list[str]]:

@@ -16,6 +16,7 @@ from refold.contracts.topics import TopicSpec
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.rekey import Keying
+from refold.processors.runtime.engines import engine_of
 
 __all__ = ["SHARDABLE_KINDS", "SHARDED_KINDS", "ShardPart", "split_by_shard", "wanted_shards"]
 
@@ -73,9 +74,6 @@ def wanted_shards(
     """
     if mode == "off" or (mode == "auto" and not cluster) or not topics:
         return 0
-    # Imported here: the engines load the fold writer, which imports this module.
-    from refold.processors.runtime.engines import engine_of
-
     kinds = SHARDABLE_KINDS if mode == "on" else SHARDED_KINDS
     kind = engine_of(projection).state_kind(projection)  # None: DataFrame and archive
     if (keying is not None and keying.slots) or kind not in kinds:

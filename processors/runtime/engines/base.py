@@ -26,9 +26,11 @@ The questions, and who asks them:
 - :meth:`Engine.start`: the sink and the started query (query start);
 - :meth:`Engine.exact_ends`: whether its positions reach each planned batch's end (query loop).
 
-An engine registers itself (:func:`register_engine`) with a test of the processor; the first
-registered engine that accepts a processor is its engine, the last resort (the fold engine,
-which accepts every projection) being registered first.
+An engine is a subclass of :class:`Engine` that says which processors it runs
+(:meth:`Engine.matches`). Engines added with :func:`register_engine` (``refold.extend``) are
+asked first, then the built-in ones (archive, DataFrame, lookup fold, window fold, and last the
+fold engine, which accepts every projection). This module stays light: the built-in engines,
+which load the writers, are imported on first use.
 """
 
 from __future__ import annotations
@@ -37,21 +39,21 @@ import abc
 import dataclasses
 from typing import TYPE_CHECKING, Protocol
 
-from refold.contracts.processors import EventTime
-from refold.contracts.settings import KafkaSettings
-from refold.contracts.topics import TopicSpec
 from refold.processors.fold.projection import Projection
-from refold.processors.fold.rekey import Keying
-from refold.processors.runtime.background import DriverTask
-from refold.processors.runtime.engines.source import source_stream
-from refold.processors.runtime.group_mirror import ConsumerGroupMirror
-from refold.processors.runtime.kafka_ranges import TaskPlan
 
 if TYPE_CHECKING:
-    # Types only: the run plan asks the registry (generation_meta), so it is imported after.
+    # Types only: this module is light (an engine's package imports it without Spark), and
+    # the run plan asks the registry, so it is imported after it.
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from refold.contracts.processors import EventTime
+    from refold.contracts.settings import KafkaSettings
+    from refold.contracts.topics import TopicSpec
+    from refold.processors.fold.rekey import Keying
+    from refold.processors.runtime.background import DriverTask
+    from refold.processors.runtime.group_mirror import ConsumerGroupMirror
+    from refold.processors.runtime.kafka_ranges import TaskPlan
     from refold.processors.runtime.run_plan import ProcessorRun, RunOptions
 
 __all__ = [
@@ -96,12 +98,29 @@ class QueryStart:
     closer: DriverTask | None
 
     @property
+    def generation(self) -> int:
+        """The generation the query writes."""
+        return self.run.generation
+
+    @property
+    def checkpoint(self) -> str:
+        """Spark's checkpoint location of the query."""
+        return str(self.run.checkpoint)
+
+    @property
+    def trigger_interval(self) -> str:
+        """The query's processing-time trigger (``REFOLD_<PROCESSOR>__TRIGGER_INTERVAL``)."""
+        return self.options.trigger_interval
+
+    @property
     def query_name(self) -> str:
         """The streaming query's name: ``<processor>_g<generation>``."""
         return f"{self.projection.name}_g{self.run.generation}"
 
     def source(self) -> DataFrame:
         """The processor's source stream, from its run's starting offsets."""
+        from refold.processors.runtime.engines.source import source_stream
+
         return source_stream(self.spark, self.topics, self.kafka, self.run, self.options)
 
     def task_plan(self) -> TaskPlan | None:
@@ -110,6 +129,8 @@ class QueryStart:
         The source's own grouping: :meth:`source` sets ``maxTasks`` and leaves
         ``minRecordsPerTask`` at its default, as :class:`TaskPlan` does. None for other sources.
         """
+        from refold.processors.runtime.kafka_ranges import TaskPlan
+
         if self.options.source_format != "refold_kafka_ranges":
             return None
         return TaskPlan(max_tasks=self.options.max_tasks or None)
@@ -181,29 +202,55 @@ class Engine(abc.ABC):
         return False
 
 
-_ENGINES: list[Engine] = []
+# Engines added by register_engine, asked first (the latest added first); then the built-in
+# ones, loaded on first use (they load the writers and Spark's helpers).
+_ADDED: list[Engine] = []
+_BUILT_IN: list[Engine] = []
 
 
 def register_engine(engine: Engine) -> None:
-    """Add an engine: the first registered whose ``matches`` accepts a processor is its engine.
+    """Add an engine, asked before the built-in ones and before those added earlier.
 
-    Registering a name again replaces that engine in place; a new one is asked before those
-    registered earlier.
+    Adding a name again replaces that engine in place.
     """
-    for index, known in enumerate(_ENGINES):
+    for index, known in enumerate(_ADDED):
         if known.name == engine.name:
-            _ENGINES[index] = engine
+            _ADDED[index] = engine
             return
-    _ENGINES.insert(0, engine)
+    _ADDED.insert(0, engine)
+
+
+def built_in_engines() -> list[Engine]:
+    """The built-in engines, in the order they are asked: the fold engine last."""
+    if not _BUILT_IN:
+        from refold.processors.runtime.engines.archive import ArchiveEngine
+        from refold.processors.runtime.engines.dataframe import DataFrameEngine
+        from refold.processors.runtime.engines.fold import (
+            FoldEngine,
+            LookupFoldEngine,
+            WindowFoldEngine,
+        )
+
+        # A lookup fold before a window fold, as the lookup kind is before the window kind.
+        _BUILT_IN.extend(
+            [
+                ArchiveEngine(),
+                DataFrameEngine(),
+                LookupFoldEngine(),
+                WindowFoldEngine(),
+                FoldEngine(),
+            ]
+        )
+    return _BUILT_IN
 
 
 def engine_of(projection: Projection) -> Engine:
-    """The engine ``projection`` runs on.
+    """The engine ``projection`` runs on: the first, added then built in, that accepts it.
 
     Raises:
-        LookupError: No engine accepts it (only when the fold engine was not registered).
+        LookupError: No engine accepts it (the fold engine accepts every projection).
     """
-    for engine in _ENGINES:
+    for engine in [*_ADDED, *built_in_engines()]:
         if engine.matches(projection):
             return engine
     msg = f"no engine runs {type(projection).__name__}"

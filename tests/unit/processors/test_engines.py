@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from refold.contracts.registry import default_registry, import_reference
@@ -99,9 +102,9 @@ class _MarkedEngine(Engine):
 
 @pytest.fixture
 def restored_registry():
-    saved = list(engines_base._ENGINES)
+    saved = list(engines_base._ADDED)
     yield
-    engines_base._ENGINES[:] = saved
+    engines_base._ADDED[:] = saved
 
 
 @pytest.mark.usefixtures("restored_registry")
@@ -114,4 +117,20 @@ def test_an_engine_registered_later_is_asked_first_and_replaced_by_name() -> Non
     again = _MarkedEngine()
     register_engine(again)
     assert engine_of(_Marked()) is again  # type: ignore[arg-type]
-    assert [e.name for e in engines_base._ENGINES].count("marked") == 1
+    assert [e.name for e in engines_base._ADDED] == ["marked"]
+
+
+def test_the_extension_api_names_the_engine_registry_and_loads_no_spark() -> None:
+    import refold.extend
+
+    assert refold.extend.__all__ == [
+        "Engine",
+        "QueryStart",
+        "RunningSink",
+        "SinkTotal",
+        "register_engine",
+    ]
+    assert refold.extend.register_engine is register_engine
+    probe = "import sys, refold.extend; print(sorted({'pyspark', 'pyarrow'} & sys.modules.keys()))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
