@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 from refold.contracts.processors import EventTime
 from refold.contracts.topics import TopicSpec, effects_spec
-from refold.processors.fold.windows import windows_topic
+from refold.processors.fold.projection import Projection
+from refold.processors.runtime.engines import engine_of
 
 __all__ = ["late_topic", "output_topic_specs", "output_topics"]
 
@@ -24,7 +25,7 @@ def late_topic(processor: str, event_time: EventTime | None) -> str:
 
 
 def output_topics(
-    projection: object, event_time: EventTime | None, windows_option: str | None
+    projection: Projection, event_time: EventTime | None, windows_option: str | None
 ) -> list[str]:
     """The output topics of one processor, dead letters aside.
 
@@ -35,13 +36,12 @@ def output_topics(
 
     Returns:
         Its side effects' topics (``effect_topics``: a pattern processor's insights, an output
-        stream), its closed windows' topic (a window fold), and its late records' topic (the
-        ``side-output`` policy), in that order.
+        stream), its engine's result topics (a window fold's closed windows), and its late
+        records' topic (the ``side-output`` policy), in that order.
     """
-    name = str(getattr(projection, "name", ""))
+    name = projection.name
     outputs = list(getattr(projection, "effect_topics", ()) or ())
-    if getattr(projection, "windows", None):
-        outputs.append(windows_option or windows_topic(name))
+    outputs.extend(engine_of(projection).result_topics(projection, windows_option))
     if event_time is not None and event_time.late == "side-output":
         outputs.append(late_topic(name, event_time))
     return outputs

@@ -22,6 +22,7 @@ The questions, and who asks them:
   replace (runner: a lost checkpoint, Redis behind);
 - :attr:`Engine.reads_cold_tier`: its source reads below the log start from the archive (CLI);
 - :meth:`Engine.generation_meta`: what the generation's meta records for readers (run plan);
+- :meth:`Engine.result_topics`: the topics its results go to (output topics, ``refold topics``);
 - :meth:`Engine.driver_task`: the task the driver runs beside the query (query start);
 - :meth:`Engine.start`: the sink and the started query (query start);
 - :meth:`Engine.exact_ends`: whether its positions reach each planned batch's end (query loop).
@@ -186,6 +187,13 @@ class Engine(abc.ABC):
     def generation_meta(self, projection: Projection) -> dict[str, str]:
         """What a generation's meta records for readers that run without the code."""
         return {}
+
+    def result_topics(self, projection: Projection, windows_topic: str | None) -> list[str]:
+        """The topics its own results go to (closed windows), besides side effects and letters.
+
+        ``windows_topic``: the processor's ``windows_topic`` option (None: the default name).
+        """
+        return []
 
     def driver_task(
         self, projection: Projection, run: ProcessorRun, kafka: KafkaSettings, options: RunOptions

@@ -22,7 +22,7 @@ from refold.processors.errors import ProcessorConfigError
 from refold.processors.fold.lookups import LookupFold
 from refold.processors.fold.projection import Projection
 from refold.processors.fold.rekey import Keying
-from refold.processors.fold.windows import WindowFold, scales_of, windows_topic
+from refold.processors.fold.windows import WindowFold, scales_of, windows_topic as _windows_topic
 from refold.processors.runtime.background import DriverTask
 from refold.processors.runtime.engines.base import Engine, QueryStart
 from refold.processors.runtime.kinds import kind_of
@@ -106,6 +106,10 @@ class WindowFoldEngine(FoldEngine):
         windows = cast("WindowFold", projection).windows
         return window_meta(windows, getattr(projection, "distinct", ()), scales_of(projection))
 
+    def result_topics(self, projection: Projection, windows_topic: str | None) -> list[str]:
+        """The closed windows' topic: the option, else ``<processor>.windows``."""
+        return [windows_topic or _windows_topic(projection.name)]
+
     def driver_task(
         self, projection: Projection, run: ProcessorRun, kafka: KafkaSettings, options: RunOptions
     ) -> DriverTask | None:
@@ -118,7 +122,7 @@ class WindowFoldEngine(FoldEngine):
             event_time.lateness_ms,
             run.target.redis_url,
             kafka.as_librdkafka(),
-            options.windows_topic or windows_topic(projection.name),
+            options.windows_topic or _windows_topic(projection.name),
         )
 
 

@@ -83,6 +83,8 @@ def test_the_engines_answer_what_the_runner_asks() -> None:
     }
     metas = {n: bool(engine_of(_projection(n)).generation_meta(_projection(n))) for n in answers}
     assert metas == {n: n == "sales_windows" for n in answers}
+    topics = {n: engine_of(_projection(n)).result_topics(_projection(n), None) for n in answers}
+    assert topics == {n: ["sales_windows.windows"] if n == "sales_windows" else [] for n in answers}
 
 
 class _Marked:
