@@ -52,6 +52,7 @@ def _spark(job: Job) -> dict[str, Any]:
         # After batch 0; None when batch 0 was the whole backlog (no steady state to measure).
         "rate_steady": result.rate_steady or None,
         "rate_wall": result.events / result.done_s,
+        "caught_up_s": result.done_s,
         "cpu_s": run.cpu_s,
         "peak_rss_mb": run.peak_rss_mb,
         "batch0_s": result.batch0_s,
@@ -108,6 +109,7 @@ def _run(engine: Engine, job: Job, args: argparse.Namespace) -> dict[str, Any]:
         out = {
             "rate_steady": measured.rate_steady,
             "rate_wall": measured.rate_wall,
+            "caught_up_s": measured.done - measured.started,
             "cpu_s": measured.cpu_s,
             "peak_rss_mb": measured.peak_rss_mb,
             "startup_s": measured.first - measured.started,
@@ -128,6 +130,7 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
         "engine",
         "steady ev/s",
         "incl. start-up",
+        "caught up",
         "CPU-s / 1M ev",
         "peak RSS",
         "p50 / p99 latency",
@@ -140,7 +143,7 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
             continue
         if "skipped" in out or "error" in out:
             why = out.get("skipped") or out["error"]
-            rows.append((engine.label, "-", "-", "-", "-", "-", why))
+            rows.append((engine.label, "-", "-", "-", "-", "-", "-", why))
             continue
         steady = out["rate_steady"]
         latency = out.get("latency")
@@ -149,6 +152,7 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
                 engine.label,
                 "one batch" if steady is None else f"{steady:,.0f}",
                 f"{out['rate_wall']:,.0f}",
+                f"{out['caught_up_s']:,.1f} s",
                 f"{out['cpu_s_per_million']:,.0f}",
                 f"{out['peak_rss_mb']:,.0f} MB",
                 (
@@ -178,23 +182,22 @@ def _chart(path: Path) -> None:
     )
 
 
-def _curve(runs: dict[int, dict[str, dict[str, Any]]]) -> str:
-    """Steady ev/s (incl. start-up) of each engine at each size, and its ratio to refold's."""
+def _curve(runs: dict[int, dict[str, dict[str, Any]]], field: str) -> str:
+    """``field`` (a rate) of each engine at each size, with refold Spark's as a ratio to it."""
     sizes = sorted(runs)
     rows = [("engine", *(f"{size:,} events" for size in sizes))]
     for engine in ENGINES:
         cells = []
         for size in sizes:
-            out = runs[size].get(engine.name)
-            spark = runs[size].get("refold-spark", {}).get("rate_steady")
-            if out is None or out.get("rate_steady") is None:
-                cells.append("-" if out is None or "rate_wall" not in out else "one batch")
+            out = runs[size].get(engine.name) or {}
+            rate, spark = out.get(field), runs[size].get("refold-spark", {}).get(field)
+            if rate is None:
+                cells.append("one batch" if "rate_wall" in out else "-")
                 continue
-            ratio = f" ({spark / out['rate_steady']:.2f}x)" if spark and out is not None else ""
-            cells.append(
-                f"{out['rate_steady']:,.0f} ({out['rate_wall']:,.0f}){ratio}"
-                + ("" if out.get("ok") else " WRONG")
+            ratio = (
+                f" (refold {spark / rate:.2f}x)" if spark and engine.name != "refold-spark" else ""
             )
+            cells.append(f"{rate:,.0f}{ratio}" + ("" if out.get("ok") else " WRONG"))
         if any(cell != "-" for cell in cells):
             rows.append((engine.label, *cells))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
@@ -288,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs[events] = _one_size(stack, events, work, chosen, args)
     for events, results in runs.items():
         print(f"\n{events:,} events:\n{_table(results)}")
-    print(f"\nsteady ev/s (incl. start-up) (refold Spark's steady / this one's):\n{_curve(runs)}")
+    print(f"\nsteady ev/s, every size:\n{_curve(runs, 'rate_steady')}")
+    print(f"\nev/s including start-up, every size:\n{_curve(runs, 'rate_wall')}")
     RESULTS.parent.mkdir(exist_ok=True)
     labels = {e.name: {"label": e.label, "guarantee": e.guarantee} for e in ENGINES}
     RESULTS.write_text(

@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from bench.latency import LatencyResult
-from bench.peers.oracle import compare, merged_states, oracle_states
 from bench.peers.measure import _done_at
+from bench.peers.oracle import compare, merged_states, oracle_states
 from bench.peers.report import OrderFold, Progress, dump_states
 from refold.contracts.codec import EventCodec
 from refold.deploy.simulators.orders import OrderSimulator

@@ -198,33 +198,44 @@ public final class OrderFold implements java.io.Serializable {
     }
   }
 
-  /** The progress file of bench/peers/report.py, rewritten whole. */
+  /**
+   * The progress file of bench/peers/report.py, rewritten whole. Light in the fold's path, as
+   * the Python peers' is: per record a read of the first time and a comparison with the
+   * partition's end; the lock and the clock only at the first record, at each partition's last
+   * and every 8,192 records of a thread.
+   */
   public static final class Progress implements java.io.Serializable {
     private final String path;
     private final Map<Integer, Long> ends;
-    private Double first;
+    private volatile Double first;
     private final Map<Integer, Long> offsets = new HashMap<>();
     private final Map<Integer, Double> reached = new HashMap<>();
     private long written;
+    private final transient ThreadLocal<int[]> counts = ThreadLocal.withInitial(() -> new int[1]);
 
     public Progress(String path, Map<Integer, Long> ends) {
       this.path = path;
       this.ends = ends;
     }
 
-    public synchronized void seen(int partition, long offset) throws IOException {
-      long now = System.currentTimeMillis();
-      boolean write = false;
-      if (first == null) {
-        first = now / 1000.0;
-        write = true;
+    public void seen(int partition, long offset) throws IOException {
+      boolean last = offset + 1 >= ends.getOrDefault(partition, 0L);
+      int[] count = counts.get();
+      if (first != null && !last && (++count[0] & 8191) != 0) return;
+      synchronized (this) {
+        long now = System.currentTimeMillis();
+        boolean write = false;
+        if (first == null) {
+          first = now / 1000.0;
+          write = true;
+        }
+        if (offset > offsets.getOrDefault(partition, -1L)) offsets.put(partition, offset);
+        if (last && !reached.containsKey(partition)) {
+          reached.put(partition, now / 1000.0);
+          write = true;
+        }
+        if (write || now - written >= 1000) write();
       }
-      if (offset > offsets.getOrDefault(partition, -1L)) offsets.put(partition, offset);
-      if (offset + 1 >= ends.getOrDefault(partition, 0L) && !reached.containsKey(partition)) {
-        reached.put(partition, now / 1000.0);
-        write = true;
-      }
-      if (write || now - written >= 1000) write();
     }
 
     public synchronized void write() throws IOException {
