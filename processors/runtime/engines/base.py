@@ -3,8 +3,9 @@
 An engine is how a processor's events become its results: the fold engines (entities and added
 kinds of state, windows, lookups) write Redis in one transaction per task, the DataFrame engine
 runs the user's Spark transform and upserts its rows from the driver, the archive writes Parquet
-files. The runner, its start checks, the query's start and watch, and sharding ask the engine
-of a processor (:func:`engine_of`) what differs; they never test the processor's type.
+files. The runner, its start checks, the query's start and watch, the run plan, the output
+topics and sharding ask the engine of a processor (:func:`engine_of`) what differs; they never
+test the processor's type.
 
 The questions, and who asks them:
 
@@ -62,6 +63,7 @@ __all__ = [
     "QueryStart",
     "RunningSink",
     "SinkTotal",
+    "built_in_engines",
     "engine_of",
     "register_engine",
 ]
@@ -86,7 +88,13 @@ class RunningSink(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueryStart:
-    """Everything an engine starts a generation's query from (driver side)."""
+    """Everything an engine starts a generation's query from (driver side).
+
+    What an engine of a package uses (``refold.extend``): :attr:`projection`, :meth:`source`,
+    :attr:`checkpoint`, :attr:`trigger_interval`, :attr:`query_name`, :attr:`generation` and
+    :attr:`spark`. The other fields are the built-in engines' (the run's target in Redis, the
+    consumer group mirror, the driver task) and may change.
+    """
 
     projection: Projection
     topics: list[TopicSpec]
