@@ -48,6 +48,7 @@ def _stack(args: argparse.Namespace) -> LocalStack:
         secure=secure,
         redis_cluster=cluster,
         tiered_storage=tiered,
+        kafka_nodes=getattr(args, "kafka_nodes", None),  # else: as first started
     )
 
 
@@ -107,17 +108,27 @@ def _security_lines(stack: LocalStack) -> str:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     stack = _stack(args)
-    running = {s.name: s for s in stack.status() if s.running}
-    if len(running) == 2:
+    servers = stack.status()
+    running = [s for s in servers if s.running]
+    if {s.name for s in running} == {"kafka", "redis"} and len(running) == len(servers):
         print("local stack already running:")
     stack.start(missing_only=True)  # what is down starts; a failure exits non-zero (main)
     registry_lines = _registry_up(args)
-    for name, server in running.items():
+    for server in running:
+        name = server.name if server.node_id is None else f"{server.name} {server.node_id}"
         print(f"{name} was running already (pid {server.pid}, port {server.port})")
     redis_kind = "Redis" if stack.cluster is None else "a Redis Cluster (3 masters, 3 replicas)"
+    kafka_kind = f"Apache Kafka at {stack.bootstrap_servers} (log in "
+    kafka_kind += f"{stack.state_dir / 'kafka' / 'data'})"
+    if stack.kafka_cluster is not None:
+        quorum = stack.kafka_cluster.quorum
+        kafka_kind = (
+            f"an Apache Kafka cluster of {len(quorum.controllers)} KRaft nodes at "
+            f"{stack.bootstrap_servers} (topics: {quorum.replicas} replicas, "
+            f"min.insync.replicas {quorum.min_insync}; logs in {stack.kafka_cluster.home})"
+        )
     print(
-        f"local stack up: Apache Kafka at {stack.bootstrap_servers} (log in "
-        f"{stack.state_dir / 'kafka' / 'data'}), {redis_kind} (AOF under {stack.state_dir}) at "
+        f"local stack up: {kafka_kind}, {redis_kind} (AOF under {stack.state_dir}) at "
         f"{stack.redis_url}\n"
         f"logs and pid files in {stack.state_dir}\n"
         f"use it:  export REFOLD_KAFKA__BOOTSTRAP_SERVERS={stack.bootstrap_servers} "
@@ -141,7 +152,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     servers = _servers(stack, args)
     verdict = stack_verdict(servers)
     for server, state in zip(servers, verdict.states, strict=True):
-        print(f"{server.name:<6} port {server.port:<6} {state:<22} log {server.log_file}")
+        name = server.name if server.node_id is None else f"{server.name} {server.node_id}"
+        print(f"{name:<6} port {server.port:<6} {state:<22} log {server.log_file}")
         if server.name == "schema-registry":
             print(f"       Apicurio Registry, {_registry(args).url}")
         if server.data_dir is not None:
@@ -149,10 +161,31 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"       Apache Kafka {server.version}, data {server.data_dir} "
                 f"({_size(server.disk_bytes)})"
             )
-    print(_security_lines(stack) + _tier_line(stack), end="")
+    print(_security_lines(stack) + _tier_line(stack) + _kafka_cluster_lines(stack), end="")
     if verdict.exit_code:
         print(verdict.message(stop_hint("refold up", args.state_dir)), file=sys.stderr)
     return verdict.exit_code
+
+
+def _kafka_cluster_lines(stack: LocalStack) -> str:
+    """A Kafka cluster's active controller and its under-replicated partitions ("" if none)."""
+    cluster = stack.kafka_cluster
+    if cluster is None or not any(cluster.runs(n) for n in cluster.node_ids):
+        return ""
+    from confluent_kafka import KafkaException
+
+    from refold.deploy.kafka_cluster import under_replicated
+
+    controller = cluster.active_controller()
+    lines = "active controller: " + (
+        "none (no quorum)" if controller is None else f"node {controller}"
+    )
+    try:
+        lagging = under_replicated(cluster.bootstrap_servers)
+    except KafkaException as exc:
+        return f"{lines}\nunder-replicated partitions: unknown (no node answered: {exc})\n"
+    shown = ", ".join(map(str, lagging[:8])) + (", ..." if len(lagging) > 8 else "")
+    return f"{lines}\nunder-replicated partitions: {len(lagging)}{': ' if lagging else ''}{shown}\n"
 
 
 def _servers(stack: LocalStack, args: argparse.Namespace) -> list[ServerStatus]:
@@ -504,6 +537,17 @@ def build_parser() -> argparse.ArgumentParser:
                 default=None,
                 help="the schema registry's port (env REFOLD_SCHEMA_REGISTRY_PORT, default "
                 f"{DEFAULT_REGISTRY_PORT})",
+            )
+            command.add_argument(
+                "--kafka-nodes",
+                type=int,
+                choices=(1, 3),
+                default=None,
+                help="3: a local Kafka cluster of three KRaft nodes (each a broker and a "
+                "controller) on --kafka-port and the 5 ports after it (clients, then "
+                "controllers), topics and internal topics with 3 replicas and "
+                "min.insync.replicas=2; 1: the single broker, the default (a new stack only: "
+                "a state dir keeps its kind)",
             )
             command.add_argument(
                 "--tiered-storage",

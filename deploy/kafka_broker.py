@@ -1,11 +1,13 @@
-"""Apache Kafka as the local broker: one KRaft node (broker and controller in one JVM).
+"""Apache Kafka as the local broker: a KRaft node (broker and controller in one JVM).
 
 Its jars come from Maven (``deploy/jars/pom.xml``, fetched by ``make setup`` into ``.jars/kafka``
 or the folder ``REFOLD_KAFKA_JARS`` names); there is no tarball and no script of Kafka's. The
 log lives in a data directory under the stack's state directory, formatted on the first start
 (``kafka.tools.StorageTool format``), so a stop and a start keep every topic, record, consumer
-group and offset. :class:`~refold.deploy.local_stack.LocalStack` starts and stops the process; this
-module says how: the configuration files, the storage format and the command line.
+group and offset. :class:`~refold.deploy.local_stack.LocalStack` starts and stops the process
+(:class:`~refold.deploy.kafka_cluster.LocalKafkaCluster` those of a cluster's nodes, each a
+:class:`KafkaBroker` of one :class:`Quorum`); this module says how: the configuration files,
+the storage format and the command line.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ if TYPE_CHECKING:
 __all__ = [
     "KAFKA_JARS_ENV",
     "BrokerError",
+    "Controller",
     "KafkaBroker",
+    "Quorum",
     "jars_dir",
     "java_binary",
+    "kafka_uuid",
     "kafka_version",
 ]
 
@@ -38,24 +43,30 @@ MAIN_CLASS = "kafka.Kafka"  # also what identifies the broker's process in /proc
 _FORMAT_TIMEOUT_S = 120.0
 _HEAP = ("-Xms256m", "-Xmx768m")
 
-# A single node: every internal topic has one replica. Topics are created by refold from its
-# topic specs, never on first use (auto-creation would hide a typo in a topic name).
+# One node, or one of a cluster's (:class:`Quorum`). Topics are created by refold from its topic
+# specs, never on first use (auto-creation would hide a typo in a topic name).
 _PROPERTIES = """\
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:{controller_port}
+node.id={node_id}
 controller.listener.names=CONTROLLER
 log.dirs={log_dir}
 auto.create.topics.enable=false
 num.partitions=1
-offsets.topic.replication.factor=1
 offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+"""
+# How many copies of every topic, internal ones included: on a single node one; on a cluster
+# three (or its size), and a write is acknowledged (acks=all) once two of them have it, so
+# losing any one node loses no acknowledged record and refuses no write.
+_REPLICATION = """\
+default.replication.factor={replicas}
+min.insync.replicas={min_isr}
+offsets.topic.replication.factor={replicas}
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
 """
 _PLAINTEXT_LISTENERS = """\
 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
@@ -130,9 +141,59 @@ def kafka_version(folder: Path) -> str:
     return "unknown"
 
 
-def _cluster_id() -> str:
-    """A new cluster id: 16 random bytes, URL-safe base64 without padding (22 characters)."""
+def kafka_uuid() -> str:
+    """A new Kafka id (a cluster's, a log directory's), as ``kafka-storage random-uuid``.
+
+    16 random bytes, URL-safe base64 without padding (22 characters).
+    """
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+@dataclass(frozen=True, slots=True)
+class Controller:
+    """One voter of a KRaft quorum: its node id, controller port and metadata directory id."""
+
+    node_id: int
+    port: int
+    directory_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Quorum:
+    """The nodes of a local cluster, all of them brokers and controllers (a dynamic quorum).
+
+    Every node is formatted with the same cluster id and the same initial controllers
+    (``kafka-storage format --initial-controllers``, KIP-853), and finds the quorum through
+    ``controller.quorum.bootstrap.servers``: the voters are then in the metadata log, so their
+    controller ports are fixed once formatted.
+    """
+
+    cluster_id: str
+    controllers: tuple[Controller, ...]
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each topic: three (or fewer nodes' worth)."""
+        return min(3, len(self.controllers))
+
+    @property
+    def min_insync(self) -> int:
+        """Copies a write needs before it is acknowledged (acks=all): a majority of three."""
+        return max(1, self.replicas - 1)
+
+    def properties(self) -> str:
+        """The quorum's and the replication's lines of every node's ``server.properties``."""
+        servers = ",".join(f"127.0.0.1:{c.port}" for c in self.controllers)
+        return f"controller.quorum.bootstrap.servers={servers}\n" + _REPLICATION.format(
+            replicas=self.replicas, min_isr=self.min_insync
+        )
+
+    def format_arguments(self) -> list[str]:
+        """The cluster id and the initial controllers, for ``StorageTool format``."""
+        voters = ",".join(
+            f"{c.node_id}@127.0.0.1:{c.port}:{c.directory_id}" for c in self.controllers
+        )
+        return [f"--cluster-id={self.cluster_id}", f"--initial-controllers={voters}"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +208,9 @@ class KafkaBroker:
             ``None`` for a PLAINTEXT one.
         tiered: A remote tier (KIP-405, :mod:`refold.deploy.tiered_storage`); ``None``:
             none. Only with a PLAINTEXT listener.
+        node_id: Its ``node.id``.
+        quorum: The cluster it is a node of (:mod:`refold.deploy.kafka_cluster`); ``None``: a
+            single node, its own quorum.
     """
 
     home: Path
@@ -154,6 +218,8 @@ class KafkaBroker:
     controller_port: int
     security: StackSecurity | None = None
     tiered: TieredStorage | None = None
+    node_id: int = 1
+    quorum: Quorum | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -189,7 +255,13 @@ class KafkaBroker:
         # Only its owner reads it: the secured broker's holds its store passwords.
         self.config_file.touch(mode=0o600)
         self.config_file.chmod(0o600)
-        self.config_file.write_text(_PROPERTIES.format(log_dir=self.data_dir, **ports) + listeners)
+        if self.quorum is None:
+            quorum = f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}\n"
+            quorum += _REPLICATION.format(replicas=1, min_isr=1)
+        else:
+            quorum = self.quorum.properties()
+        common = _PROPERTIES.format(log_dir=self.data_dir, node_id=self.node_id)
+        self.config_file.write_text(common + quorum + listeners)
         self.log_config_file.write_text(_LOG4J2)
         meta = self.data_dir / "meta.properties"
         secured = self.home / "formatted-secured"  # the SCRAM credential is in the storage
@@ -218,7 +290,11 @@ class KafkaBroker:
             raise BrokerError(msg)
         # `--cluster-id=<id>` in one word: an id that starts with "-" would read as an option.
         command = [*self._java(), "kafka.tools.StorageTool", "format"]
-        command += [f"--cluster-id={_cluster_id()}", "--config", str(self.config_file)]
+        if self.quorum is None:
+            command.append(f"--cluster-id={kafka_uuid()}")
+        else:
+            command += self.quorum.format_arguments()
+        command += ["--config", str(self.config_file)]
         if self.security is not None:
             command += self.security.format_arguments()
         done = subprocess.run(  # noqa: S603 - fixed argv, no shell

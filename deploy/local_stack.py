@@ -5,8 +5,10 @@ Used by the test fixtures, the demo and ``refold up|down|status``. The broker ke
 ``refold up``, a crash or a reboot keep every topic, record, group and offset; the local Redis
 appends to a file (AOF) unless the stack is a throwaway one. ``redis_cluster=True``
 (``refold up --redis-cluster``) starts a local Redis Cluster of 3 masters and 3 replicas in
-place of the single redis-server (:mod:`refold.deploy.redis_cluster`); a state dir keeps the
-kind of Redis it was first started with.
+place of the single redis-server (:mod:`refold.deploy.redis_cluster`), and ``kafka_nodes=3``
+(``refold up --kafka-nodes 3``) a local Kafka cluster of three KRaft nodes in place of the single
+broker (:mod:`refold.deploy.kafka_cluster`); a state dir keeps the kind of Redis and of Kafka it
+was first started with.
 
 Lifecycle contract: :meth:`LocalStack.start` writes one pid file (``<name>.pid``, "PID PORT") and
 one log file per server under ``state_dir``; :meth:`LocalStack.status` reports the recorded port of
@@ -44,6 +46,7 @@ from refold.deploy.kafka_broker import (
     java_binary,
     kafka_version,
 )
+from refold.deploy.kafka_cluster import KafkaClusterError, LocalKafkaCluster, recorded_nodes
 from refold.deploy.kafka_ready import coordinators_unready
 from refold.deploy.redis_cluster import CLUSTER_PORTS_FROM, LocalRedisCluster, RedisClusterError
 from refold.deploy.stack_security import StackSecurity
@@ -86,6 +89,7 @@ class ServerStatus:
     data_dir: Path | None = None
     disk_bytes: int = 0
     version: str = ""
+    node_id: int | None = None  # a node of a local Kafka cluster (deploy/kafka_cluster.py)
 
 
 # free_port draws from here: below the Redis Cluster runs' ports (deploy/redis_cluster.py) and
@@ -154,6 +158,29 @@ def _pid_runs(pid: int, program: str) -> bool:
     return program in cmdline
 
 
+def _kafka_cluster(
+    state_dir: Path, kafka_port: int, kafka_nodes: int | None
+) -> LocalKafkaCluster | None:
+    """The stack's Kafka cluster (``None``: a single broker); a state dir keeps its kind."""
+    recorded = recorded_nodes(state_dir)
+    single = (state_dir / "kafka" / "data" / "meta.properties").is_file()
+    was = recorded or (1 if single else None)  # None: a new stack
+    wanted = (was or 1) if kafka_nodes is None else kafka_nodes
+    if was is not None and was != wanted:
+        kind = "a single broker" if was == 1 else f"a {was}-node Kafka cluster"
+        msg = (
+            f"{state_dir} holds {kind}'s log, not --kafka-nodes {wanted}. Operator action: "
+            "`refold up` without --kafka-nodes (as it was first started), or another state dir."
+        )
+        raise LocalStackError(msg)
+    if wanted == 1:
+        return None
+    try:
+        return LocalKafkaCluster(state_dir, kafka_port, wanted)
+    except KafkaClusterError as exc:
+        raise LocalStackError(str(exc)) from None
+
+
 def _redis_binary() -> str:
     found = shutil.which("redis-server")
     if found is None:
@@ -182,6 +209,9 @@ class LocalStack:
             was first started.
         tiered_storage: The broker tiers to a local remote tier (KIP-405,
             :mod:`refold.deploy.tiered_storage`). ``None``: as the state dir was first started.
+        kafka_nodes: 1, a single broker; 3, a local Kafka cluster of three KRaft nodes
+            (:mod:`refold.deploy.kafka_cluster`) on ``kafka_port`` and the 5 ports after it.
+            ``None``: as the state dir was first started.
     """
 
     def __init__(
@@ -194,8 +224,10 @@ class LocalStack:
         secure: bool | None = None,
         redis_cluster: bool | None = None,
         tiered_storage: bool | None = None,
+        kafka_nodes: int | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.kafka_cluster = _kafka_cluster(self.state_dir, kafka_port, kafka_nodes)
         cluster = LocalRedisCluster(self.state_dir, redis_port, persistent=redis_persistent)
         if redis_cluster is None:
             redis_cluster = cluster.formed
@@ -222,12 +254,23 @@ class LocalStack:
                     f"choose one of --secure and {option} (or another state dir)."
                 )
                 raise LocalStackError(msg)
-        # The servers this stack runs itself: the cluster's nodes are the cluster's.
-        self._servers: tuple[ServerName, ...] = _START_ORDER if self.cluster is None else ("kafka",)
+        if self.kafka_cluster is not None and (self.security or self.tiered):
+            msg = (
+                "a local Kafka cluster (--kafka-nodes 3) with --secure or --tiered-storage is "
+                "not supported yet. Operator action: choose one (or another state dir)."
+            )
+            raise LocalStackError(msg)
+        # The servers this stack runs itself: the clusters' nodes are the clusters'.
+        clustered: dict[ServerName, object] = {"redis": self.cluster, "kafka": self.kafka_cluster}
+        self._servers: tuple[ServerName, ...] = tuple(
+            name for name in _START_ORDER if clustered[name] is None
+        )
 
     @property
     def bootstrap_servers(self) -> str:
-        """The broker address for Kafka clients."""
+        """The broker address for Kafka clients (every node's, on a cluster)."""
+        if self.kafka_cluster is not None:
+            return self.kafka_cluster.bootstrap_servers
         return f"127.0.0.1:{self.kafka_port}"
 
     @property
@@ -334,6 +377,16 @@ class LocalStack:
             result.append(status)
         for node in self.cluster.status() if self.cluster is not None else []:
             result.append(ServerStatus("redis", node.port, node.pid, node.running, node.log_file))
+        if self.kafka_cluster is not None:  # its nodes first, where the broker would be
+            result[:0] = [
+                ServerStatus(
+                    *("kafka", node.port, node.pid, node.running, node.log_file, node.data_dir),
+                    disk_bytes=self.kafka_cluster.disk_use(node.node_id),
+                    version=_installed_kafka_version(),
+                    node_id=node.node_id,
+                )
+                for node in self.kafka_cluster.status()
+            ]
         return result
 
     def start(self, *, missing_only: bool = False) -> LocalStack:
@@ -380,9 +433,11 @@ class LocalStack:
                 spawned[name] = self._spawn(name)
             for name in starting:
                 self._wait_ready(name)
+            if self.kafka_cluster is not None:
+                self.kafka_cluster.start()  # the nodes that do not run
             if self.cluster is not None:
                 self.cluster.start()
-        except RedisClusterError as exc:
+        except (RedisClusterError, KafkaClusterError) as exc:
             self._stop_spawned(spawned)
             raise LocalStackError(str(exc)) from None
         except BaseException:
@@ -485,6 +540,8 @@ class LocalStack:
         self._stop(_START_ORDER)
         if self.cluster is not None:
             self.cluster.stop()
+        if self.kafka_cluster is not None:
+            self.kafka_cluster.stop()
 
     def _stop(self, names: Sequence[ServerName]) -> None:
         for name in [n for n in _START_ORDER[::-1] if n in names]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -29,8 +30,11 @@ __all__ = [
     "config_changes",
     "delete_topics",
     "ensure_topics",
+    "single_replica_topics",
     "tiering",
 ]
+
+logger = logging.getLogger(__name__)
 
 _CLIENT = "the admin client (topics)"
 # A broker with a remote tier (KIP-405) says so in this config of its own.
@@ -177,6 +181,16 @@ def ensure_topics(
                 f"{spec.partitions}. Operator action: fix the spec or recreate the topic."
             )
             raise RefoldError(msg)
+    for name in single_replica_topics(wanted.values(), existing, len(metadata.brokers)):
+        logger.warning(
+            "topic %s has replication factor 1 on a cluster of %d brokers: the loss of the "
+            "broker that holds a partition loses its records and stops its writes. Operator "
+            "action: leave replication_factor unset in its TopicSpec (the cluster's "
+            "default.replication.factor, 3 on `refold up --kafka-nodes 3`), or reassign it to "
+            "3 replicas (kafka-reassign-partitions)",
+            name,
+            len(metadata.brokers),
+        )
     new = [s for name, s in wanted.items() if name not in existing]
     tiered = bool(new or alter_retention) and _broker_tiers(admin, metadata.brokers, timeout)
     missing = [
@@ -207,6 +221,32 @@ def ensure_topics(
     if altered:
         _alter(admin, altered, timeout)
     return report
+
+
+def single_replica_topics(
+    specs: Iterable[TopicSpec], existing: Mapping[str, Any], brokers: int
+) -> list[str]:
+    """The topics of ``specs`` with one replica (or to be created so) on a cluster (pure).
+
+    A cluster: more than one broker.
+
+    Args:
+        specs: The topics wanted.
+        existing: The cluster's topics (``list_topics().topics``: partitions with replicas).
+        brokers: How many brokers the cluster has; on one, every topic has one replica.
+    """
+    if brokers <= 1:
+        return []
+    found = []
+    for spec in specs:
+        topic = existing.get(spec.name)
+        if topic is None:
+            single = spec.replication_factor == 1
+        else:
+            single = any(len(p.replicas) == 1 for p in topic.partitions.values())
+        if single:
+            found.append(spec.name)
+    return found
 
 
 def _broker_tiers(admin: AdminClient, brokers: Mapping[int, Any], timeout: float) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, Message, Producer
 
 from refold.contracts.errors import RefoldError
+from refold.contracts.kafka.delivery import announce, durable
 from refold.contracts.kafka.logs import routed
 from refold.contracts.origin import Headers
 
@@ -43,19 +44,20 @@ class DeadLetterError(RefoldError):
     retriable = True
 
 
-def output_producer(kafka: Mapping[str, str]) -> Producer:
-    """The producer of outputs: acknowledged by all replicas, idempotent, keys by murmur2."""
-    return Producer(
-        routed(
-            {
-                "acks": "all",
-                "enable.idempotence": "true",
-                "partitioner": "murmur2_random",
-                "linger.ms": "5",
-                **dict(kafka),
-            }
-        )
-    )
+def output_producer(kafka: Mapping[str, str], who: str = "") -> Producer:
+    """The producer of outputs: acknowledged by all replicas, idempotent, keys by murmur2.
+
+    Args:
+        kafka: librdkafka settings (with a ``transactional.id`` for a transactional one).
+        who: Which producer, for the line that says once per process what it uses
+            (:mod:`refold.contracts.kafka.delivery`); default by whether it is transactional.
+    """
+    if not who:
+        transactional = "transactional.id" in kafka
+        who = "a processor's transactional outputs" if transactional else "an output producer"
+    config = durable({"partitioner": "murmur2_random", "linger.ms": "5", **dict(kafka)}, who)
+    announce(who, config)
+    return Producer(routed(config))
 
 
 class Deliveries:

@@ -104,7 +104,9 @@ class ServiceContext:
         if self._publisher is None:
             with self.publish_lock:
                 if self._publisher is None:
-                    self._publisher = EventPublisher(self.settings.kafka, topics=self.topics)
+                    self._publisher = EventPublisher(
+                        self.settings.kafka, topics=self.topics, who="HTTP ingest"
+                    )
         return self._publisher
 
     def idempotency(self) -> IdempotencyStore:

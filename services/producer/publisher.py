@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from refold.contracts.codec import EventCodec
 from refold.contracts.errors import ContractError, EventTooLargeError, UnknownEventTypeError
 from refold.contracts.kafka.credentials import is_refusal, refused
+from refold.contracts.kafka.delivery import announce, durable
 from refold.contracts.kafka.logs import routed
 from refold.contracts.lock import PublishGate, default_publish_gate
 from refold.contracts.registry import default_registry
@@ -35,9 +36,10 @@ __all__ = ["DeliveryToken", "EventPublisher"]
 logger = logging.getLogger(__name__)
 
 # Producer tuning, each with its reason:
+_WHO = "the producer SDK"
 _PRODUCER_DEFAULTS = {
-    "acks": "all",  # an accepted event is on every in-sync replica
-    "enable.idempotence": "true",  # retries never duplicate or reorder
+    # acks=all (an accepted event is on every in-sync replica) and idempotence (retries never
+    # duplicate or reorder) go over the user's settings: contracts/kafka/delivery.py
     "partitioner": "murmur2_random",  # same key -> same partition as the Java client
     "linger.ms": "5",  # batch small events; ~1.2M/s pre-encoded vs ~100k/s unbatched here
     "compression.type": "lz4",  # cheap on CPU, halves the log for JSON-like payloads
@@ -120,6 +122,8 @@ class EventPublisher:
             contract sets (:mod:`contracts.lock`). An event type whose newest version is not
             published (not in its ``contracts.lock``) or is refused is not sent.
         allow_unlocked: Development only: also write new compatible versions not locked yet.
+        who: What it publishes for, in the line that says once per process what its producer
+            uses (acks, idempotence, delivery timeout: :mod:`refold.contracts.kafka.delivery`).
 
     Raises:
         SchemaLockError: A published schema version was changed or deleted (default codec).
@@ -134,7 +138,9 @@ class EventPublisher:
         *,
         gate: PublishGate | None = None,
         allow_unlocked: bool = False,
+        who: str = _WHO,
     ) -> None:
+        self._who = who
         self._config: dict[str, Any] = {
             **_PRODUCER_DEFAULTS,
             **kafka.as_librdkafka(),
@@ -154,7 +160,9 @@ class EventPublisher:
     def producer(self) -> Producer:
         """The underlying confluent-kafka producer (created lazily)."""
         if self._producer is None:
-            self._producer = Producer(routed(self._config))
+            config = durable(self._config, self._who)
+            announce(self._who, config)
+            self._producer = Producer(routed(config))
         return self._producer
 
     def _on_client_error(self, err: KafkaError) -> None:

@@ -494,5 +494,5 @@ class WebhookDispatcher:
 
     def _dlq_producer(self) -> Producer:
         if self._producer is None:  # lazily: most runs dead-letter nothing
-            self._producer = output_producer(self.kafka)
+            self._producer = output_producer(self.kafka, "the webhook dispatcher's dead letters")
         return self._producer

@@ -299,7 +299,7 @@ def test_missing_jars_or_java_say_what_to_run(tmp_path, monkeypatch):
 
 def test_a_cluster_id_that_starts_with_a_dash_is_formatted(tmp_path, monkeypatch):
     # One id in 64 starts with "-" (URL-safe base64): it must not be read as an option.
-    monkeypatch.setattr(kafka_broker, "_cluster_id", lambda: "-Abcdefghijklmnopqrstu")
+    monkeypatch.setattr(kafka_broker, "kafka_uuid", lambda: "-Abcdefghijklmnopqrstu")
     broker = kafka_broker.KafkaBroker(tmp_path / "kafka", free_port(), free_port())
     broker.prepare()
     meta = (broker.data_dir / "meta.properties").read_text()
