@@ -245,7 +245,7 @@ def test_the_decode_check_reports_unknown_fingerprints_and_garbage(world):
     decode = next(c for c in plan.checks if c.name == "decode")
     assert not decode.ok
     assert "unknown fingerprint 0123456789abcdef (1 records)" in decode.detail
-    assert "1 records are not Avro" in decode.detail
+    assert "1 records are neither Avro single-object encoded nor registry framed" in decode.detail
     assert "OrderPlaced v" in decode.detail
     assert "--accept-dead-letters" in decode.action
     accepted = plan_replay(
