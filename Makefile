@@ -46,7 +46,7 @@ PYSPARK_HADOOP_VERSION := import pathlib, pyspark; jars = pathlib.Path(pyspark._
 	print(next(jars.glob('hadoop-client-api-*.jar')).stem.removeprefix('hadoop-client-api-'))
 $(JARS_STAMP): $(STAMP) deploy/jars/pom.xml $(wildcard deploy/jars/*/pom.xml)
 	@command -v mvn >/dev/null || { echo "Maven is required to fetch Apache Kafka's jars (apt-get install -y maven)"; exit 1; }
-	@echo "fetching Apache Kafka's (and its LocalTieredStorage plugin), Spark's Kafka connector's, HDFS minicluster's, Apicurio Registry's and the benchmark peers' (Kafka Streams, Flink) jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
+	@echo "fetching Apache Kafka's (and its LocalTieredStorage plugin), Spark's Kafka connector's, HDFS minicluster's, Apicurio Registry's, Kafka Connect's (a test's client) and the benchmark peers' (Kafka Streams, Flink) jars with mvn (deploy/jars/pom.xml) into $(JARS)/"
 	rm -rf $(JARS)
 	mvn -B -q -Dstyle.color=never -f deploy/jars/pom.xml dependency:copy-dependencies -Djars.dir="$(CURDIR)/$(JARS)" \
 		-Dspark.version=$$($(BIN)/python -c 'import pyspark; print(pyspark.__version__)') \
