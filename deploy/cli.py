@@ -72,8 +72,8 @@ def _registry_up(args: argparse.Namespace) -> str:
         raise LocalStackError(str(exc)) from None
     state = f"was running already (pid {was.pid})" if was.running else "up"
     return (
-        f"schema registry {state}: Apicurio Registry at {registry.url} (in memory: "
-        "`refold contracts publish` after each start)\n"
+        f"schema registry {state}: Apicurio Registry at {registry.url} (stored in "
+        f"{registry.data_dir}: its schema ids survive refold down / up)\n"
         f"         export REFOLD_SCHEMA_REGISTRY__URL={registry.url}\n"
     )
 
@@ -527,8 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "--schema-registry",
                 action="store_true",
                 help="also a schema registry: Apicurio Registry (Java 21+: "
-                "REFOLD_SCHEMA_REGISTRY_JAVA_HOME, JAVA_HOME or /usr/lib/jvm), in memory, its "
-                "Confluent-compatible API at http://127.0.0.1:<port>/apis/ccompat/v7 (then "
+                "REFOLD_SCHEMA_REGISTRY_JAVA_HOME, JAVA_HOME or /usr/lib/jvm), stored in the "
+                "state dir, its Confluent-compatible API at "
+                "http://127.0.0.1:<port>/apis/ccompat/v7 (then "
                 "`refold up` starts it again; `refold down` stops it)",
             )
             command.add_argument(

@@ -6,10 +6,10 @@ Quarkus application run with ``java -jar quarkus-run.jar``. refold talks to it o
 its Confluent-compatible API, ``/apis/ccompat/v7`` (confluent-kafka's ``SchemaRegistryClient``),
 so any Confluent-compatible registry (Confluent's, Karapace) serves in production.
 
-Storage is in memory: the registry forgets its schemas when it stops, and ``refold contracts
-publish`` registers them again (the lock is the source of truth; ids may then differ, which a
-record already written in registry framing would not survive: keep a durable registry in
-production).
+Storage is a file: Apicurio's own SQL storage on H2 (the driver its app ships), pointed at a
+database file under the state dir (``schema-registry/registry.mv.db``) instead of its default
+in-memory H2 database. Its schemas and their ids survive ``refold down`` / ``refold up``, as the
+broker's log does, so a record written in registry framing is still read after a restart.
 
 3.x needs Java 21 or later (class file 65). :func:`registry_java` finds one: the setting
 ``REFOLD_SCHEMA_REGISTRY_JAVA_HOME``, else ``JAVA_HOME``, else the ``java`` on the PATH, else
@@ -177,12 +177,18 @@ class LocalSchemaRegistry:
         self.port = port
         self.pid_file = self.state_dir / "schema-registry.pid"
         self.log_file = self.state_dir / "schema-registry.log"
+        self.data_dir = self.state_dir / "schema-registry"
         self._marker = self.state_dir / "schema-registry.enabled"
 
     @property
     def url(self) -> str:
         """The Confluent-compatible API of the recorded (else this) port."""
         return self.status().url
+
+    @property
+    def database_url(self) -> str:
+        """The JDBC URL of its storage: an H2 database file in :attr:`data_dir`."""
+        return f"jdbc:h2:file:{self.data_dir / 'registry'}"
 
     @property
     def configured(self) -> bool:
@@ -217,7 +223,7 @@ class LocalSchemaRegistry:
             return self
         java = java or registry_java()
         app = app_dir()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
             java,
             "-Xms64m",
@@ -225,6 +231,8 @@ class LocalSchemaRegistry:
             f"-Dquarkus.http.port={self.port}",
             "-Dquarkus.http.host=127.0.0.1",
             "-Dquarkus.log.console.json=false",
+            # SQL storage (its default kind) on an H2 file, not its in-memory default
+            f"-Dapicurio.datasource.url={self.database_url}",
             "-jar",
             str(app / _PROGRAM),
         ]

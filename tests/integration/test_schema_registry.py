@@ -104,6 +104,29 @@ def test_publish_registers_every_locked_version_backward_transitive(registry_url
     assert f"agrees with the lock ({len(catalog.names())} subjects)" in out
 
 
+def test_schema_ids_survive_a_restart_of_the_registry(schema_registry, unique):
+    """Stopped and started as `refold down` / `refold up` do: its H2 file keeps every id."""
+    subject = f"refold.t{unique}.Kept"
+    kept = {"type": "record", "name": "Kept", "namespace": f"refold.t{unique}", "fields": V1}
+    schema_id = SchemaRegistryClient({"url": schema_registry.url}).register_schema(
+        subject, Schema(json.dumps(kept), "AVRO")
+    )
+    before = schema_registry.status().pid
+    schema_registry.stop()
+    assert not schema_registry.status().running
+    schema_registry.start()
+    assert schema_registry.status().pid != before
+    assert (schema_registry.data_dir / "registry.mv.db").is_file()
+    client = SchemaRegistryClient({"url": schema_registry.url})  # a new client: no cache
+    assert fingerprint_of_text(client.get_schema(schema_id).schema_str) == fingerprint_of_text(
+        json.dumps(kept)
+    )
+    assert client.get_versions(subject) == [1]
+    later = {**kept, "fields": V2}  # a version registered after the restart: a new id
+    assert client.register_schema(subject, Schema(json.dumps(later), "AVRO")) != schema_id
+    assert client.get_versions(subject) == [1, 2]
+
+
 def test_a_version_that_differs_in_the_registry_is_refused(registry_url, tmp_path, unique, capsys):
     contracts = thing_set(tmp_path, unique)
     subject = f"refold.t{unique}.Thing"

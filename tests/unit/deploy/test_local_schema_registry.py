@@ -12,6 +12,7 @@ import pytest
 from refold.deploy.schema_registry import (
     JARS_ENV,
     JAVA_HOME_ENV,
+    LocalSchemaRegistry,
     SchemaRegistryError,
     app_dir,
     registry_java,
@@ -87,3 +88,17 @@ def test_the_app_is_unpacked_once_from_its_tar_gz(tmp_path, monkeypatch):
     (app / "quarkus-run.jar").write_bytes(b"kept")
     assert app_dir(tmp_path) == app  # not unpacked again
     assert (app / "quarkus-run.jar").read_bytes() == b"kept"
+
+
+def test_the_registry_stores_its_schemas_in_an_h2_file_under_the_state_dir(tmp_path):
+    registry = LocalSchemaRegistry(tmp_path / "stack", 18099)
+    assert registry.data_dir == tmp_path / "stack" / "schema-registry"
+    assert registry.database_url == f"jdbc:h2:file:{tmp_path}/stack/schema-registry/registry"
+
+
+def test_kafka_connect_s_jars_are_a_module_of_the_one_mvn_call():
+    pom = ET.parse(ROOT / "deploy/jars/kafka-connect/pom.xml").getroot()  # noqa: S314
+    artifacts = {d.findtext(f"{POM}artifactId") for d in pom.iter(f"{POM}dependency")}
+    assert {"connect-runtime", "connect-file", "apicurio-registry-utils-converter"} <= artifacts
+    parent = ET.parse(ROOT / "deploy/jars/pom.xml").getroot()  # noqa: S314
+    assert "kafka-connect" in [m.text for m in parent.iter(f"{POM}module")]
