@@ -26,7 +26,14 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Final
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from refold.contracts.errors import RefoldError
@@ -52,6 +59,9 @@ _TUNING: Final[dict[str, Any]] = {
 # librdkafka wants a group id; the reader never subscribes, commits or joins it.
 _GROUP: Final = "refold-offset-probe"
 _TIMEOUT_S: Final = 30.0
+# One ListOffsets attempt waits this long for the partitions' leaders; what it leaves
+# unanswered is asked again through a new client (see LogOffsets._list).
+_ATTEMPT_S: Final = 5.0
 _CLIENT: Final = "the offsets client (log ends, partitions)"
 # Local librdkafka events that it retries by itself; the call's deadline covers them.
 # Partition errors in a ListOffsets answer that pass once leadership settles (a new topic, a
@@ -76,6 +86,7 @@ _TRANSIENT: Final = frozenset(
     }
 )
 _EOF: Final = KafkaError._PARTITION_EOF  # noqa: SLF001
+_TIMED_OUT: Final = KafkaError._TIMED_OUT  # noqa: SLF001
 
 
 class OffsetsError(RefoldError):
@@ -208,32 +219,78 @@ class LogOffsets:
         A topic created a moment ago has no leader on the broker yet (NOT_LEADER_FOR_PARTITION,
         LEADER_NOT_AVAILABLE), and a broker back from a pause answers FENCED_LEADER_EPOCH until
         its leaders have new epochs: both pass by themselves.
+
+        A partition whose leader is gone (a node killed) is not an error to librdkafka (2.16):
+        its ListOffsets goes to the leader the client's metadata names and waits for that node
+        until the request's timeout, reconnecting in a tight loop; the partition then comes back
+        with offset ``OFFSET_INVALID`` and no error, and the client keeps the stale leader, so
+        the next call waits again. So an attempt is short (:data:`_ATTEMPT_S`; twice as long after
+        one that timed out or that no leader answered: the cluster may only be slow), and the
+        partitions it did not answer are asked again through a new client, which reads the
+        metadata afresh: the new leader once the controller has moved it (it fences a node that
+        stopped heartbeating after ``broker.session.timeout.ms``, 9 s by default).
         """
         if not tps:
             return {}
         deadline = time.monotonic() + self._timeout
+        found: dict[TopicPartitionKey, int] = {}
+        todo = list(tps)
+        patience = _ATTEMPT_S
         while True:
+            wait = max(0.1, min(patience, deadline - time.monotonic()))
             try:
                 futures = self._admin_client().list_offsets(
-                    {TopicPartition(t, p): spec for t, p in tps},
+                    {TopicPartition(t, p): spec for t, p in todo},
                     isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                    request_timeout=self._timeout,
+                    request_timeout=wait,
                 )
-                return {
-                    (tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()
-                }
+                answers = {(tp.topic, tp.partition): f.result() for tp, f in futures.items()}
+                unanswered = []
+                for tp, answer in answers.items():
+                    if int(answer.offset) == OFFSET_INVALID:
+                        unanswered.append(tp)
+                    else:
+                        found[tp] = int(answer.offset)
+                if not unanswered:
+                    return {tp: found[tp] for tp in tps}
+                # A leader did not answer in time (see above): a new client, new metadata.
+                self._admin = None
+                if len(unanswered) == len(todo):  # no leader answered: perhaps only slow
+                    patience *= 2
+                if time.monotonic() > deadline:
+                    missing = ", ".join(f"{t}/{p}" for t, p in sorted(unanswered))
+                    msg = (
+                        f"no leader answered for the offsets of {missing} within "
+                        f"{self._timeout:.0f}s"
+                    )
+                    raise OffsetsError(msg)
+                logger.debug("offsets of %s unanswered (leader away); asking again", unanswered)
+                todo = unanswered
             except KafkaException as exc:
-                # A new client each time: after a broker was fenced (it stopped answering its
-                # controller, e.g. paused), one client kept failing with FENCED_LEADER_EPOCH on
-                # its old metadata instead of refreshing it (seen with librdkafka 2.16).
                 if self._admin is not None:
                     self._admin.poll(0)  # serves the error callbacks (a refused login)
-                self._admin = None
                 error = exc.args[0] if exc.args else None
-                retriable = isinstance(error, KafkaError) and (
-                    error.retriable() or error.code() in _LEADERSHIP
+                timed_out = isinstance(error, KafkaError) and error.code() == _TIMED_OUT
+                if timed_out:
+                    # The attempt was too short for the cluster as it is now (at load 50 the
+                    # leaders' query took longer): the same client, which keeps its
+                    # connections, waits twice as long.
+                    patience *= 2
+                else:
+                    # A new client: after a broker was fenced (it stopped answering its
+                    # controller, e.g. paused), one client kept failing with
+                    # FENCED_LEADER_EPOCH on its old metadata instead of refreshing it (seen
+                    # with librdkafka 2.16).
+                    self._admin = None
+                # A timeout comes without librdkafka's retriable flag: retried too, within
+                # the call's timeout.
+                retriable = timed_out or (
+                    isinstance(error, KafkaError)
+                    and (error.retriable() or error.code() in _LEADERSHIP)
                 )
-                if not retriable or time.monotonic() > deadline:
+                refused_login = self._auth.failure is not None  # does not pass by itself
+                if not retriable or refused_login or time.monotonic() > deadline:
+                    self._admin = None
                     if self._auth.failure is not None:
                         raise refused(_CLIENT, self._config, self._auth.failure) from exc
                     topics = sorted({t for t, _p in tps})

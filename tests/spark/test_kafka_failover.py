@@ -36,6 +36,10 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKaf
     home = tmp_path_factory.mktemp("kafka-cluster")
     with LocalKafkaCluster(home, free_port_run(6)) as cluster:
         yield cluster
+        # Thrown away: the nodes left are killed, not stopped (a controlled shutdown would
+        # move their leaders first, for nothing).
+        for node_id in cluster.node_ids:
+            cluster.kill(node_id)
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +57,6 @@ def _leader_of_busiest(world: OrdersWorld) -> tuple[int, int]:
     return partition, metadata.topics[world.topic.name].partitions[partition].leader
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TimeoutError,
-    reason="issue 49, found here: after the leader's kill -9 the producer SDK loses and "
-    "doubles nothing, but order_state's batches take 30 s each, then stop (4,592 and 5,287 "
-    "of 6,832 applied in two runs) while a Python worker's librdkafka producer reconnects to "
-    "the dead node in a busy loop (~500k attempts per 30 s); not diagnosed yet",
-)
 def test_a_partition_leader_killed_under_traffic_loses_and_doubles_nothing(kafka_cluster, world):
     events = list(OrderSimulator(700, seed=49))
     head, rest = events[:1000], events[1000:]
@@ -69,7 +65,7 @@ def test_a_partition_leader_killed_under_traffic_loses_and_doubles_nothing(kafka
     acknowledged += zip((e for _, e in head), publisher.emit_many(head), strict=True)
     process = world.processor(name="failover").start()
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 120
         while world.applied() == 0:  # the application runs and has folded a batch
             assert process.alive(), process.log_tail()
             assert time.monotonic() < deadline, "processor made no progress"
@@ -119,12 +115,18 @@ def test_a_partition_leader_killed_under_traffic_loses_and_doubles_nothing(kafka
         # The killed node's partitions kept two in-sync replicas: still writable (min ISR 2).
         lagging = under_replicated(kafka_cluster.bootstrap_servers)
         assert all(len(p.isr) >= 2 for p in lagging if p.topic == world.topic.name)
-        # The processor folds the rest, each record once: its state is the oracle's.
+        # The processor folds the rest, each record once: its state is the oracle's. It kept
+        # up through the kill (its log-end reads wait out the leader's move, not 30 s a batch):
+        # caught up within seconds of the last acknowledgement.
         with world.offsets() as offsets:
             wait_until_caught_up(
-                world.reader(), offsets, [world.topic.name], timeout=120, alive=process.alive
+                world.reader(), offsets, [world.topic.name], timeout=60, alive=process.alive
             )
         assert world.applied() > applied_before
+        print(
+            f"the processor had caught up {time.monotonic() - killed_at:.1f} s after the kill, "
+            f"{time.monotonic() - acks_at[-1]:.1f} s after the last acknowledgement"
+        )
     finally:
         process.stop()
     expected = oracle(events)
