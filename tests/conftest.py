@@ -157,7 +157,6 @@ def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
     """Create uniquely named topics for one test and delete them afterwards."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     created: list[str] = []
 
     def _make(partitions: int = 4, prefix: str = "t") -> str:
@@ -173,6 +172,10 @@ def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
 
     yield _make
     if created:
+        # A client made now: one made before the test kept the metadata it read then, and
+        # after a test that killed a node it sent the deletion to that node and waited 30 s
+        # a topic (librdkafka's admin requests wait for the node they chose).
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         for future in admin.delete_topics(created).values():
             # Cleanup must not mask the test's outcome.
             with contextlib.suppress(Exception):
