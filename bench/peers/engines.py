@@ -62,7 +62,7 @@ class Job:
     work: Path
     expected: dict[str, State] = field(default_factory=dict)
     run: str = ""  # suffix of the consumer groups: a run of its own on a log already folded
-    java_heap: str = "1g"  # the JVM peers' -Xmx
+    java_heap: str = "2g"  # the JVM peers' -Xmx, as refold's driver (spark.driver.memory)
     tail: bool = False  # read on at the log's end until stopped (the latency run)
 
     @property

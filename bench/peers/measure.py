@@ -93,11 +93,14 @@ def measure(
     *,
     ends_itself: bool = False,
     timeout_s: float = 1800.0,
+    stop_grace_s: float = 30.0,
 ) -> Measured:
     """Start ``processes``, wait until the backlog's every partition is folded, stop them.
 
     An engine that ``ends_itself`` (a bounded job: Bytewax, Flink, refold's baseline) is given
-    time to end and write its states; the others are stopped with SIGTERM.
+    time to end and write its states; the others are stopped with SIGTERM and given
+    ``stop_grace_s`` to exit (Kafka Streams dumps its store's states in its shutdown hook:
+    half a million of them take longer than a process's usual grace).
 
     Raises:
         RuntimeError: A process failed, or the engine did not finish within ``timeout_s``.
@@ -140,7 +143,7 @@ def measure(
             if process.alive():
                 os.kill(process.pid, signal.SIGTERM)
         for process in processes:
-            process.stop()
+            process.stop(stop_grace_s)
     firsts = [first for r in reports if isinstance(first := r.get("first"), float | int)]
     return Measured(
         events=sum(ends.values()),

@@ -104,7 +104,12 @@ def _run(engine: Engine, job: Job, args: argparse.Namespace) -> dict[str, Any]:
             return {"skipped": missing}
         processes, progress = engine.processes(job)
         measured = measure(
-            processes, progress, job.partition_ends, engine.label, ends_itself=engine.ends_itself
+            processes,
+            progress,
+            job.partition_ends,
+            engine.label,
+            ends_itself=engine.ends_itself,
+            stop_grace_s=30.0 if engine.redis else 300.0,  # a states file is written at exit
         )
         out = {
             "rate_steady": measured.rate_steady,
