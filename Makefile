@@ -107,8 +107,8 @@ contracts-check: $(STAMP) ## schema locks (refold contracts check), round trips,
 bench: $(DEPS) ## throughput and latency benchmark on a private local stack
 	$(BIN)/python -m bench
 
-bench-peers: $(DEPS) $(PEERS_STAMP) ## refold side by side with Quix Streams, Bytewax, Kafka Streams and Flink on one backlog (EVENTS=1000000)
-	$(BIN)/python -m bench peers --events $(or $(EVENTS),1000000)
+bench-peers: $(DEPS) $(PEERS_STAMP) ## refold beside Quix Streams, Bytewax, Kafka Streams and Flink, each as its docs show it, at three backlog sizes (SIZES=200000,1000000,5000000; ~45 min)
+	$(BIN)/python -m bench peers --sizes $(or $(SIZES),200000,1000000,5000000)
 
 soak: $(DEPS) ## fault suite, big: 1M events and 50 kill -9s, Redis and broker faults; prints the table
 	$(BIN)/python -m tests.support.soak

@@ -15,6 +15,7 @@ import matplotlib as mpl
 
 mpl.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullLocator
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,11 +28,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, out in run.items():
             engines.setdefault(name, out["label"])
     figure, panels = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
+    colors = plt.get_cmap("tab20").colors  # more engines than the default cycle's 10 colours
     for panel, field, title in (
         (panels[0], "rate_steady", "steady (start-up left out)"),
         (panels[1], "rate_wall", "including start-up"),
     ):
-        for name, label in engines.items():
+        for index, (name, label) in enumerate(engines.items()):
             points = [
                 (size, out[field] / 1000)
                 for size in sizes
@@ -42,9 +44,14 @@ def main(argv: list[str] | None = None) -> int:
             wrong = any(not results["runs"][str(s)][name].get("ok") for s, _r in points)
             style = "-o" if name.startswith("refold") else "--o"
             panel.plot(
-                *zip(*points, strict=True), style, label=label + (" (WRONG)" if wrong else "")
+                *zip(*points, strict=True),
+                style,
+                color=colors[index % len(colors)],
+                linewidth=2.5 if name.startswith("refold") else 1.5,
+                label=label + (" (WRONG)" if wrong else ""),
             )
         panel.set_xscale("log")
+        panel.xaxis.set_minor_locator(NullLocator())
         panel.set_xticks(sizes, [f"{s / 1e6:g}M" if s >= 1e6 else f"{s // 1000}k" for s in sizes])
         panel.set_xlabel("backlog, order events (8 partitions)")
         panel.set_title(title)
