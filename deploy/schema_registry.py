@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 
 from refold.contracts.process_group import alive, start_daemon, terminate
+from refold.deploy.local_stack import free_port
 
 __all__ = [
     "CCOMPAT_PATH",
@@ -223,6 +224,7 @@ class LocalSchemaRegistry:
             return self
         java = java or registry_java()
         app = app_dir()
+        management_port = free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
             java,
@@ -231,6 +233,11 @@ class LocalSchemaRegistry:
             f"-Dquarkus.http.port={self.port}",
             "-Dquarkus.http.host=127.0.0.1",
             "-Dquarkus.log.console.json=false",
+            # Quarkus' management interface (health, metrics; on in Apicurio's build) listens
+            # on 0.0.0.0:9000 by default: a second registry on the machine (another state dir,
+            # a parallel test worker) failed to bind it. refold reads only the ccompat API.
+            f"-Dquarkus.management.port={management_port}",
+            "-Dquarkus.management.host=127.0.0.1",
             # SQL storage (its default kind) on an H2 file, not its in-memory default
             f"-Dapicurio.datasource.url={self.database_url}",
             "-jar",
@@ -248,10 +255,17 @@ class LocalSchemaRegistry:
             raise
         return self
 
+    def _failed_to_start(self) -> bool:
+        """Quarkus logged that the application failed (a port taken): it may not exit itself."""
+        try:
+            return "Failed to start application" in self.log_file.read_text(errors="replace")
+        except OSError:
+            return False
+
     def _wait_ready(self, pid: int) -> None:
         deadline = time.monotonic() + _READY_TIMEOUT_S
         url = f"http://127.0.0.1:{self.port}{CCOMPAT_PATH}/subjects"
-        while time.monotonic() < deadline and alive(pid):
+        while time.monotonic() < deadline and alive(pid) and not self._failed_to_start():
             try:
                 if httpx.get(url, timeout=1.0).status_code == 200:
                     return
