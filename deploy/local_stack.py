@@ -432,7 +432,16 @@ class LocalStack:
             for name in starting:
                 spawned[name] = self._spawn(name)
             for name in starting:
-                self._wait_ready(name)
+                try:
+                    self._wait_ready(name)
+                except LocalStackError:
+                    if name != "kafka" or not self._lost_a_port(name):
+                        raise
+                    # The controller's port was free when chosen and taken (by another
+                    # test worker's server) before the broker bound it: once more, another.
+                    terminate(spawned.pop(name), _STOP_GRACE_S)
+                    spawned[name] = self._spawn(name)
+                    self._wait_ready(name)
             if self.kafka_cluster is not None:
                 self.kafka_cluster.start()  # the nodes that do not run
             if self.cluster is not None:
@@ -444,6 +453,13 @@ class LocalStack:
             self._stop_spawned(spawned)
             raise
         return self
+
+    def _lost_a_port(self, name: ServerName) -> bool:
+        """Whether the server's log says a port it was to bind was taken meanwhile."""
+        try:
+            return "Address already in use" in self._log_file(name).read_text(errors="replace")
+        except OSError:
+            return False
 
     def _stop_spawned(self, spawned: dict[ServerName, int]) -> None:
         # Our own children, unreaped: no PID reuse to guard against, so no look at their
