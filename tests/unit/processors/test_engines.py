@@ -105,6 +105,7 @@ class _MarkedEngine(Engine):
 @pytest.fixture
 def restored_registry():
     saved = list(engines_base._ADDED)
+    engines_base._ADDED[:] = []  # none from another test of this worker (a toy engine's import)
     yield
     engines_base._ADDED[:] = saved
 

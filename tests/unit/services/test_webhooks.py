@@ -228,7 +228,7 @@ def test_without_an_origin_the_key_is_the_records_own_position():
 def test_an_undecodable_record_is_settled_at_once_with_the_decoders_reason():
     item = item_from_message(_message(b"{}", RECORD.headers), CODEC, POLICY.new_state())
     assert (item.final, item.reason) == ("failed", "bad-magic")
-    assert "not Avro" in item.error_text()
+    assert "neither Avro single-object encoded nor registry framed" in item.error_text()
     headers = dict(dead_letter_headers(item, "pager"))
     assert headers["refold.reason"] == b"bad-magic"
     assert headers["refold.attempts"] == b"0"
