@@ -12,20 +12,12 @@ from __future__ import annotations
 import pytest
 
 from refold.contracts.codec import EventCodec
-from refold.contracts.commerce import COMMERCE
-from refold.contracts.registry import ContractSet, Registry, default_registry
 from refold.contracts.schema_registry import SchemaRegistrySettings
-from refold.contracts.topics import TopicSpec
 from refold.deploy import contracts_cli
-from refold.deploy.simulators.orders import OrderSimulator
-from refold.processors.fold import projection as projection_module
-from refold.processors.fold.records import SourceRecord
-from refold.processors.order_state.projection import OrderStateProjection
-from refold.processors.runtime.envelope import FoldWriter
 from refold.processors.runtime.kafka_ranges import read_log
 from tests.support.kafka_connect import StandaloneConnect, registry_converter
+from tests.support.registry_outputs import registry_framed_changes
 
-CODEC = EventCodec(registry=SchemaRegistrySettings())  # single-object: what refold's SDK writes
 TIMESTAMP_CONVERTER = "org.apache.kafka.connect.transforms.TimestampConverter$Value"
 
 
@@ -44,28 +36,7 @@ def test_kafka_connect_sinks_an_output_stream_in_registry_framing(
     registry_url, schema_registry, target, kafka_bootstrap, make_topic, monkeypatch, tmp_path
 ):
     assert contracts_cli.main(["publish"]) == 0
-    changes = make_topic(partitions=3, prefix="changes")
-    notices = make_topic(partitions=1, prefix="notices")
-    declared = ContractSet(
-        "moved",
-        COMMERCE.schemas,
-        (TopicSpec(changes, 3, "customer_id", ("OrderStatusChanged",), framing="registry"),),
-    )
-    registry = Registry([], [*default_registry().contract_sets.values(), declared])
-    monkeypatch.setattr(projection_module, "default_registry", lambda: registry)
-    projection_module.output_codec.cache_clear()  # built again, with REFOLD_SCHEMA_REGISTRY__URL
-    try:
-        events = list(OrderSimulator(60, seed=11))
-        records = [
-            SourceRecord(
-                "orders", 0, offset, event["order_id"].encode(), CODEC.encode(event_type, event)
-            )
-            for offset, (event_type, event) in enumerate(events)
-        ]
-        projection = OrderStateProjection(notifications_topic=notices, changes_topic=changes)
-        FoldWriter(target, projection).apply(records, batch_id=0)
-    finally:
-        projection_module.output_codec.cache_clear()
+    changes, _events = registry_framed_changes(target, make_topic, monkeypatch, orders=60, seed=11)
     log = [m for chunk in read_log({"bootstrap.servers": kafka_bootstrap}, changes) for m in chunk]
     assert log
     assert {m.value()[:1] for m in log} == {b"\x00"}  # registry framing, every record

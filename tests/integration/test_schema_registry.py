@@ -19,10 +19,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from refold.contracts.catalog import SchemaCatalog, default_catalog
 from refold.contracts.codec import EventCodec
-from refold.contracts.commerce import COMMERCE, ORDERS
+from refold.contracts.commerce import ORDERS
 from refold.contracts.errors import SchemaIncompatibleError
 from refold.contracts.lock import PublishGate, relock
-from refold.contracts.registry import ContractSet, Registry, default_registry
+from refold.contracts.registry import ContractSet, Registry
 from refold.contracts.schema_registry import (
     SchemaNotRegisteredError,
     SchemaRegistrySettings,
@@ -32,13 +32,10 @@ from refold.contracts.settings import KafkaSettings
 from refold.contracts.topics import TopicSpec
 from refold.deploy import cli, contracts_cli, tail_cli
 from refold.deploy.simulators.orders import OrderSimulator
-from refold.processors.fold import projection as projection_module
-from refold.processors.fold.records import SourceRecord
-from refold.processors.order_state.projection import OrderStateProjection
-from refold.processors.runtime.envelope import FoldWriter
 from refold.processors.runtime.kafka_ranges import read_log
 from refold.services.producer.publisher import EventPublisher
 from tests.support.chain import status_changes
+from tests.support.registry_outputs import registry_framed_changes
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CODEC = EventCodec(registry=SchemaRegistrySettings())  # single-object: what refold's SDK writes
@@ -239,28 +236,7 @@ def test_an_output_stream_in_registry_framing_is_read_by_a_plain_avro_deserializ
     """order_state's change stream, declared registry-framed by a contract set, read by a
     consumer that knows nothing of refold (its FoldWriter: the envelope Spark's tasks run)."""
     assert contracts_cli.main(["publish"]) == 0
-    changes = make_topic(partitions=3, prefix="changes")
-    notices = make_topic(partitions=1, prefix="notices")
-    declared = ContractSet(
-        "moved",
-        COMMERCE.schemas,
-        (TopicSpec(changes, 3, "customer_id", ("OrderStatusChanged",), framing="registry"),),
-    )
-    registry = Registry([], [*default_registry().contract_sets.values(), declared])
-    monkeypatch.setattr(projection_module, "default_registry", lambda: registry)
-    projection_module.output_codec.cache_clear()  # built again, with REFOLD_SCHEMA_REGISTRY__URL
-    try:
-        events = list(OrderSimulator(120, seed=47))
-        records = [
-            SourceRecord(
-                "orders", 0, offset, event["order_id"].encode(), CODEC.encode(event_type, event)
-            )
-            for offset, (event_type, event) in enumerate(events)
-        ]
-        projection = OrderStateProjection(notifications_topic=notices, changes_topic=changes)
-        FoldWriter(target, projection).apply(records, batch_id=0)
-    finally:
-        projection_module.output_codec.cache_clear()
+    changes, events = registry_framed_changes(target, make_topic, monkeypatch, orders=120, seed=47)
     deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
     context = SerializationContext(changes, MessageField.VALUE)
     log = [m for chunk in read_log({"bootstrap.servers": kafka_bootstrap}, changes) for m in chunk]
