@@ -38,8 +38,8 @@ from refold.deploy.local_stack import LocalStack, free_port
 from refold.processors.archive.config import ArchiveOptions
 from refold.processors.archive.projection import DATES
 from refold.processors.fold.archive import ArchiveProcessor
-from refold.processors.runtime.archive_maintenance import archive_status, compact
-from refold.processors.runtime.archive_sink import ArchivePlan
+from refold.processors.runtime.archive.maintenance import archive_status, compact
+from refold.processors.runtime.archive.sink import ArchivePlan
 from refold.processors.runtime.envelope import FoldTarget
 
 __all__ = ["RESULTS", "archive_rows_table", "main", "measure_archive"]

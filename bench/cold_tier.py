@@ -47,7 +47,7 @@ from refold.processors.order_state.projection import (
     DEFAULT_NOTIFICATIONS_TOPIC,
     OrderStateProjection,
 )
-from refold.processors.runtime.archive_sink import ArchivePlan, archive_ranges
+from refold.processors.runtime.archive.sink import ArchivePlan, archive_ranges
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 

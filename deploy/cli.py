@@ -478,7 +478,7 @@ PASSED_ON: dict[str, tuple[str, str]] = {
     ),
     "archive": (
         "backfill | compact | status of the Parquet archive (see `refold archive -h`)",
-        "refold.processors.runtime.archive_cli",
+        "refold.processors.runtime.archive.cli",
     ),
 }
 

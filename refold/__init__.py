@@ -104,7 +104,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "refold.processors.fold.rekey": ("KeyResolver",),
     "refold.processors.fold.timers": ("TIMER_EVENT", "TimedFold"),
     "refold.processors.fold.windows": ("Hopping", "Measure", "Sliding", "Tumbling", "WindowFold"),
-    "refold.processors.runtime.archive_store": ("ArchiveStore",),
+    "refold.processors.runtime.archive.store": ("ArchiveStore",),
     "refold.services.client": (
         "ClientError",
         "ConsistencyTimeoutError",
@@ -191,7 +191,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers
         Tumbling as Tumbling,
         WindowFold as WindowFold,
     )
-    from refold.processors.runtime.archive_store import ArchiveStore as ArchiveStore
+    from refold.processors.runtime.archive.store import ArchiveStore as ArchiveStore
     from refold.services.client import (
         ClientError as ClientError,
         ConsistencyTimeoutError as ConsistencyTimeoutError,

@@ -32,7 +32,7 @@ makes compaction and backfill crash-safe: they write the covering file first and
 small ones after, and a crash in between is repaired by applying the rule again.
 
 Nothing here does I/O; the writer, the store and the commands are in ``refold.processors.runtime``
-(``archive_store``, ``archive_sink``, ``archive_maintenance``, ``archive_cli``).
+(``processors.runtime.archive``: its store, sink, maintenance and CLI).
 """
 
 from __future__ import annotations

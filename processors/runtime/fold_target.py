@@ -85,7 +85,7 @@ class FoldTarget:
         declared_code: What the processor's spec declares about its code (its fingerprint
             covers it): a worker recomputes the fingerprint with it.
         archive_root: The archive whose files serve the records below a partition's log
-            start (:mod:`refold.processors.runtime.cold_tier`); "": none.
+            start (:mod:`refold.processors.runtime.archive.cold_tier`); "": none.
         created_at: The generation's ``created_at`` (registry meta). It names the output
             streams, so a generation number that gc frees and a new generation takes again
             starts new streams and markers.

@@ -275,7 +275,7 @@ def read_messages(
 
     With ``options.archive_root``, the records of a range below its partition's log start
     (deleted by retention) are read from the archive, the log's cold tier
-    (:func:`~refold.processors.runtime.cold_tier.read_archived`), then the rest from Kafka:
+    (:func:`~refold.processors.runtime.archive.cold_tier.read_archived`), then the rest from Kafka:
     the same records, in the same order.
 
     Raises:
@@ -378,7 +378,7 @@ def _below_log_start(
     if options.archive_root:
         # Imported here: the cold tier brings pyarrow's Parquet reader, which only a read
         # below the log start needs.
-        from refold.processors.runtime.cold_tier import read_archived
+        from refold.processors.runtime.archive.cold_tier import read_archived
 
         upto = min(log_start, first)
         logger.info(

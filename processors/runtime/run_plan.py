@@ -94,7 +94,7 @@ class RunOptions:
         lease_wait_s: How long a start waits for another processor to let go of the
             generation (e.g. replay's processor finishing its last batch after a cutover).
         archive_root: The archive that serves reads below a partition's log start (the
-            log's cold tier, :mod:`refold.processors.runtime.cold_tier`); "": none.
+            log's cold tier, :mod:`refold.processors.runtime.archive.cold_tier`); "": none.
     """
 
     generation: GenerationChoice = "live"

@@ -1,7 +1,7 @@
 """The optimistic commit every engine writes a generation through: WATCH, read, MULTI, EXEC.
 
 The fold writer (:mod:`.envelope`), a DataFrame processor's driver (:mod:`.dataframe`) and
-the archive's tasks (:mod:`.archive_writer`) each move a generation's positions together with
+the archive's tasks (:mod:`.archive.writer`) each move a generation's positions together with
 what they write, in one Redis transaction that ``WATCH``es the keys another writer of the same
 positions would change (the partitions' guard keys, or the positions themselves). What each
 reads and writes between ``WATCH`` and ``EXEC`` is its own; :func:`commit_watched` owns the

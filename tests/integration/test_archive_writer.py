@@ -29,10 +29,10 @@ from refold.contracts.web import PAGEVIEWS
 from refold.processors.archive.projection import DATES
 from refold.processors.errors import SinkConflictError
 from refold.processors.fold.archive import ArchiveProcessor, Coverage
-from refold.processors.runtime import archive_writer
-from refold.processors.runtime.archive_maintenance import archive_status, backfill, compact
-from refold.processors.runtime.archive_sink import ArchivePlan, archive_ranges
-from refold.processors.runtime.archive_store import ArchiveOwnerError, ArchiveStore
+from refold.processors.runtime.archive import writer as archive_writer
+from refold.processors.runtime.archive.maintenance import archive_status, backfill, compact
+from refold.processors.runtime.archive.sink import ArchivePlan, archive_ranges
+from refold.processors.runtime.archive.store import ArchiveOwnerError, ArchiveStore
 from refold.processors.runtime.envelope import FoldTarget
 from refold.services.producer.publisher import EventPublisher
 from tests.support.archive import archive_rows, assert_archive_equals_log

@@ -27,8 +27,8 @@ from refold.contracts.store.generations import GenerationRegistry
 from refold.deploy.simulators.orders import OrderSimulator
 from refold.processors.archive.projection import DATES
 from refold.processors.fold.archive import ArchiveProcessor
-from refold.processors.runtime.archive_sink import ArchivePlan, archive_ranges
-from refold.processors.runtime.cold_tier import ArchiveGapError
+from refold.processors.runtime.archive.cold_tier import ArchiveGapError
+from refold.processors.runtime.archive.sink import ArchivePlan, archive_ranges
 from refold.processors.runtime.envelope import FoldTarget
 from refold.processors.runtime.kafka_ranges import (
     SourceOptions,

@@ -51,7 +51,7 @@ from refold.processors.fold.eventtime import event_time_ms
 from refold.processors.fold.records import SourceRecord
 from refold.processors.fold.windows import WindowDelta, WindowFold
 from refold.processors.order_state.projection import OrderStateProjection
-from refold.processors.runtime.archive_sink import ArchivePlan, archive_ranges
+from refold.processors.runtime.archive.sink import ArchivePlan, archive_ranges
 from refold.processors.runtime.envelope import FoldTarget, FoldWriter
 from refold.processors.runtime.kafka_ranges import read_log
 from refold.processors.runtime.window_writes import write_windows

@@ -35,8 +35,8 @@ from refold.processors.archive.config import ArchiveOptions
 from refold.processors.archive.projection import DATES
 from refold.processors.fold.archive import ArchiveProcessor, Coverage
 from refold.processors.order_state.config import OrderStateOptions
-from refold.processors.runtime.archive_maintenance import archive_status
-from refold.processors.runtime.archive_sink import ArchivePlan
+from refold.processors.runtime.archive.maintenance import archive_status
+from refold.processors.runtime.archive.sink import ArchivePlan
 from refold.processors.runtime.envelope import FoldTarget
 from refold.replay.errors import RebuildError
 from refold.replay.plan import ToEarliest

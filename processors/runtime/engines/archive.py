@@ -1,7 +1,7 @@
 """The archive engine: every event of its topics as Parquet files, the log's cold tier.
 
 Each task writes the files of the ranges it reads and the driver commits them with the
-positions (:class:`~refold.processors.runtime.archive_sink.ArchiveSink`).
+positions (:class:`~refold.processors.runtime.archive.sink.ArchiveSink`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 from refold.contracts.codec import EventCodec
 from refold.processors.fold.archive import ArchiveProcessor, is_archive_processor
 from refold.processors.fold.projection import Projection
-from refold.processors.runtime.archive_sink import ArchiveSink, prepare_archive, start_archive_query
+from refold.processors.runtime.archive.sink import ArchiveSink, prepare_archive, start_archive_query
 from refold.processors.runtime.engines.base import Engine, QueryStart
 
 if TYPE_CHECKING:

@@ -198,7 +198,7 @@ def test_an_archive_processor_is_told_apart_from_other_kinds():
 
 def test_the_archive_command_explains_itself_and_refuses_bad_input(capsys, tmp_path, monkeypatch):
     from refold.deploy.cli import main as refold_main
-    from refold.processors.runtime.archive_cli import build_parser, main
+    from refold.processors.runtime.archive.cli import build_parser, main
 
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["--help"])

@@ -7,8 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from refold.processors.fold.archive import ArchiveTable, Coverage, RecordBytes, date_dir
-from refold.processors.runtime.archive_store import ArchiveStore
-from refold.processors.runtime.cold_tier import ArchiveGapError, ColdTierError, read_archived
+from refold.processors.runtime.archive.cold_tier import (
+    ArchiveGapError,
+    ColdTierError,
+    read_archived,
+)
+from refold.processors.runtime.archive.store import ArchiveStore
 
 DAY = 1_767_225_600_000  # 2026-01-01
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from refold.processors.runtime.archive_sink import ARCHIVE_OUTCOME_SCHEMA, ArchiveOutcome
+from refold.processors.runtime.archive.sink import ARCHIVE_OUTCOME_SCHEMA, ArchiveOutcome
 from refold.processors.runtime.envelope import BatchOutcome
 from refold.processors.runtime.outcome_rows import OutcomeRows
 from refold.processors.runtime.sink import OUTCOME_SCHEMA, _outcome_of_row, _outcome_rows

@@ -1,7 +1,7 @@
 """Backfill, compaction and status of an archive processor's Parquet files.
 
 The operations behind ``refold archive backfill | compact | status``
-(:mod:`refold.processors.runtime.archive_cli`, which also says what each one guarantees).
+(:mod:`refold.processors.runtime.archive.cli`, which also says what each one guarantees).
 Backfill and compaction take the archive's maintenance lock and only touch committed files
 (those ending at or below the applied position), so they run beside the live archive processor.
 """
@@ -36,8 +36,8 @@ from refold.processors.fold.archive import (
     redundant,
 )
 from refold.processors.fold.records import SourceRecord
-from refold.processors.runtime.archive_sink import ArchivePlan
-from refold.processors.runtime.archive_store import ArchiveStore, unify
+from refold.processors.runtime.archive.sink import ArchivePlan
+from refold.processors.runtime.archive.store import ArchiveStore, unify
 from refold.processors.runtime.kafka_ranges import SourceOptions, read_messages
 
 __all__ = [

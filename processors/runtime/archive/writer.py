@@ -4,7 +4,7 @@ Executor side. :class:`ArchiveWriter` holds what a Python worker keeps between t
 reuses workers): the Redis client, the dead-letter producer and the Parquet tables; its
 :meth:`~ArchiveWriter.commit` moves a task's positions in one transaction guarded by ``WATCH``
 (:func:`~refold.processors.runtime.watched_commit.commit_watched`; step 6 of
-:mod:`refold.processors.runtime.archive_sink`, which runs the task).
+:mod:`refold.processors.runtime.archive.sink`, which runs the task).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from refold.processors.runtime.watched_commit import commit_watched
 if TYPE_CHECKING:
     from redis.client import Pipeline
 
-    from refold.processors.runtime.archive_sink import ArchiveOutcome, ArchivePlan
+    from refold.processors.runtime.archive.sink import ArchiveOutcome, ArchivePlan
 
 __all__ = ["ArchiveWriter", "redis_call", "writer_of"]
 

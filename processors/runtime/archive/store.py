@@ -1,7 +1,7 @@
 """The archive's files on disk: atomic writes, the redundancy rule, orphans, ownership, locks.
 
-Used by the archive's writer (``archive_sink``, in Spark tasks) and by its commands
-(``archive_maintenance``: backfill, compact, status; ``archive_cli``). Layout and rules are
+Used by the archive's writer (``sink``, in Spark tasks) and by its commands
+(``maintenance``: backfill, compact, status; ``cli``). Layout and rules are
 :mod:`refold.processors.fold.archive`; besides the tables, the root holds ``_refold/`` (readers skip
 names starting with ``_``):
 

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from refold.contracts.archive_coverage import ArchiveLedger, Span
 from refold.processors.errors import ProcessorError
 from refold.processors.fold.archive import Coverage, redundant
-from refold.processors.runtime.archive_store import ArchiveStore
+from refold.processors.runtime.archive.store import ArchiveStore
 
 __all__ = ["ArchiveGapError", "ArchivedMessage", "ColdTierError", "archive_gaps", "read_archived"]
 

@@ -29,7 +29,7 @@ deletes (or rewrites under the same names) before it writes its own. Readers nev
 event twice; they may see a batch's files a moment before its positions move.
 
 The worker's Redis client, producer and tables, and the guarded commit of step 6, are
-:mod:`refold.processors.runtime.archive_writer`.
+:mod:`refold.processors.runtime.archive.writer`.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ from refold.processors.fold.archive import (
     date_dir,
 )
 from refold.processors.fold.records import SourceRecord
-from refold.processors.runtime.archive_store import ArchiveStore, Intent
-from refold.processors.runtime.archive_writer import ArchiveWriter, redis_call, writer_of
+from refold.processors.runtime.archive.store import ArchiveStore, Intent
+from refold.processors.runtime.archive.writer import ArchiveWriter, redis_call, writer_of
 from refold.processors.runtime.batch_stats import BatchStatsRecorder
 from refold.processors.runtime.dead_letter_index import send_once
 from refold.processors.runtime.dead_letters import DeadLetter
@@ -354,7 +354,7 @@ def prepare_archive(
     Raises:
         ProcessorConfigError: Not the ``refold_kafka_ranges`` source, an event type without
             a Parquet schema, or the files belong to another processor or generation
-            (:class:`~refold.processors.runtime.archive_store.ArchiveOwnerError`).
+            (:class:`~refold.processors.runtime.archive.store.ArchiveOwnerError`).
     """
     if source_format != "refold_kafka_ranges":
         msg = (

@@ -15,7 +15,7 @@ Backfill and compaction take the archive's maintenance lock and only touch commi
 ending at or below the applied position), so they run beside the live archive processor.
 Settings as the processor's: ``REFOLD_KAFKA__*``, ``REFOLD_REDIS__*``, ``REFOLD_STATE_DIR`` and
 ``REFOLD_<PROCESSOR>__*`` (e.g. ``REFOLD_ARCHIVE__ROOT``). This module reads the environment;
-the operations themselves are :mod:`refold.processors.runtime.archive_maintenance`.
+the operations themselves are :mod:`refold.processors.runtime.archive.maintenance`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from refold.contracts.errors import RefoldError
 from refold.contracts.registry import default_registry, import_reference
 from refold.contracts.topics import dead_letter_topic
 from refold.processors.fold.archive import ArchiveProcessor
-from refold.processors.runtime.archive_maintenance import archive_status, backfill, compact
-from refold.processors.runtime.archive_sink import ArchivePlan
-from refold.processors.runtime.archive_store import ArchiveError, ArchiveStore
+from refold.processors.runtime.archive.maintenance import archive_status, backfill, compact
+from refold.processors.runtime.archive.sink import ArchivePlan
+from refold.processors.runtime.archive.store import ArchiveError, ArchiveStore
 from refold.processors.runtime.envelope import FoldTarget
 
 __all__ = ["build_parser", "main"]
